@@ -1,0 +1,98 @@
+// DotProductAttention: the public entry point (forward, backward, explain).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dpa/config.h"
+#include "dpa/error.h"
+#include "dpa/tensor.h"
+
+namespace dpa {
+
+// The inputs shared by forward and backward. Optional tensors are left undefined
+// (default-constructed) when unused.
+struct AttentionInputs {
+  TensorView q;  // bshd [b, sq, H, dqk]; sbhd [sq, b, H, dqk]; thd [tq, H, dqk]
+  TensorView k;  // like q with skv and G heads
+  TensorView v;  // like k with dv
+  // int32 [b + 1]. thd: sequence boundaries (required). bshd/sbhd: per-sequence lengths
+  // (cu[i+1] - cu[i]) for padding; absent means every sequence has the full length.
+  TensorView cu_seqlens_q;
+  TensorView cu_seqlens_kv;
+  // thd only, int32 [b + 1]: where each sequence starts when stored with gaps.
+  TensorView cu_seqlens_q_padded;
+  TensorView cu_seqlens_kv_padded;
+  TensorView bias;            // [b|1, H|1, sq|1, skv]; with bias_type pre_scale or post_scale
+  TensorView alibi_slopes;    // fp32 [H] or [b, H]
+  TensorView softmax_offset;  // fp32 [H]; with softmax_type learnable (alpha_h)
+  TensorView attn_mask;       // bool [b|1, H|1, sq, skv], true = masked; mask_type arbitrary
+};
+
+struct ForwardArgs {
+  AttentionInputs in;
+  TensorView o;    // like q with dv, dtype of q
+  TensorView lse;  // fp32 [b, H, sq] (thd: [H, tq]), contiguous
+  // Dropout state for this call; unset draws (config.seed, next offset) from the object.
+  std::optional<RngState> rng;
+  // Per-call override of config.dropout (e.g. 0.0 for evaluation).
+  std::optional<double> dropout;
+};
+
+struct BackwardArgs {
+  AttentionInputs in;
+  TensorView o;    // the forward output
+  TensorView lse;  // the forward LSE
+  TensorView d_o;  // like o
+  TensorView dq, dk, dv;       // like q, k, v
+  TensorView dbias;            // like bias; requests the bias gradient when defined
+  TensorView dsoftmax_offset;  // fp32 [H]; requests dalpha when defined (learnable only)
+  // Must equal what the forward returned when dropout is on.
+  std::optional<RngState> rng;
+  std::optional<double> dropout;
+};
+
+struct ForwardResult {
+  BackendKind backend = BackendKind::kAuto;
+  RngState rng;  // pass to backward
+};
+
+// Why a backend was or was not chosen.
+struct BackendVerdict {
+  BackendKind backend = BackendKind::kAuto;
+  bool eligible = false;
+  std::vector<std::string> reasons;  // one line per failed requirement; empty when eligible
+};
+
+struct Selection {
+  std::optional<BackendKind> chosen;  // nullopt: nothing eligible
+  bool forced = false;                // DPA_BACKEND or config.backend named it
+  std::vector<BackendVerdict> verdicts;
+  std::string to_string() const;      // human-readable, one backend per block
+};
+
+enum class Pass : int { kForward = 0, kBackward = 1 };
+
+class DotProductAttention {
+ public:
+  explicit DotProductAttention(const AttentionConfig& config);
+
+  const AttentionConfig& config() const { return config_; }
+
+  // Validates everything, selects a backend and runs it. Throws dpa::Error; on error no
+  // output has been written.
+  ForwardResult forward(const ForwardArgs& args);
+  BackendKind backward(const BackwardArgs& args);
+
+  // The selection a call with these inputs would make, with every backend's reasons.
+  // Shapes are validated; tensor contents are not read (data pointers may be null).
+  Selection explain(const AttentionInputs& in, Pass pass, bool wants_dbias = false,
+                    bool wants_dsoftmax_offset = false) const;
+
+ private:
+  AttentionConfig config_;
+  uint64_t next_offset_ = 0;
+};
+
+}  // namespace dpa

@@ -1,0 +1,90 @@
+// The per-element semantics of DESIGN.md sections 3-5, shared by the host backends:
+// visibility, the logit transform (scale, pre/post bias, softcap, ALiBi), sinks and dropout.
+// Backends call these so that a rule is written down once.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/element_access.h"
+#include "core/philox.h"
+#include "core/problem.h"
+
+namespace dpa {
+
+// Keys [begin, end) that the window and the sequence lengths leave visible to row i of
+// sequence b. Arbitrary masks are applied per element on top (see `masked_by_tensor`).
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool empty() const { return end <= begin; }
+};
+
+inline KeyRange visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
+  const int64_t sq = p.seqlen_q[b], skv = p.seqlen_kv[b];
+  if (i >= sq || skv == 0) return {0, 0};
+  const int64_t center = i + p.diagonal_offset(b);
+  int64_t begin = p.window_left < 0 ? 0 : std::max<int64_t>(0, center - p.window_left);
+  int64_t end = p.window_right < 0 ? skv : std::min<int64_t>(skv, center + p.window_right + 1);
+  if (end < begin) end = begin;
+  return {std::min(begin, skv), end};
+}
+
+inline bool masked_by_tensor(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
+                             int64_t j) {
+  if (!p.has_attn_mask) return false;
+  return load(p.attn_mask, p.mask_layout.offset(b, h, i, j)) != 0.0;
+}
+
+inline bool visible(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  KeyRange range = visible_keys(p, b, i);
+  return j >= range.begin && j < range.end && !masked_by_tensor(p, b, h, i, j);
+}
+
+// Bias terms of element (b, h, i, j). Pre-scale bias is added to q.k before the scale.
+inline double pre_scale_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
+                             int64_t j) {
+  if (p.bias_type != BiasType::kPreScale) return 0.0;
+  return load(p.bias, p.bias_layout.offset(b, h, i, j));
+}
+
+inline double alibi_slope(const AttentionProblem& p, int64_t b, int64_t h) {
+  return load(p.alibi_slopes, b * p.alibi_stride_batch + h);
+}
+
+// Post-cap additive terms: the post-scale bias and ALiBi (-slope * |i + delta - j|).
+inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
+                            int64_t j) {
+  double total = 0.0;
+  if (p.bias_type == BiasType::kPostScale) total += load(p.bias, p.bias_layout.offset(b, h, i, j));
+  if (p.has_alibi) {
+    double distance = std::fabs(double(i + p.diagonal_offset(b) - j));
+    total -= alibi_slope(p, b, h) * distance;
+  }
+  return total;
+}
+
+// sigma_h of DESIGN.md §3.5: -inf for vanilla (no sink), 0 for off-by-one, alpha_h for learnable.
+inline double sink_logit(const AttentionProblem& p, int64_t h) {
+  switch (p.softmax_type) {
+    case SoftmaxType::kVanilla: return -std::numeric_limits<double>::infinity();
+    case SoftmaxType::kOffByOne: return 0.0;
+    case SoftmaxType::kLearnable: return load(p.softmax_offset, h);
+  }
+  return -std::numeric_limits<double>::infinity();
+}
+
+inline bool has_sink(const AttentionProblem& p) { return p.softmax_type != SoftmaxType::kVanilla; }
+
+// Dropout multiplier keep_ij / keep_prob for element (b, h, i, j); i, j are positions within
+// sequence b (DESIGN.md §5).
+inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
+                            int64_t j) {
+  if (p.dropout_threshold == 0) return 1.0;
+  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, p.heads_q, h, i, j, p.dropout_threshold);
+  return keep ? 1.0 / p.keep_prob : 0.0;
+}
+
+}  // namespace dpa

@@ -1,0 +1,81 @@
+// The backend interface and the capability declaration that the selector reads.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/problem.h"
+
+namespace dpa {
+
+// What a call asks for, reduced to the facts the selector's rules test. Built from an
+// AttentionProblem (no tensor contents needed), or by hand in selector tests.
+struct FeatureRequest {
+  Pass pass = Pass::kForward;
+  Device device = Device::kCPU;
+  DType dtype = DType::kFloat32;
+  Format format = Format::kBSHD;
+  int64_t batch = 1, heads_q = 1, heads_kv = 1;
+  int64_t max_seqlen_q = 1, max_seqlen_kv = 1;
+  int64_t head_dim_qk = 64, head_dim_v = 64;
+  MaskType mask_type = MaskType::kNoMask;
+  bool window = false;             // a finite left or right bound beyond what the mask implies
+  bool padded_offsets = false;     // thd with cu_seqlens_*_padded
+  BiasType bias_type = BiasType::kNoBias;
+  bool bias_grad = false;
+  bool alibi = false;
+  bool softcap = false;
+  SoftmaxType softmax_type = SoftmaxType::kVanilla;
+  bool sink_grad = false;
+  bool dropout = false;
+  bool deterministic = false;
+  int device_arch = 0;  // e.g. 90 for sm_90; 0 on the CPU
+};
+
+FeatureRequest make_feature_request(const AttentionProblem& problem);
+
+struct Capabilities {
+  BackendKind kind = BackendKind::kCpuExact;
+  // Whether this build and machine can run it at all (e.g. "no CUDA device").
+  bool available = true;
+  std::string unavailable_reason;
+
+  Device device = Device::kCPU;
+  std::vector<DType> dtypes;
+  std::vector<int64_t> head_dims_qk;  // empty: any size up to max_head_dim
+  std::vector<int64_t> head_dims_v;   // empty: any size up to max_head_dim
+  int64_t max_head_dim = 0;           // 0: unbounded
+  bool different_head_dims = true;    // dqk != dv
+  std::vector<Format> formats;
+  std::vector<MaskType> mask_types;
+  bool window = false;
+  bool padded_offsets = false;
+  std::vector<BiasType> bias_types;
+  bool bias_grad = false;
+  bool alibi = false;
+  bool softcap = false;
+  std::vector<SoftmaxType> softmax_types;
+  bool sink_grad = false;
+  bool dropout = false;
+  bool backward = false;
+  bool deterministic = false;  // can produce bit-identical results run to run
+  int min_arch = 0;            // minimal sm for GPU backends
+  // Optional extra limit, e.g. memory for O(s^2) backends: a reason, or nullopt when it fits.
+  std::function<std::optional<std::string>(const FeatureRequest&)> size_limit;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const Capabilities& capabilities() const = 0;
+  // Preconditions: validation passed and the selector found this backend eligible.
+  virtual void forward(const AttentionProblem& problem) const = 0;
+  virtual void backward(const AttentionProblem& problem) const = 0;
+};
+
+// Every backend compiled into this build, fastest first (the selector's preference order).
+const std::vector<const Backend*>& registered_backends();
+
+}  // namespace dpa

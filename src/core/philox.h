@@ -1,0 +1,69 @@
+// Philox4x32-10 (Random123, as in cuRAND) and the dropout keep rule of DESIGN.md section 5.
+// Header-only and constexpr-friendly so that CPU and CUDA code share one definition.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DPA_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define DPA_HOST_DEVICE inline
+#endif
+
+namespace dpa {
+
+struct Philox4 {
+  uint32_t x[4];
+};
+
+// Round constants from Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC'11).
+constexpr uint32_t kPhiloxMultiplier0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxMultiplier1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;
+
+DPA_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, uint32_t key0, uint32_t key1) {
+  for (int round = 0; round < 10; ++round) {
+    uint64_t product0 = uint64_t(kPhiloxMultiplier0) * counter.x[0];
+    uint64_t product1 = uint64_t(kPhiloxMultiplier1) * counter.x[2];
+    uint32_t hi0 = uint32_t(product0 >> 32), lo0 = uint32_t(product0);
+    uint32_t hi1 = uint32_t(product1 >> 32), lo1 = uint32_t(product1);
+    counter = Philox4{{hi1 ^ counter.x[1] ^ key0, lo1, hi0 ^ counter.x[3] ^ key1, lo0}};
+    key0 += kPhiloxWeyl0;
+    key1 += kPhiloxWeyl1;
+  }
+  return counter;
+}
+
+// Dropout threshold t = min(65535, round(p * 65536)); an element is kept iff its u16 >= t.
+DPA_HOST_DEVICE uint32_t dropout_threshold(double p) {
+  double scaled = p * 65536.0 + 0.5;  // p in [0, 1): round half up, no negatives
+  uint32_t t = uint32_t(scaled);
+  return t > 65535u ? 65535u : t;
+}
+
+DPA_HOST_DEVICE double dropout_keep_prob(uint32_t threshold) {
+  return 1.0 - double(threshold) / 65536.0;
+}
+
+// The eight 16-bit draws for key columns 8*(j>>3) .. 8*(j>>3)+7 of (batch, head, row).
+DPA_HOST_DEVICE Philox4 dropout_block(uint64_t seed, uint64_t offset, int64_t batch,
+                                      int64_t heads, int64_t head, int64_t row, int64_t col) {
+  Philox4 counter{{uint32_t(col >> 3), uint32_t(row), uint32_t(head + heads * batch),
+                   uint32_t(offset)}};
+  return philox4x32_10(counter, uint32_t(seed), uint32_t(seed >> 32));
+}
+
+// Element k (0..7) of a block: low half of word k/2 for even k, high half for odd k.
+DPA_HOST_DEVICE uint32_t dropout_u16(const Philox4& block, int k) {
+  uint32_t word = block.x[k >> 1];
+  return (k & 1) ? (word >> 16) : (word & 0xffffu);
+}
+
+DPA_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, int64_t batch, int64_t heads,
+                                  int64_t head, int64_t row, int64_t col, uint32_t threshold) {
+  Philox4 block = dropout_block(seed, offset, batch, heads, head, row, col);
+  return dropout_u16(block, int(col & 7)) >= threshold;
+}
+
+}  // namespace dpa

@@ -1,0 +1,96 @@
+// AttentionProblem: one validated, fully resolved attention call, as every backend sees it.
+// Built by core/problem_builder.cc from the public config and arguments; backends never
+// re-derive defaults (scale, causal window, alignment) themselves.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dpa/attention.h"
+
+namespace dpa {
+
+// Where row (batch b, position s, head h) of a [.., s, h, d]-shaped tensor starts, in elements.
+// Covers bshd, sbhd and thd (sequence b starts at row seq_start[b] of the packed t axis).
+struct RowLayout {
+  int64_t stride_batch = 0;  // 0 for thd
+  int64_t stride_seq = 0;
+  int64_t stride_head = 0;
+  const int64_t* seq_start = nullptr;  // thd: per-batch first row; nullptr otherwise
+
+  int64_t offset(int64_t b, int64_t s, int64_t h) const {
+    int64_t row = seq_start ? seq_start[b] + s : s;
+    return b * stride_batch + row * stride_seq + h * stride_head;
+  }
+};
+
+// A [b|1, H|1, sq|1, skv|1]-broadcast tensor (bias, arbitrary mask, their gradients):
+// broadcast dims have stride 0.
+struct BroadcastLayout {
+  int64_t stride_batch = 0, stride_head = 0, stride_q = 0, stride_kv = 0;
+  int64_t offset(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return b * stride_batch + h * stride_head + i * stride_q + j * stride_kv;
+  }
+};
+
+struct AttentionProblem {
+  Pass pass = Pass::kForward;
+  Format format = Format::kBSHD;
+  DType dtype = DType::kFloat32;  // of q, k, v, o, dO, dq, dk, dv
+  Device device = Device::kCPU;
+
+  int64_t batch = 0;
+  int64_t heads_q = 0;   // H
+  int64_t heads_kv = 0;  // G; query head h reads KV head h / (H / G)
+  int64_t head_dim_qk = 0;
+  int64_t head_dim_v = 0;
+  int64_t max_seqlen_q = 0;   // the s axis of bshd/sbhd; the longest sequence for thd
+  int64_t max_seqlen_kv = 0;
+  int64_t total_q = 0;   // thd: rows of the packed q tensor
+  int64_t total_kv = 0;  // thd: rows of the packed k/v tensors
+  std::vector<int64_t> seqlen_q;   // [b] each sequence's own length
+  std::vector<int64_t> seqlen_kv;  // [b]
+  std::vector<int64_t> seq_start_q;   // [b] thd only (empty otherwise)
+  std::vector<int64_t> seq_start_kv;  // [b] thd only
+
+  // Features, resolved.
+  double scale = 1.0;
+  double softcap = 0.0;  // 0 = off
+  int layer_number = 0;  // qk-layer-scaling factor when > 1
+  MaskType mask_type = MaskType::kNoMask;
+  int64_t window_left = -1;   // -1 unbounded
+  int64_t window_right = -1;  // -1 unbounded; 0 for causal masks
+  bool bottom_right = true;   // delta = skv_b - sq_b when true, else 0
+  SoftmaxType softmax_type = SoftmaxType::kVanilla;
+  BiasType bias_type = BiasType::kNoBias;
+  bool has_alibi = false;
+  bool has_attn_mask = false;
+  double dropout = 0.0;  // effective for this call (0 when evaluating)
+  uint32_t dropout_threshold = 0;
+  double keep_prob = 1.0;
+  RngState rng;
+  bool deterministic = false;
+  bool wants_dbias = false;
+  bool wants_dsoftmax_offset = false;
+
+  // Tensors. Layout objects locate rows; views carry the pointers and dtypes.
+  TensorView q, k, v, o, lse, d_o, dq, dk, dv;
+  RowLayout q_rows, k_rows, v_rows, o_rows, do_rows, dq_rows, dk_rows, dv_rows;
+  TensorView bias, dbias, alibi_slopes, softmax_offset, dsoftmax_offset, attn_mask;
+  BroadcastLayout bias_layout, dbias_layout, mask_layout;
+  int64_t alibi_stride_batch = 0;  // 0 for [H] slopes, H for [b, H]
+
+  // lse is contiguous: [b, H, sq] or (thd) [H, tq].
+  int64_t lse_offset(int64_t b, int64_t h, int64_t i) const {
+    if (format == Format::kTHD) return h * total_q + seq_start_q[b] + i;
+    return (b * heads_q + h) * max_seqlen_q + i;
+  }
+  int64_t group_size() const { return heads_q / heads_kv; }
+  int64_t kv_head(int64_t h) const { return h / group_size(); }
+  // Offset of the diagonal for sequence b (bottom-right: skv - sq; top-left: 0).
+  int64_t diagonal_offset(int64_t b) const {
+    return bottom_right ? seqlen_kv[b] - seqlen_q[b] : 0;
+  }
+};
+
+}  // namespace dpa
