@@ -52,6 +52,7 @@ struct AttentionProblem {
   std::vector<int64_t> seqlen_kv;  // [b]
   std::vector<int64_t> seq_start_q;   // [b] thd only (empty otherwise)
   std::vector<int64_t> seq_start_kv;  // [b] thd only
+  bool has_padded_offsets = false;    // thd with cu_seqlens_*_padded (gaps between sequences)
 
   // Features, resolved.
   double scale = 1.0;

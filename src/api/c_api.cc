@@ -1,0 +1,192 @@
+// The C ABI over DotProductAttention: translate structs, catch every exception.
+#include "dpa/c_api.h"
+
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "dpa/attention.h"
+
+struct dpa_attention_s {
+  std::unique_ptr<dpa::DotProductAttention> attention;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+dpa_status_t status_of(dpa::ErrorCode code) {
+  switch (code) {
+    case dpa::ErrorCode::kInvalidArgument: return DPA_INVALID_ARGUMENT;
+    case dpa::ErrorCode::kNotSupported: return DPA_NOT_SUPPORTED;
+    case dpa::ErrorCode::kBackendFailure: return DPA_BACKEND_FAILURE;
+    case dpa::ErrorCode::kInternal: return DPA_INTERNAL_ERROR;
+    case dpa::ErrorCode::kIo: return DPA_IO_ERROR;
+  }
+  return DPA_INTERNAL_ERROR;
+}
+
+template <typename Fn>
+dpa_status_t guarded(Fn&& fn) {
+  try {
+    fn();
+    last_error.clear();
+    return DPA_SUCCESS;
+  } catch (const dpa::Error& error) {
+    last_error = error.what();
+    return status_of(error.code());
+  } catch (const std::exception& error) {
+    last_error = std::string("dpa internal error: ") + error.what();
+    return DPA_INTERNAL_ERROR;
+  } catch (...) {
+    last_error = "dpa internal error: unknown exception";
+    return DPA_INTERNAL_ERROR;
+  }
+}
+
+dpa::TensorView to_view(const dpa_tensor_t& t, const char* name) {
+  dpa::TensorView view;
+  if (t.ndim == 0 && t.data == nullptr) return view;
+  dpa::require(t.ndim > 0 && t.ndim <= dpa::kMaxDims, name, "must have 1 to 5 dimensions");
+  dpa::require(t.dtype >= 0 && t.dtype <= 5, name, "has an unknown dtype");
+  dpa::require(t.device == 0 || t.device == 1, name, "has an unknown device");
+  view.data = t.data;
+  view.dtype = static_cast<dpa::DType>(t.dtype);
+  view.device = static_cast<dpa::Device>(t.device);
+  view.device_index = t.device_index;
+  view.ndim = t.ndim;
+  for (int d = 0; d < t.ndim; ++d) {
+    view.shape[d] = t.shape[d];
+    view.strides[d] = t.strides[d];
+  }
+  return view;
+}
+
+dpa::AttentionInputs to_inputs(const dpa_inputs_t* in) {
+  dpa::require(in != nullptr, "inputs", "must not be NULL");
+  dpa::AttentionInputs out;
+  out.q = to_view(in->q, "q");
+  out.k = to_view(in->k, "k");
+  out.v = to_view(in->v, "v");
+  out.cu_seqlens_q = to_view(in->cu_seqlens_q, "cu_seqlens_q");
+  out.cu_seqlens_kv = to_view(in->cu_seqlens_kv, "cu_seqlens_kv");
+  out.cu_seqlens_q_padded = to_view(in->cu_seqlens_q_padded, "cu_seqlens_q_padded");
+  out.cu_seqlens_kv_padded = to_view(in->cu_seqlens_kv_padded, "cu_seqlens_kv_padded");
+  out.bias = to_view(in->bias, "bias");
+  out.alibi_slopes = to_view(in->alibi_slopes, "alibi_slopes");
+  out.softmax_offset = to_view(in->softmax_offset, "softmax_offset");
+  out.attn_mask = to_view(in->attn_mask, "attn_mask");
+  return out;
+}
+
+dpa::AttentionConfig to_config(const dpa_config_t* c) {
+  dpa::require(c != nullptr, "config", "must not be NULL");
+  dpa::require(c->size == sizeof(dpa_config_t) && c->version == DPA_CONFIG_VERSION, "config",
+               "was not initialised with DPA_CONFIG_INITIALIZER of this dpa version");
+  dpa::require(c->backend >= -1 && c->backend <= 3, "backend", "is not a known backend");
+  dpa::AttentionConfig config;
+  config.format = static_cast<dpa::Format>(c->format);
+  config.mask_type = static_cast<dpa::MaskType>(c->mask_type);
+  config.window_left = c->window_left;
+  config.window_right = c->window_right;
+  config.bottom_right_diagonal = c->bottom_right_diagonal != 0;
+  config.softcap = c->softcap;
+  if (c->scale != 0.0) config.scale = c->scale;
+  config.softmax_type = static_cast<dpa::SoftmaxType>(c->softmax_type);
+  config.bias_type = static_cast<dpa::BiasType>(c->bias_type);
+  config.dropout = c->dropout;
+  config.seed = c->seed;
+  config.layer_number = c->layer_number;
+  config.deterministic = c->deterministic != 0;
+  config.backend = static_cast<dpa::BackendKind>(c->backend);
+  return config;
+}
+
+dpa::DotProductAttention& unwrap(dpa_attention_t attention) {
+  dpa::require(attention != nullptr && attention->attention != nullptr, "attention",
+               "is not a handle from dpa_attention_create");
+  return *attention->attention;
+}
+
+}  // namespace
+
+extern "C" {
+
+dpa_tensor_t dpa_tensor_contiguous(void* data, dpa_dtype_t dtype, int32_t ndim,
+                                   const int64_t* shape) {
+  dpa_tensor_t t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim < 0 ? 0 : (ndim > 5 ? 5 : ndim);
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = stride;
+    stride *= shape[d];
+  }
+  return t;
+}
+
+dpa_status_t dpa_attention_create(const dpa_config_t* config, dpa_attention_t* out) {
+  return guarded([&] {
+    dpa::require(out != nullptr, "out", "must not be NULL");
+    auto handle = std::make_unique<dpa_attention_s>();
+    handle->attention = std::make_unique<dpa::DotProductAttention>(to_config(config));
+    *out = handle.release();
+  });
+}
+
+dpa_status_t dpa_attention_destroy(dpa_attention_t attention) {
+  return guarded([&] { delete attention; });
+}
+
+dpa_status_t dpa_attention_forward(dpa_attention_t attention, const dpa_inputs_t* inputs,
+                                   dpa_tensor_t o, dpa_tensor_t lse, const dpa_rng_state_t* rng,
+                                   dpa_rng_state_t* rng_used) {
+  return guarded([&] {
+    dpa::ForwardArgs args;
+    args.in = to_inputs(inputs);
+    args.o = to_view(o, "o");
+    args.lse = to_view(lse, "lse");
+    if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
+    dpa::ForwardResult result = unwrap(attention).forward(args);
+    if (rng_used) *rng_used = dpa_rng_state_t{result.rng.seed, result.rng.offset};
+  });
+}
+
+dpa_status_t dpa_attention_backward(dpa_attention_t attention, const dpa_inputs_t* inputs,
+                                    dpa_tensor_t o, dpa_tensor_t lse, dpa_tensor_t d_o,
+                                    dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv,
+                                    dpa_tensor_t dbias, dpa_tensor_t dsoftmax_offset,
+                                    const dpa_rng_state_t* rng) {
+  return guarded([&] {
+    dpa::BackwardArgs args;
+    args.in = to_inputs(inputs);
+    args.o = to_view(o, "o");
+    args.lse = to_view(lse, "lse");
+    args.d_o = to_view(d_o, "d_o");
+    args.dq = to_view(dq, "dq");
+    args.dk = to_view(dk, "dk");
+    args.dv = to_view(dv, "dv");
+    args.dbias = to_view(dbias, "dbias");
+    args.dsoftmax_offset = to_view(dsoftmax_offset, "dsoftmax_offset");
+    if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
+    unwrap(attention).backward(args);
+  });
+}
+
+const char* dpa_last_error(void) { return last_error.c_str(); }
+
+const char* dpa_status_string(dpa_status_t status) {
+  switch (status) {
+    case DPA_SUCCESS: return "success";
+    case DPA_INVALID_ARGUMENT: return "invalid argument";
+    case DPA_NOT_SUPPORTED: return "not supported";
+    case DPA_BACKEND_FAILURE: return "backend failure";
+    case DPA_INTERNAL_ERROR: return "internal error";
+    case DPA_IO_ERROR: return "i/o error";
+  }
+  return "unknown status";
+}
+
+}  // extern "C"
