@@ -1,0 +1,327 @@
+// Tiled backward of the CPU backend (FlashAttention-2 style: P is recomputed from the saved
+// LSE, nothing O(s^2) is stored except the fp32 dbias accumulator when dbias is requested).
+//
+// Determinism: every output element is owned by exactly one task, and each task sums its
+// contributions in a fixed order, so results are bit-identical for any thread count.
+//  - Pass 1, one task per (batch b, query head h, tile of kTileQ query rows): D_i = dO_i . o_i
+//    for its rows (kept for pass 2), dq for its rows, and a partial dalpha_h. The partials are
+//    summed serially afterwards in task order.
+//  - Pass 2, one task per (batch b, KV head g, tile of kTileKv key rows): dk and dv for its key
+//    rows, summed over the H/G query heads of group g and all query rows. dbias is accumulated
+//    here too (in fp32, converted once at the end). When dbias broadcasts over the batch or the
+//    heads, tasks for different b (or g) would add into the same dbias element, so those loops
+//    move inside the task (a task then covers every b, or every g, of its key tile).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "cpu/tiled_common.h"
+#include "cpu/tiled_passes.h"
+
+namespace dpa::cpu {
+namespace {
+
+constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+// The fp32 accumulator for dbias, shaped [nb, nh, nsq, nkv] where a dimension the bias
+// broadcasts over has extent 1.
+struct BiasGradAccumulator {
+  int64_t batches = 1, heads = 1, rows = 1, cols = 0;
+  std::vector<float> values;
+
+  int64_t index(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const int64_t bb = batches == 1 ? 0 : b, hh = heads == 1 ? 0 : h, ii = rows == 1 ? 0 : i;
+    return ((bb * heads + hh) * rows + ii) * cols + j;
+  }
+};
+
+struct BackwardState {
+  const AttentionProblem& p;
+  LogitTransform transform;
+  float scale;               // the true scale (not divided by the layer number)
+  const float* lse;          // the saved LSE, [b, H, sq] or [H, tq]
+  std::vector<float> delta;  // D_i, laid out like lse
+  bool dbias = false;
+  bool dbias_pre = false;  // dBpre = scale * dU; else dBpost = dS
+  BiasGradAccumulator bias_grad;
+
+  explicit BackwardState(const AttentionProblem& problem)
+      : p(problem),
+        transform(problem),
+        scale(float(problem.scale)),
+        lse(static_cast<const float*>(problem.lse.data)),
+        delta(size_t(problem.lse.numel()), 0.0f) {}
+};
+
+// One tile of the backward recurrence for rows i0.. (of head h) and key columns j0.. .
+// Inputs: q [rows, dqk], d_o [rows, dv], k_t [dqk, cols], v_t [dv, cols], and the rows' lse,
+// D and visible ranges. Outputs, all [rows, cols]: pd = P * keep / keep_prob, ds = dS,
+// du = dU (= dS without a softcap). Rows with LSE = -inf (nothing visible, no sink) give zeros.
+struct TileGrad {
+  std::vector<float> pd, ds, du, keep;
+  TileGrad() : pd(size_t(kTileQ * kTileKv)), ds(pd.size()), du(pd.size()), keep(kTileKv) {}
+};
+
+void tile_gradients(const BackwardState& st, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                    const KeyRange* ranges, int64_t j0, int64_t cols, const float* q,
+                    const float* d_o, const float* k_t, const float* v_t, const float* lse,
+                    const float* delta, TileGrad& out) {
+  const AttentionProblem& p = st.p;
+  const bool softcap = st.transform.has_softcap();
+  float* s = out.pd.data();
+  float* dp = out.ds.data();
+  float* t = out.du.data();
+  matmul_transposed(q, k_t, rows, cols, p.head_dim_qk, s);
+  matmul_transposed(d_o, v_t, rows, cols, p.head_dim_v, dp);
+  st.transform.apply(b, h, i0, rows, ranges, j0, cols, s, softcap ? t : nullptr);
+
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s_row = s + r * cols;
+    float* dp_row = dp + r * cols;
+    float* t_row = t + r * cols;
+    if (lse[r] == kNegativeInfinity) {
+      std::fill(s_row, s_row + cols, 0.0f);
+      std::fill(dp_row, dp_row + cols, 0.0f);
+      std::fill(t_row, t_row + cols, 0.0f);
+      continue;
+    }
+    if (p.dropout_threshold != 0) {
+      dropout_multipliers(p, b, h, i0 + r, j0, cols, out.keep.data());
+    }
+    const float row_lse = lse[r], row_delta = delta[r];
+    for (int64_t c = 0; c < cols; ++c) {
+      const float prob = std::exp(s_row[c] - row_lse);  // 0 for masked pairs (s = -inf)
+      const float keep = p.dropout_threshold != 0 ? out.keep[size_t(c)] : 1.0f;
+      const float grad_score = prob * (dp_row[c] * keep - row_delta);
+      s_row[c] = prob * keep;
+      dp_row[c] = grad_score;
+      // dU = dS * (1 - t^2); t is 0 for masked pairs, so -inf never meets it.
+      t_row[c] = softcap ? grad_score * (1.0f - t_row[c] * t_row[c]) : grad_score;
+    }
+  }
+}
+
+struct QueryTile {
+  int64_t batch, head, row0, rows;
+};
+
+// Pass 1: D, dq and the partial dalpha of one query tile.
+double query_tile_backward(BackwardState& st, const QueryTile& tile) {
+  const AttentionProblem& p = st.p;
+  const int64_t b = tile.batch, h = tile.head, i0 = tile.row0, rows = tile.rows;
+  const int64_t g = p.kv_head(h);
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+
+  std::vector<KeyRange> ranges(static_cast<size_t>(rows));
+  std::vector<float> lse(static_cast<size_t>(rows)), delta(size_t(rows), 0.0f);
+  std::vector<float> d_o(size_t(rows * dv)), o(size_t(rows * dv));  // [rows, dv]
+  gather_rows(p.d_o, p.do_rows, b, i0, rows, h, dv, d_o.data());
+  gather_rows(p.o, p.o_rows, b, i0, rows, h, dv, o.data());
+
+  int64_t keys_begin = std::numeric_limits<int64_t>::max(), keys_end = 0;
+  double dalpha = 0.0;
+  const double sigma = sink_logit(p, h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    KeyRange range = visible_keys(p, b, i);
+    lse[size_t(r)] = st.lse[p.lse_offset(b, h, i)];
+    // Rows without a visible key (padded rows included) take no part in any gradient.
+    if (range.empty() || lse[size_t(r)] == kNegativeInfinity) range = {0, 0};
+    ranges[size_t(r)] = range;
+    if (range.empty()) continue;
+    double dot = 0.0;
+    for (int64_t c = 0; c < dv; ++c) dot += double(d_o[size_t(r * dv + c)]) * o[size_t(r * dv + c)];
+    delta[size_t(r)] = float(dot);
+    st.delta[size_t(p.lse_offset(b, h, i))] = float(dot);
+    if (p.wants_dsoftmax_offset) dalpha -= std::exp(sigma - double(lse[size_t(r)])) * dot;
+    keys_begin = std::min(keys_begin, range.begin);
+    keys_end = std::max(keys_end, range.end);
+  }
+
+  std::vector<float> dq(size_t(rows * dqk), 0.0f);  // [rows, dqk]
+  if (keys_begin < keys_end) {
+    std::vector<float> q(size_t(rows * dqk));       // [rows, dqk]
+    std::vector<float> k(size_t(kTileKv * dqk));    // [cols, dqk]
+    std::vector<float> k_t(size_t(kTileKv * dqk));  // [dqk, cols]
+    std::vector<float> v(size_t(kTileKv * dv));     // [cols, dv]
+    std::vector<float> v_t(size_t(kTileKv * dv));   // [dv, cols]
+    TileGrad grad;
+    gather_rows(p.q, p.q_rows, b, i0, rows, h, dqk, q.data());
+    for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTileKv) {
+      const int64_t cols = std::min(kTileKv, keys_end - j0);
+      gather_rows(p.k, p.k_rows, b, j0, cols, g, dqk, k.data());
+      transpose(k.data(), cols, dqk, k_t.data());
+      gather_rows(p.v, p.v_rows, b, j0, cols, g, dv, v.data());
+      transpose(v.data(), cols, dv, v_t.data());
+      tile_gradients(st, b, h, i0, rows, ranges.data(), j0, cols, q.data(), d_o.data(), k_t.data(),
+                     v_t.data(), lse.data(), delta.data(), grad);
+      accumulate_product(grad.du.data(), k.data(), rows, cols, dqk, dq.data());
+    }
+    for (float& value : dq) value *= st.scale;
+  }
+  scatter_rows(p.dq, p.dq_rows, b, i0, rows, h, dqk, dq.data());
+  return dalpha;
+}
+
+// Pass 2 work unit: key rows [j0, j0 + kTileKv) of batches [b_begin, b_end) and KV heads
+// [g_begin, g_end).
+struct KeyTask {
+  int64_t b_begin, b_end, g_begin, g_end, j0;
+};
+
+void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t cols) {
+  const AttentionProblem& p = st.p;
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  std::vector<float> k(size_t(cols * dqk)), k_t(size_t(cols * dqk));  // [cols, dqk], [dqk, cols]
+  std::vector<float> v(size_t(cols * dv)), v_t(size_t(cols * dv));    // [cols, dv], [dv, cols]
+  std::vector<float> dk(size_t(cols * dqk), 0.0f), dv_acc(size_t(cols * dv), 0.0f);
+  gather_rows(p.k, p.k_rows, b, j0, cols, g, dqk, k.data());
+  transpose(k.data(), cols, dqk, k_t.data());
+  gather_rows(p.v, p.v_rows, b, j0, cols, g, dv, v.data());
+  transpose(v.data(), cols, dv, v_t.data());
+
+  std::vector<KeyRange> ranges(static_cast<size_t>(kTileQ));
+  std::vector<float> lse(static_cast<size_t>(kTileQ)), delta(static_cast<size_t>(kTileQ));
+  std::vector<float> q(size_t(kTileQ * dqk)), d_o(size_t(kTileQ * dv));
+  TileGrad grad;
+  const int64_t extent = q_extent(p, b);
+  const int64_t group = p.group_size();
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    for (int64_t tile_begin = 0; tile_begin < extent; tile_begin += kTileQ) {
+      // The rows of this query tile that see a key of this key tile, trimmed to [first, last].
+      const int64_t tile_end = std::min(tile_begin + kTileQ, extent);
+      int64_t first = -1, last = -1;
+      for (int64_t i = tile_begin; i < tile_end; ++i) {
+        const KeyRange range = visible_keys(p, b, i);
+        if (range.empty() || range.end <= j0 || range.begin >= j0 + cols) continue;
+        if (st.lse[p.lse_offset(b, h, i)] == kNegativeInfinity) continue;
+        if (first < 0) first = i;
+        last = i;
+      }
+      if (first < 0) continue;
+      const int64_t rows = last - first + 1;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = first + r;
+        lse[size_t(r)] = st.lse[p.lse_offset(b, h, i)];
+        delta[size_t(r)] = st.delta[size_t(p.lse_offset(b, h, i))];
+        ranges[size_t(r)] = visible_keys(p, b, i);
+        if (lse[size_t(r)] == kNegativeInfinity) ranges[size_t(r)] = {0, 0};
+      }
+      gather_rows(p.q, p.q_rows, b, first, rows, h, dqk, q.data());
+      gather_rows(p.d_o, p.do_rows, b, first, rows, h, dv, d_o.data());
+      tile_gradients(st, b, h, first, rows, ranges.data(), j0, cols, q.data(), d_o.data(),
+                     k_t.data(), v_t.data(), lse.data(), delta.data(), grad);
+      accumulate_transposed_product(grad.pd.data(), d_o.data(), rows, cols, dv, dv_acc.data());
+      accumulate_transposed_product(grad.du.data(), q.data(), rows, cols, dqk, dk.data());
+      if (st.dbias) {
+        // This task owns dbias columns [j0, j0 + cols) of its (b, h) (or of every b / h that
+        // the bias broadcasts over, see the file comment).
+        const float* source = st.dbias_pre ? grad.du.data() : grad.ds.data();
+        const float factor = st.dbias_pre ? st.scale : 1.0f;
+        for (int64_t r = 0; r < rows; ++r) {
+          float* target = st.bias_grad.values.data() + st.bias_grad.index(b, h, first + r, j0);
+          for (int64_t c = 0; c < cols; ++c) target[c] += factor * source[r * cols + c];
+        }
+      }
+    }
+  }
+  for (float& value : dk) value *= st.scale;
+  scatter_rows(p.dk, p.dk_rows, b, j0, cols, g, dqk, dk.data());
+  scatter_rows(p.dv, p.dv_rows, b, j0, cols, g, dv, dv_acc.data());
+}
+
+void write_bias_grad(const AttentionProblem& p, const BiasGradAccumulator& acc) {
+  const BroadcastLayout& layout = p.dbias_layout;
+  parallel_for(acc.batches * acc.heads, [&](int64_t index) {
+    const int64_t b = index / acc.heads, h = index % acc.heads;
+    for (int64_t i = 0; i < acc.rows; ++i) {
+      const float* row = acc.values.data() + acc.index(b, h, i, 0);
+      const int64_t start = layout.offset(b, h, i, 0);
+      if (layout.stride_kv == 1) {
+        store_row_f32(p.dbias.data, p.dbias.dtype, start, acc.cols, row);
+      } else {
+        for (int64_t j = 0; j < acc.cols; ++j) {
+          store(p.dbias, start + j * layout.stride_kv, row[j]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void tiled_backward(const AttentionProblem& p) {
+  BackwardState st(p);
+
+  if (p.format == Format::kTHD) {
+    // Rows between padded sequences belong to no sequence: their gradients are 0.
+    zero_packed_rows(p.dq, p.dq_rows, thd_gap_rows(p.total_q, p.seq_start_q, p.seqlen_q), p.heads_q,
+                     p.head_dim_qk);
+    const std::vector<int64_t> kv_gaps = thd_gap_rows(p.total_kv, p.seq_start_kv, p.seqlen_kv);
+    zero_packed_rows(p.dk, p.dk_rows, kv_gaps, p.heads_kv, p.head_dim_qk);
+    zero_packed_rows(p.dv, p.dv_rows, kv_gaps, p.heads_kv, p.head_dim_v);
+  }
+
+  // Pass 1: D, dq, dalpha partials.
+  std::vector<QueryTile> query_tiles;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t extent = q_extent(p, b);
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      for (int64_t i0 = 0; i0 < extent; i0 += kTileQ) {
+        query_tiles.push_back({b, h, i0, std::min(kTileQ, extent - i0)});
+      }
+    }
+  }
+  std::vector<double> dalpha_partial(query_tiles.size(), 0.0);
+  parallel_for(int64_t(query_tiles.size()), [&](int64_t index) {
+    dalpha_partial[size_t(index)] = query_tile_backward(st, query_tiles[size_t(index)]);
+  });
+  if (p.wants_dsoftmax_offset) {
+    std::vector<double> dalpha(size_t(p.heads_q), 0.0);
+    for (size_t index = 0; index < query_tiles.size(); ++index) {
+      dalpha[size_t(query_tiles[index].head)] += dalpha_partial[index];
+    }
+    for (int64_t h = 0; h < p.heads_q; ++h) store(p.dsoftmax_offset, h, dalpha[size_t(h)]);
+  }
+
+  // Pass 2: dk, dv (and dbias).
+  bool fold_batches = false, fold_groups = false;
+  if (p.wants_dbias) {
+    st.dbias = true;
+    st.dbias_pre = p.bias_type == BiasType::kPreScale;
+    BiasGradAccumulator& acc = st.bias_grad;
+    acc.batches = p.dbias_layout.stride_batch != 0 ? p.batch : 1;
+    acc.heads = p.dbias_layout.stride_head != 0 ? p.heads_q : 1;
+    acc.rows = p.dbias_layout.stride_q != 0 ? p.max_seqlen_q : 1;
+    acc.cols = p.max_seqlen_kv;
+    acc.values.assign(size_t(acc.batches * acc.heads * acc.rows * acc.cols), 0.0f);
+    fold_batches = acc.batches == 1 && p.batch > 1;
+    fold_groups = acc.heads == 1 && p.heads_kv > 1;
+  }
+  std::vector<KeyTask> key_tasks;
+  const int64_t batch_step = fold_batches ? p.batch : 1;
+  const int64_t group_step = fold_groups ? p.heads_kv : 1;
+  for (int64_t b = 0; b < p.batch; b += batch_step) {
+    int64_t extent = 0;
+    for (int64_t bb = b; bb < b + batch_step; ++bb) extent = std::max(extent, kv_extent(p, bb));
+    for (int64_t g = 0; g < p.heads_kv; g += group_step) {
+      for (int64_t j0 = 0; j0 < extent; j0 += kTileKv) {
+        key_tasks.push_back({b, b + batch_step, g, g + group_step, j0});
+      }
+    }
+  }
+  parallel_for(int64_t(key_tasks.size()), [&](int64_t index) {
+    const KeyTask& task = key_tasks[size_t(index)];
+    for (int64_t b = task.b_begin; b < task.b_end; ++b) {
+      const int64_t cols = std::min(kTileKv, kv_extent(p, b) - task.j0);
+      if (cols <= 0) continue;
+      for (int64_t g = task.g_begin; g < task.g_end; ++g)
+        key_tile_backward(st, b, g, task.j0, cols);
+    }
+  });
+  if (st.dbias) write_bias_grad(p, st.bias_grad);
+}
+
+}  // namespace dpa::cpu
