@@ -39,7 +39,7 @@ double HostTensor::get(int64_t flat) const { return load(view_, flat); }
 void HostTensor::set(int64_t flat, double value) { store(view_, flat, value); }
 
 std::vector<double> HostTensor::to_double() const {
-  std::vector<double> values(size_t(numel()));
+  std::vector<double> values(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) values[size_t(i)] = get(i);
   return values;
 }

@@ -1,0 +1,58 @@
+/* Compiled as C: proves dpa/c_api.h is a C header, and drives the ABI from C. */
+#include <math.h>
+#include <string.h>
+
+#include "dpa/c_api.h"
+
+/* A 1x3x2x4 query against 1x5x1x4 keys (GQA 2:1), fp32, with a cap and an off-by-one sink.
+ * Returns the forward status; o[0] and lse[0] receive the first outputs. */
+int dpa_c_forward_small(double softcap, int softmax_type, float* o_first, float* lse_first) {
+  float q[1 * 3 * 2 * 4], k[1 * 5 * 1 * 4], v[1 * 5 * 1 * 4], o[1 * 3 * 2 * 4], lse[1 * 2 * 3];
+  for (int i = 0; i < 24; ++i) q[i] = (float)sin(0.7 * i);
+  for (int i = 0; i < 20; ++i) k[i] = (float)cos(0.3 * i);
+  for (int i = 0; i < 20; ++i) v[i] = (float)(0.1 * i);
+  for (int i = 0; i < 24; ++i) o[i] = 777.0f;
+  for (int i = 0; i < 6; ++i) lse[i] = 777.0f;
+  int64_t q_shape[4] = {1, 3, 2, 4}, kv_shape[4] = {1, 5, 1, 4}, lse_shape[3] = {1, 2, 3};
+  dpa_config_t config = DPA_CONFIG_INITIALIZER;
+  config.softcap = softcap;
+  config.softmax_type = softmax_type;
+  config.backend = DPA_BACKEND_CPU_EXACT;
+  dpa_attention_t attention = NULL;
+  dpa_status_t status = dpa_attention_create(&config, &attention);
+  if (status != DPA_SUCCESS) return status;
+  dpa_inputs_t inputs;
+  memset(&inputs, 0, sizeof(inputs));
+  inputs.q = dpa_tensor_contiguous(q, DPA_FLOAT32, 4, q_shape);
+  inputs.k = dpa_tensor_contiguous(k, DPA_FLOAT32, 4, kv_shape);
+  inputs.v = dpa_tensor_contiguous(v, DPA_FLOAT32, 4, kv_shape);
+  status = dpa_attention_forward(attention, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape),
+                                 dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape), NULL, NULL);
+  *o_first = o[0];
+  *lse_first = lse[0];
+  dpa_attention_destroy(attention);
+  return status;
+}
+
+/* Forward with a bad sink offset shape; returns the status and leaves o untouched. */
+int dpa_c_forward_bad_offset(float* o_first) {
+  float q[8], k[8], v[8], o[8], lse[2], offset[3] = {0, 0, 0};
+  for (int i = 0; i < 8; ++i) q[i] = k[i] = v[i] = (float)i, o[i] = 777.0f;
+  int64_t shape[4] = {1, 2, 1, 4}, lse_shape[3] = {1, 1, 2}, offset_shape[1] = {3};
+  dpa_config_t config = DPA_CONFIG_INITIALIZER;
+  config.softmax_type = DPA_SOFTMAX_LEARNABLE;
+  dpa_attention_t attention = NULL;
+  dpa_status_t status = dpa_attention_create(&config, &attention);
+  if (status != DPA_SUCCESS) return -1;
+  dpa_inputs_t inputs;
+  memset(&inputs, 0, sizeof(inputs));
+  inputs.q = dpa_tensor_contiguous(q, DPA_FLOAT32, 4, shape);
+  inputs.k = dpa_tensor_contiguous(k, DPA_FLOAT32, 4, shape);
+  inputs.v = dpa_tensor_contiguous(v, DPA_FLOAT32, 4, shape);
+  inputs.softmax_offset = dpa_tensor_contiguous(offset, DPA_FLOAT32, 1, offset_shape);
+  status = dpa_attention_forward(attention, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, shape),
+                                 dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape), NULL, NULL);
+  *o_first = o[0];
+  dpa_attention_destroy(attention);
+  return status;
+}

@@ -1,0 +1,74 @@
+// Philox4x32-10 known answers (Random123's kat_vectors) and the exact dropout keep mapping of
+// DESIGN.md §5.
+#include <gtest/gtest.h>
+
+#include "core/philox.h"
+
+namespace dpa {
+namespace {
+
+TEST(Philox, KnownAnswerZeroCounterZeroKey) {
+  Philox4 out = philox4x32_10(Philox4{{0, 0, 0, 0}}, 0, 0);
+  EXPECT_EQ(out.x[0], 0x6627e8d5u);
+  EXPECT_EQ(out.x[1], 0xe169c58du);
+  EXPECT_EQ(out.x[2], 0xbc57ac4cu);
+  EXPECT_EQ(out.x[3], 0x9b00dbd8u);
+}
+
+TEST(Philox, KnownAnswerAllOnes) {
+  Philox4 out = philox4x32_10(Philox4{{~0u, ~0u, ~0u, ~0u}}, ~0u, ~0u);
+  EXPECT_EQ(out.x[0], 0x408f276du);
+  EXPECT_EQ(out.x[1], 0x41c83b0eu);
+  EXPECT_EQ(out.x[2], 0xa20bc7c6u);
+  EXPECT_EQ(out.x[3], 0x6d5451fdu);
+}
+
+TEST(Philox, DropoutThresholdRounding) {
+  EXPECT_EQ(dropout_threshold(0.0), 0u);
+  EXPECT_EQ(dropout_threshold(0.5), 32768u);
+  EXPECT_EQ(dropout_threshold(0.1), 6554u);  // 6553.6 rounds to 6554
+  EXPECT_EQ(dropout_threshold(0.99999), 65535u);  // clamped
+  EXPECT_DOUBLE_EQ(dropout_keep_prob(32768u), 0.5);
+}
+
+// The counter is (j >> 3, i, h + H * b, lo32(offset)), the key (lo32(seed), hi32(seed)), and
+// column 8*(j>>3)+k takes the low half of word k/2 for even k, the high half for odd k.
+TEST(Philox, KeepMappingMatchesSpec) {
+  const uint64_t seed = 0x123456789abcdefULL, offset = 0x500000007ULL;
+  const int64_t heads = 3, batch = 2, head = 1, row = 11;
+  const uint32_t threshold = dropout_threshold(0.3);
+  for (int64_t col = 0; col < 40; ++col) {
+    Philox4 counter{{uint32_t(col >> 3), uint32_t(row), uint32_t(head + heads * batch),
+                     uint32_t(offset)}};
+    Philox4 block = philox4x32_10(counter, 0x89abcdefu, 0x01234567u);
+    const int k = int(col & 7);
+    const uint32_t word = block.x[k / 2];
+    const uint32_t u16 = (k % 2 == 0) ? (word & 0xffffu) : (word >> 16);
+    EXPECT_EQ(dropout_keep(seed, offset, batch, heads, head, row, col, threshold), u16 >= threshold)
+        << "column " << col;
+  }
+}
+
+TEST(Philox, KeepRateMatchesProbability) {
+  const uint32_t threshold = dropout_threshold(0.3);
+  int64_t kept = 0, total = 0;
+  for (int64_t row = 0; row < 64; ++row)
+    for (int64_t col = 0; col < 512; ++col, ++total)
+      kept += dropout_keep(42, 0, 0, 1, 0, row, col, threshold);
+  EXPECT_NEAR(double(kept) / double(total), 0.7, 0.01);
+}
+
+TEST(Philox, DifferentCoordinatesDrawDifferentMasks) {
+  const uint32_t threshold = dropout_threshold(0.5);
+  int differences_head = 0, differences_offset = 0;
+  for (int64_t col = 0; col < 256; ++col) {
+    bool base = dropout_keep(7, 0, 0, 4, 0, 3, col, threshold);
+    differences_head += base != dropout_keep(7, 0, 0, 4, 1, 3, col, threshold);
+    differences_offset += base != dropout_keep(7, 1, 0, 4, 0, 3, col, threshold);
+  }
+  EXPECT_GT(differences_head, 64);
+  EXPECT_GT(differences_offset, 64);
+}
+
+}  // namespace
+}  // namespace dpa
