@@ -44,6 +44,7 @@ TEST_P(SelectorCapability, LackingBackendIsRejectedOnlyWhenFeatureRequested) {
   std::vector<const Capabilities*> candidates = {&fast, &slow};
 
   FeatureRequest plain;
+  plain.device_arch = 90;
   Selection without = select_backend(plain, candidates, std::nullopt);
   ASSERT_TRUE(without.chosen.has_value());
   EXPECT_EQ(*without.chosen, BackendKind::kCudaFlash) << without.to_string();
@@ -55,7 +56,7 @@ TEST_P(SelectorCapability, LackingBackendIsRejectedOnlyWhenFeatureRequested) {
   EXPECT_EQ(*selection.chosen, BackendKind::kCpuExact) << selection.to_string();
   ASSERT_EQ(selection.verdicts.size(), 2u);
   EXPECT_FALSE(selection.verdicts[0].eligible);
-  ASSERT_EQ(selection.verdicts[0].reasons.size(), 1u) << selection.to_string();
+  ASSERT_GE(selection.verdicts[0].reasons.size(), 1u) << selection.to_string();
 
   // Forcing the lacking backend fails with its reason instead of dropping the feature.
   Selection forced = select_backend(with, candidates, BackendKind::kCudaFlash);
@@ -114,7 +115,7 @@ INSTANTIATE_TEST_SUITE_P(
                        [](FeatureRequest& r) { r.head_dim_qk = r.head_dim_v = 96; }},
         CapabilityCase{"mla_dims", [](Capabilities& c) { c.different_head_dims = false; },
                        [](FeatureRequest& r) { r.head_dim_v = 32; }},
-        CapabilityCase{"dtype", [](Capabilities& c) { c.dtypes = {DType::kFloat16}; },
+        CapabilityCase{"dtype", [](Capabilities& c) { c.dtypes = {DType::kFloat32}; },
                        [](FeatureRequest& r) { r.dtype = DType::kFloat64; }},
         CapabilityCase{"memory",
                        [](Capabilities& c) {

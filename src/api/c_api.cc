@@ -30,8 +30,7 @@ template <typename Fn>
 dpa_status_t guarded(Fn&& fn) {
   try {
     fn();
-    last_error.clear();
-    return DPA_SUCCESS;
+    return DPA_SUCCESS;  // the last error stays until the next failure, as with errno
   } catch (const dpa::Error& error) {
     last_error = error.what();
     return status_of(error.code());
