@@ -28,8 +28,9 @@ inline KeyRange visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
   const int64_t center = i + p.diagonal_offset(b);
   int64_t begin = p.window_left < 0 ? 0 : std::max<int64_t>(0, center - p.window_left);
   int64_t end = p.window_right < 0 ? skv : std::min<int64_t>(skv, center + p.window_right + 1);
+  begin = std::min(begin, skv);  // a window left of every key must stay empty, not [skv, end)
   if (end < begin) end = begin;
-  return {std::min(begin, skv), end};
+  return {begin, end};
 }
 
 inline bool masked_by_tensor(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
