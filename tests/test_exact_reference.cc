@@ -126,9 +126,24 @@ TEST_P(ExactGradients, MatchFiniteDifferences) {
   spec.head_dim_qk = 3;
   spec.head_dim_v = 2;
   spec.qk_stddev = 1.5;
+  CaseSpec plain = spec;
   GetParam().configure(spec);
   CaseTensors t = make_case(spec);
   CaseOutputs analytic = run_case(spec, t, BackendKind::kCpuExact);
+  if (GetParam().name != "plain") {
+    // The feature must move the reference far beyond the tolerance, or the check is blind to
+    // it. The baseline keeps the layout (thd lengths) and drops the features; make_case draws
+    // q, k, v, dO first, so both runs see the same values.
+    plain.config.format = spec.config.format;
+    plain.lengths_q = spec.lengths_q;
+    plain.lengths_kv = spec.lengths_kv;
+    plain.gaps_q = spec.gaps_q;
+    plain.gaps_kv = spec.gaps_kv;
+    if (!spec.lengths_q.empty()) plain.config.mask_type = MaskType::kPadding;
+    CaseOutputs baseline = run_case(plain, make_case(plain), BackendKind::kCpuExact);
+    EXPECT_GT(compare_outputs(analytic, baseline).worst(), 1e-2);
+    EXPECT_GT(relative_error(analytic.o, baseline.o), 1e-3) << "the feature barely moves o";
+  }
   check_tensor_gradient(spec, t, &CaseTensors::q, analytic.dq, "dq");
   check_tensor_gradient(spec, t, &CaseTensors::k, analytic.dk, "dk");
   check_tensor_gradient(spec, t, &CaseTensors::v, analytic.dv, "dv");
