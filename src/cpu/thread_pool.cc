@@ -38,7 +38,7 @@ struct Job {
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) : size_(std::max(threads, 1)) {
-    for (int w = 0; w + 1 < size_; ++w) workers_.emplace_back([this] { worker_loop(); });
+    for (int w = 0; w + 1 < size_.load(); ++w) workers_.emplace_back([this] { worker_loop(); });
   }
 
   ~ThreadPool() {
@@ -50,13 +50,22 @@ class ThreadPool {
     for (std::thread& worker : workers_) worker.join();
   }
 
-  int size() const { return size_; }
+  int size() const { return size_.load(); }
+
+  // Adds workers until the pool has `threads` threads (the caller counts as one).
+  void grow(int threads) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (size_.load() < threads) {
+      workers_.emplace_back([this] { worker_loop(); });
+      size_.fetch_add(1);
+    }
+  }
 
   void run(int64_t count, const std::function<void(int64_t)>& body, int threads) {
     Job job;
     job.body = &body;
     job.count = count;
-    job.max_helpers = int(std::min<int64_t>(std::min(threads, size_) - 1, count - 1));
+    job.max_helpers = int(std::min<int64_t>(std::min(threads, size_.load()) - 1, count - 1));
     if (job.max_helpers > 0) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -117,7 +126,7 @@ class ThreadPool {
     }
   }
 
-  const int size_;
+  std::atomic<int> size_;  // threads including the caller; grows, never shrinks
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
@@ -126,7 +135,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-std::atomic<int> thread_cap{0};  // 0: no cap
+std::atomic<int> thread_cap{0};  // set_num_threads; 0: the default
 
 ThreadPool& pool() {
   // Constructed on first use and never destroyed: workers must not be joined during static
@@ -138,12 +147,15 @@ ThreadPool& pool() {
 }  // namespace
 
 int num_threads() {
-  int size = pool().size();
-  int cap = thread_cap.load();
-  return cap > 0 ? std::min(cap, size) : size;
+  static const int default_threads = default_thread_count();
+  const int cap = thread_cap.load();
+  return std::min(cap > 0 ? cap : default_threads, pool().size());
 }
 
-void set_num_threads(int threads) { thread_cap.store(std::max(threads, 0)); }
+void set_num_threads(int threads) {
+  if (threads > pool().size()) pool().grow(std::min(threads, 1024));
+  thread_cap.store(std::max(threads, 0));
+}
 
 void parallel_for(int64_t count, const std::function<void(int64_t)>& body) {
   if (count <= 0) return;

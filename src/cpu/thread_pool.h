@@ -16,8 +16,8 @@ namespace dpa::cpu {
 // integer, else std::thread::hardware_concurrency(), further capped by set_num_threads.
 int num_threads();
 
-// Caps the threads used by later parallel_for calls (tests and benchmarks). 0 restores the
-// default; values above the pool size (fixed at first use) are clamped to it.
+// Sets the threads used by later parallel_for calls (tests and benchmarks); the pool grows when
+// asked for more threads than it has. 0 restores the default.
 void set_num_threads(int threads);
 
 // Runs body(0) .. body(count - 1), each exactly once, in any order and on any thread, and
