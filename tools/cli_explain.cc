@@ -129,13 +129,15 @@ int run_explain(const std::vector<std::string>& words) {
       thd ? q_shape[0] : (config.format == Format::kBSHD ? q_shape[1] : q_shape[0]);
   const int64_t seqlen_kv =
       thd ? k_shape[0] : (config.format == Format::kBSHD ? k_shape[1] : k_shape[0]);
+  // The library reads cu_seqlens on the host (even for device tensors).
   if (thd || mask_is_padding(config.mask_type)) {
     const std::vector<int64_t> cu_shape = {batch + 1};
-    in.cu_seqlens_q = null_view(DType::kInt32, device, cu_shape, "batch");
-    in.cu_seqlens_kv = null_view(DType::kInt32, device, cu_shape, "batch");
+    const Device host = Device::kCPU;
+    in.cu_seqlens_q = null_view(DType::kInt32, host, cu_shape, "batch");
+    in.cu_seqlens_kv = null_view(DType::kInt32, host, cu_shape, "batch");
     if (args.has("has-padded-offsets")) {
-      in.cu_seqlens_q_padded = null_view(DType::kInt32, device, cu_shape, "has-padded-offsets");
-      in.cu_seqlens_kv_padded = null_view(DType::kInt32, device, cu_shape, "has-padded-offsets");
+      in.cu_seqlens_q_padded = null_view(DType::kInt32, host, cu_shape, "has-padded-offsets");
+      in.cu_seqlens_kv_padded = null_view(DType::kInt32, host, cu_shape, "has-padded-offsets");
     }
   } else if (args.has("has-padded-offsets")) {
     throw UsageError("has-padded-offsets", "--has-padded-offsets is only used with --format thd");

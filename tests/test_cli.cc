@@ -1,0 +1,410 @@
+// The dpa command-line tool, run as a separate process (DPA_CLI_PATH): outputs match calling
+// the library directly, bad input exits non-zero naming the flag and writes nothing, explain
+// lists every backend, and the demo runs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "core/backend.h"
+#include "npy.h"
+#include "support/attention_case.h"
+
+namespace dpa::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    static std::atomic<int> counter{0};
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string("dpa_cli_") + (info ? info->name() : "test") + "_" +
+                       std::to_string(::getpid()) + "_" + std::to_string(counter++);
+    for (char& c : name)
+      if (c == '/') c = '_';
+    path_ = fs::temp_directory_path() / name;
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+CliResult run_cli(const std::string& args, const ScratchDir& scratch) {
+  const std::string out = scratch.file("stdout.txt"), err = scratch.file("stderr.txt");
+  const std::string command =
+      std::string("'") + DPA_CLI_PATH + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  int raw = std::system(command.c_str());
+  CliResult result;
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  result.out = read_text(out);
+  result.err = read_text(err);
+  return result;
+}
+
+std::string save(const ScratchDir& scratch, const std::string& name, const HostTensor& tensor) {
+  const std::string path = scratch.file(name);
+  npy::save(path, npy::Array::from_view(tensor.view()));
+  return path;
+}
+
+// The flags that reproduce spec.config (and run_case's RNG state {seed, 7}).
+std::string config_flags(const CaseSpec& spec) {
+  const AttentionConfig& c = spec.config;
+  std::ostringstream flags;
+  flags.precision(17);
+  flags << " --format " << to_string(c.format) << " --mask " << to_string(c.mask_type);
+  flags << " --window " << c.window_left << "," << c.window_right;
+  flags << " --bottom-right-diagonal " << (c.bottom_right_diagonal ? 1 : 0);
+  flags << " --softcap " << c.softcap << " --softmax-type " << to_string(c.softmax_type);
+  if (c.scale) flags << " --scale " << *c.scale;
+  if (c.bias_type != BiasType::kNoBias) flags << " --bias-type " << to_string(c.bias_type);
+  flags << " --dropout " << c.dropout << " --seed " << c.seed << " --offset 7";
+  if (c.layer_number) flags << " --layer-number " << c.layer_number;
+  return flags.str();
+}
+
+// Writes every input of the case and returns the tensor flags.
+std::string input_flags(const ScratchDir& scratch, const CaseTensors& t, bool with_do) {
+  std::string flags = " --q " + save(scratch, "q.npy", t.q) + " --k " +
+                      save(scratch, "k.npy", t.k) + " --v " + save(scratch, "v.npy", t.v);
+  if (with_do) flags += " --do " + save(scratch, "do.npy", t.d_o);
+  auto optional = [&](const HostTensor& tensor, const char* flag, const char* file) {
+    if (tensor.defined()) flags += std::string(" --") + flag + " " + save(scratch, file, tensor);
+  };
+  optional(t.cu_seqlens_q, "cu-seqlens-q", "cu_q.npy");
+  optional(t.cu_seqlens_kv, "cu-seqlens-kv", "cu_kv.npy");
+  optional(t.cu_seqlens_q_padded, "cu-seqlens-q-padded", "cu_q_padded.npy");
+  optional(t.cu_seqlens_kv_padded, "cu-seqlens-kv-padded", "cu_kv_padded.npy");
+  optional(t.bias, "bias", "bias.npy");
+  optional(t.alibi_slopes, "alibi-slopes", "alibi.npy");
+  optional(t.softmax_offset, "softmax-offset", "offset.npy");
+  optional(t.attn_mask, "attn-mask", "mask.npy");
+  return flags;
+}
+
+// Loads DIR/name and checks its dtype and shape against the library's output.
+HostTensor load_output(const fs::path& dir, const std::string& name, const HostTensor& expected) {
+  npy::Array array = npy::load((dir / name).string());
+  EXPECT_EQ(array.dtype, expected.dtype()) << name;
+  EXPECT_EQ(array.shape, expected.shape()) << name;
+  HostTensor tensor(array.dtype, array.shape);
+  std::copy(array.bytes.begin(), array.bytes.end(),
+            static_cast<unsigned char*>(tensor.view().data));
+  return tensor;
+}
+
+// Runs `spec` through the CLI and through the library, and compares every output file.
+// With backend cpu_exact on both sides the results must agree to the last bit.
+void expect_cli_matches_library(const CaseSpec& spec, const std::string& cli_backend,
+                                double tolerance, bool backward = true) {
+  ScratchDir scratch;
+  CaseTensors t = make_case(spec);
+  const fs::path out = scratch.path() / "out";
+  CliResult r = run_cli("attention" + input_flags(scratch, t, backward) + config_flags(spec) +
+                            " --backend " + cli_backend + " --out " + out.string(),
+                        scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  CaseOutputs reference = run_case(spec, t, BackendKind::kCpuExact, backward);
+
+  EXPECT_LE(relative_error(load_output(out, "o.npy", reference.o), reference.o), tolerance);
+  EXPECT_LE(relative_error(load_output(out, "lse.npy", reference.lse), reference.lse), tolerance);
+  std::set<std::string> expected_files = {"o.npy", "lse.npy"};
+  if (backward) {
+    EXPECT_LE(relative_error(load_output(out, "dq.npy", reference.dq), reference.dq), tolerance);
+    EXPECT_LE(relative_error(load_output(out, "dk.npy", reference.dk), reference.dk), tolerance);
+    EXPECT_LE(relative_error(load_output(out, "dv.npy", reference.dv), reference.dv), tolerance);
+    expected_files.insert({"dq.npy", "dk.npy", "dv.npy"});
+    if (reference.dbias.defined()) {
+      EXPECT_LE(relative_error(load_output(out, "dbias.npy", reference.dbias), reference.dbias),
+                tolerance);
+      expected_files.insert("dbias.npy");
+    }
+    if (reference.dsoftmax_offset.defined()) {
+      EXPECT_LE(relative_error(load_output(out, "dsoftmax_offset.npy", reference.dsoftmax_offset),
+                               reference.dsoftmax_offset),
+                tolerance);
+      expected_files.insert("dsoftmax_offset.npy");
+    }
+  }
+  std::set<std::string> files;
+  for (const auto& entry : fs::directory_iterator(out)) files.insert(entry.path().filename());
+  EXPECT_EQ(files, expected_files);
+}
+
+TEST(Cli, ForwardMatchesLibraryBitForBit) {
+  CaseSpec spec;
+  spec.config.mask_type = MaskType::kCausal;
+  spec.config.softcap = 2.0;
+  spec.heads_q = 4;
+  spec.heads_kv = 2;
+  spec.seqlen_q = 9;
+  spec.seqlen_kv = 9;
+  expect_cli_matches_library(spec, "cpu_exact", 0.0, /*backward=*/false);
+}
+
+TEST(Cli, GradientsIncludingBiasAndSinkMatchLibrary) {
+  CaseSpec spec;
+  spec.config.mask_type = MaskType::kCausalBottomRight;
+  spec.config.window_left = 3;
+  spec.config.window_right = 0;
+  spec.config.softcap = 1.5;
+  spec.config.scale = 0.7;
+  spec.config.softmax_type = SoftmaxType::kLearnable;
+  spec.config.bias_type = BiasType::kPostScale;
+  spec.bias_shape = {1, 4, 1, 7};  // broadcast over batch and queries: dbias sums over them
+  spec.heads_q = 4;
+  spec.heads_kv = 1;
+  expect_cli_matches_library(spec, "cpu_exact", 0.0);
+}
+
+TEST(Cli, DropoutIsBitExactWithSeedAndOffset) {
+  CaseSpec spec;
+  spec.config.dropout = 0.3;
+  spec.config.seed = 123456789;
+  spec.config.bias_type = BiasType::kPreScale;
+  spec.config.softmax_type = SoftmaxType::kOffByOne;
+  expect_cli_matches_library(spec, "cpu_exact", 0.0);
+}
+
+TEST(Cli, DefaultBackendFloat32AndSbhd) {
+  CaseSpec spec;
+  spec.dtype = DType::kFloat32;
+  spec.config.format = Format::kSBHD;
+  spec.config.mask_type = MaskType::kPaddingCausal;
+  spec.lengths_q = {5, 3};
+  spec.lengths_kv = {7, 2};
+  spec.seqlen_q = 5;
+  spec.seqlen_kv = 7;
+  spec.alibi = true;
+  expect_cli_matches_library(spec, "auto", 1e-5);
+}
+
+TEST(Cli, ThdWithGapsAndArbitraryMask) {
+  CaseSpec thd;
+  thd.config.format = Format::kTHD;
+  thd.config.mask_type = MaskType::kPaddingCausalBottomRight;
+  thd.lengths_q = {3, 0, 6};
+  thd.lengths_kv = {5, 2, 6};
+  thd.gaps_q = {1, 2, 0};
+  thd.gaps_kv = {0, 3, 1};
+  thd.config.softmax_type = SoftmaxType::kLearnable;
+  expect_cli_matches_library(thd, "cpu_exact", 0.0);
+
+  CaseSpec masked;
+  masked.config.mask_type = MaskType::kArbitrary;
+  expect_cli_matches_library(masked, "cpu_exact", 0.0);
+}
+
+TEST(Cli, Float16InputsGiveFloat16Outputs) {
+  CaseSpec spec;
+  spec.dtype = DType::kFloat16;
+  spec.config.mask_type = MaskType::kCausal;
+  spec.config.softcap = 3.0;
+  spec.heads_q = 2;
+  spec.heads_kv = 2;
+  // Both sides store fp16; only accumulation order differs.
+  expect_cli_matches_library(spec, "auto", 2e-3);
+}
+
+TEST(Cli, ConvertsFloat64SinkOffsets) {
+  ScratchDir scratch;
+  CaseSpec spec;
+  spec.config.softmax_type = SoftmaxType::kLearnable;
+  CaseTensors t = make_case(spec);
+  HostTensor offset64(DType::kFloat64, t.softmax_offset.shape());
+  for (int64_t i = 0; i < offset64.numel(); ++i) offset64.set(i, t.softmax_offset.get(i));
+  std::string flags = " --q " + save(scratch, "q.npy", t.q) + " --k " +
+                      save(scratch, "k.npy", t.k) + " --v " + save(scratch, "v.npy", t.v) +
+                      " --do " + save(scratch, "do.npy", t.d_o) + " --softmax-offset " +
+                      save(scratch, "offset.npy", offset64);  // no --softmax-type: learnable
+  const fs::path out = scratch.path() / "out";
+  CliResult r =
+      run_cli("attention --backend cpu_exact" + flags + " --out " + out.string(), scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  CaseOutputs reference = run_case(spec, t, BackendKind::kCpuExact);
+  EXPECT_EQ(relative_error(load_output(out, "o.npy", reference.o), reference.o), 0.0);
+  EXPECT_EQ(relative_error(load_output(out, "dsoftmax_offset.npy", reference.dsoftmax_offset),
+                           reference.dsoftmax_offset),
+            0.0);
+}
+
+// Bad input: a non-zero exit, the flag named on stderr, nothing on stdout, nothing in DIR.
+struct BadCli {
+  std::string name;
+  std::string flags;     // replaces or adds to the good flags; {q} {k} ... are input paths
+  std::string expected;  // must appear on stderr
+  int status = 2;
+};
+
+class CliBadInput : public ::testing::TestWithParam<BadCli> {};
+
+TEST_P(CliBadInput, ExitsNamingTheFlagAndWritesNothing) {
+  const BadCli& bad = GetParam();
+  ScratchDir scratch;
+  CaseSpec spec;  // H = 4, G = 2, b = 2, sq = 5, skv = 7
+  spec.config.softmax_type = SoftmaxType::kLearnable;
+  CaseTensors t = make_case(spec);
+  std::map<std::string, std::string> paths = {
+      {"{q}", save(scratch, "q.npy", t.q)},
+      {"{k}", save(scratch, "k.npy", t.k)},
+      {"{v}", save(scratch, "v.npy", t.v)},
+      {"{do}", save(scratch, "do.npy", t.d_o)},
+      {"{offset}", save(scratch, "offset.npy", t.softmax_offset)},
+      {"{offset5}", save(scratch, "offset5.npy", HostTensor(DType::kFloat32, {5}))},
+      {"{k3}", save(scratch, "k3.npy", HostTensor(DType::kFloat64, {2, 7, 3, 8}))},
+      {"{cu_bad}",
+       save(scratch, "cu_bad.npy", HostTensor::from_values(DType::kInt32, {3}, {0, 6, 4}))},
+      {"{mask_f}", save(scratch, "mask_f.npy", HostTensor(DType::kFloat32, {1, 1, 5, 7}))},
+      {"{q_bool}", save(scratch, "q_bool.npy", HostTensor(DType::kBool, {2, 5, 4, 8}))},
+      {"{missing}", scratch.file("missing.npy")},
+  };
+  std::string flags = bad.flags;
+  for (const auto& [key, path] : paths) {
+    for (size_t at = flags.find(key); at != std::string::npos; at = flags.find(key))
+      flags.replace(at, key.size(), path);
+  }
+  // Two cases: DIR does not exist (must not be created), DIR exists (must stay empty).
+  for (bool exists : {false, true}) {
+    const fs::path out = scratch.path() / (exists ? "existing" : "new");
+    if (exists) fs::create_directories(out);
+    CliResult r = run_cli("attention " + flags + " --out " + out.string(), scratch);
+    EXPECT_NE(r.status, 0) << bad.name;
+    EXPECT_EQ(r.status, bad.status) << r.err;
+    EXPECT_NE(r.err.find(bad.expected), std::string::npos)
+        << bad.name << ": stderr lacks '" << bad.expected << "':\n"
+        << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_EQ(fs::exists(out), exists);
+    if (exists) {
+      EXPECT_TRUE(fs::is_empty(out)) << bad.name;
+    }
+  }
+}
+
+const std::string kGood = "--q {q} --k {k} --v {v} --do {do} --softmax-offset {offset}";
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CliBadInput,
+    ::testing::Values(
+        BadCli{"negative_softcap", kGood + " --softcap -1", "--softcap"},
+        BadCli{"nan_softcap", kGood + " --softcap nan", "--softcap"},
+        BadCli{"non_numeric_softcap", kGood + " --softcap big", "--softcap"},
+        BadCli{"dropout_above_one", kGood + " --dropout 1.5", "--dropout"},
+        BadCli{"offset_wrong_shape", "--q {q} --k {k} --v {v} --do {do} --softmax-offset {offset5}",
+               "--softmax-offset"},
+        BadCli{"offset_with_vanilla", kGood + " --softmax-type vanilla", "--softmax-offset"},
+        BadCli{"non_numeric_window", kGood + " --window left,0", "--window"},
+        BadCli{"one_window_value", kGood + " --window 4", "--window"},
+        BadCli{"window_right_with_causal", kGood + " --mask causal --window 4,2", "--window"},
+        BadCli{"missing_q", "--k {k} --v {v}", "--q"},
+        BadCli{"q_file_missing", "--q {missing} --k {k} --v {v}", "--q"},
+        BadCli{"heads_not_divisible", "--q {q} --k {k3} --v {k3}", "--k"},
+        BadCli{"unknown_mask", kGood + " --mask diagonal", "--mask"},
+        BadCli{"unknown_flag", kGood + " --sofcap 2", "--sofcap"},
+        BadCli{"unknown_backend", kGood + " --backend gpu", "--backend"},
+        BadCli{"zero_scale", kGood + " --scale 0", "--scale"},
+        BadCli{"bias_type_without_bias", kGood + " --bias-type pre_scale", "--bias"},
+        BadCli{"cu_seqlens_not_monotone", kGood + " --mask padding --cu-seqlens-q {cu_bad}",
+               "--cu-seqlens-q"},
+        BadCli{"float_mask", kGood + " --mask arbitrary --attn-mask {mask_f}", "--attn-mask"},
+        BadCli{"bool_q", "--q {q_bool} --k {k} --v {v}", "--q"},
+        BadCli{"forced_backend_rejected", kGood + " --backend cuda_flash", "cuda_flash", 1}),
+    [](const ::testing::TestParamInfo<BadCli>& info) { return info.param.name; });
+
+TEST(Cli, ExplainListsEveryBackend) {
+  ScratchDir scratch;
+  CliResult r = run_cli(
+      "explain --shape-q 2,128,8,64 --shape-k 2,128,2,64 --shape-v 2,128,2,64 --mask causal "
+      "--softcap 30 --has-softmax-offset --pass backward",
+      scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("selected:"), std::string::npos) << r.out;
+  for (const Backend* backend : registered_backends()) {
+    std::string name(to_string(backend->capabilities().kind));
+    EXPECT_NE(r.out.find("  " + name + ": "), std::string::npos) << name << "\n" << r.out;
+  }
+  // A CUDA device query on host shapes rejects the CPU backends with reasons.
+  r = run_cli(
+      "explain --format thd --batch 3 --shape-q 100,8,64 --shape-k 120,8,64 --shape-v 120,8,64 "
+      "--mask padding_causal --device cuda --dtype bfloat16",
+      scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("rejected"), std::string::npos) << r.out;
+
+  r = run_cli("explain --shape-q 2,128,8,64 --shape-k 2,128,3,64 --shape-v 2,128,3,64", scratch);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--shape-k"), std::string::npos) << r.err;
+  r = run_cli("explain --shape-q 2,128,8 --shape-k 2,128,2,64 --shape-v 2,128,2,64", scratch);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--shape-q"), std::string::npos) << r.err;
+  r = run_cli("explain --format thd --shape-q 100,8,64 --shape-k 100,8,64 --shape-v 100,8,64",
+              scratch);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
+}
+
+TEST(Cli, HelpAndUnknownCommands) {
+  ScratchDir scratch;
+  for (const char* args : {"--help", "attention --help", "explain --help", "run --help"}) {
+    CliResult r = run_cli(args, scratch);
+    EXPECT_EQ(r.status, 0) << args;
+    EXPECT_NE(r.out.find("usage: dpa"), std::string::npos) << args << ": " << r.out;
+  }
+  CliResult r = run_cli("attention --help", scratch);
+  for (const char* flag : {"--softcap", "--softmax-offset", "--window", "--cu-seqlens-kv-padded",
+                           "--attn-mask", "--backend", "--do"}) {
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  }
+  r = run_cli("frobnicate", scratch);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("frobnicate"), std::string::npos);
+  r = run_cli("", scratch);
+  EXPECT_EQ(r.status, 2);
+}
+
+TEST(Cli, DemoRunsAndChecksItself) {
+  ScratchDir scratch;
+  CliResult r = run_cli("run --quick --seqlen 96 --check-len 64", scratch);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("all checks passed"), std::string::npos) << r.out;
+  for (const char* text : {"gemma2 local", "gemma2 global", "gpt-oss local", "gpt-oss global",
+                           "GFLOP/s", "cpu_exact", "softcap 50 moves o", "the sinks move o"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text << "\n" << r.out;
+  }
+  EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace dpa::test
