@@ -38,6 +38,8 @@ struct ForwardArgs {
   std::optional<RngState> rng;
   // Per-call override of config.dropout (e.g. 0.0 for evaluation).
   std::optional<double> dropout;
+  // CUDA stream (cudaStream_t) for device tensors; nullptr is the default stream.
+  void* stream = nullptr;
 };
 
 struct BackwardArgs {
@@ -51,6 +53,7 @@ struct BackwardArgs {
   // Must equal what the forward returned when dropout is on.
   std::optional<RngState> rng;
   std::optional<double> dropout;
+  void* stream = nullptr;  // cudaStream_t for device tensors
 };
 
 struct ForwardResult {

@@ -38,6 +38,9 @@ struct AttentionProblem {
   Format format = Format::kBSHD;
   DType dtype = DType::kFloat32;  // of q, k, v, o, dO, dq, dk, dv
   Device device = Device::kCPU;
+  int device_index = 0;
+  int device_arch = 0;      // sm version (e.g. 90) of the device; 0 on the host
+  void* stream = nullptr;   // cudaStream_t
 
   int64_t batch = 0;
   int64_t heads_q = 0;   // H

@@ -5,6 +5,10 @@
 
 #include "core/philox.h"
 
+#if defined(DPA_WITH_CUDA)
+#include "cuda/runtime.h"
+#endif
+
 namespace dpa {
 namespace {
 
@@ -93,10 +97,24 @@ void require_same_layout_shape(const TensorView& t, const TensorView& like, int6
           "must have a contiguous head dimension (last stride 1)");
 }
 
-std::vector<int64_t> read_int32_vector(const TensorView& t) {
-  std::vector<int64_t> values(size_t(t.numel()));
+// Reads a 1-D int32 tensor (b + 1 entries) on the host; device tensors are copied first.
+std::vector<int64_t> read_int32_vector(const TensorView& t, void* stream) {
+  std::vector<int32_t> host;
   const int32_t* data = static_cast<const int32_t*>(t.data);
-  for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = data[i * t.strides[0]];
+  int64_t stride = t.strides[0];
+  if (t.device == Device::kCUDA) {
+#if defined(DPA_WITH_CUDA)
+    require(stride == 1, "cu_seqlens", "device-resident sequence tables must be contiguous");
+    host.resize(size_t(t.numel()));
+    cuda::copy_to_host(host.data(), t.data, host.size() * sizeof(int32_t), stream);
+    data = host.data();
+#else
+    (void)stream;
+    throw Error(ErrorCode::kNotSupported, "cu_seqlens", "this build has no CUDA support");
+#endif
+  }
+  std::vector<int64_t> values(size_t(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = data[i * stride];
   return values;
 }
 
@@ -107,11 +125,9 @@ void check_cu_seqlens_tensor(const TensorView& t, const char* name, int64_t batc
     require(t.shape[0] == batch + 1, name,
             "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]));
   require(t.shape[0] >= 1, name, "must have at least one entry");
-  // Contents are validated on the host; device-resident sequence tables come with the CUDA
-  // backends, which copy them (b + 1 integers) before validation.
-  require(t.device == Device::kCPU || device == Device::kCUDA, name, "must be on the host");
-  require(t.device == Device::kCPU, name,
-          "must be a host tensor (device-resident cu_seqlens are not supported yet)");
+  // Contents are validated on the host: device-resident tables (b + 1 integers) are copied.
+  require(t.device == Device::kCPU || t.device == device, name,
+          "must be on the host or on the device of q");
 }
 
 // Lengths from cu_seqlens: cu[0] == 0, non-decreasing.
@@ -130,7 +146,7 @@ std::vector<int64_t> lengths_from_cu(const std::vector<int64_t>& cu, const char*
 // thd sequence starts: the padded offsets when given (gaps allowed), else cu_seqlens itself.
 std::vector<int64_t> thd_starts(const std::vector<int64_t>& cu, const std::vector<int64_t>& lengths,
                                 const TensorView& padded, const char* padded_name, int64_t total,
-                                const char* total_name) {
+                                const char* total_name, void* stream) {
   std::vector<int64_t> starts(lengths.size());
   if (padded.ndim == 0) {
     for (size_t b = 0; b < lengths.size(); ++b) starts[b] = cu[b];
@@ -138,7 +154,7 @@ std::vector<int64_t> thd_starts(const std::vector<int64_t>& cu, const std::vecto
             "has " + str(total) + " rows but cu_seqlens ends at " + str(cu.back()));
     return starts;
   }
-  std::vector<int64_t> offsets = read_int32_vector(padded);
+  std::vector<int64_t> offsets = read_int32_vector(padded, stream);
   require(offsets[0] >= 0, padded_name, "must start at a non-negative row");
   for (size_t b = 0; b < lengths.size(); ++b) {
     starts[b] = offsets[b];
@@ -175,11 +191,12 @@ BroadcastLayout broadcast_layout(const TensorView& t, const char* name, int64_t 
 
 // Resolves everything shared by forward, backward and explain.
 AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& in, Pass pass,
-                         bool read_contents) {
+                         bool read_contents, void* stream) {
   validate_config(config);
   AttentionProblem p;
   p.pass = pass;
   p.format = config.format;
+  p.stream = stream;
 
   require_defined(in.q, "q", read_contents);
   require_defined(in.k, "k", read_contents);
@@ -192,6 +209,10 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   require_dtype(in.v, "v", in.q.dtype);
   p.dtype = in.q.dtype;
   p.device = in.q.device;
+  p.device_index = in.q.device_index;
+#if defined(DPA_WITH_CUDA)
+  if (p.device == Device::kCUDA) p.device_arch = cuda::device_info(p.device_index).arch;
+#endif
   require_device(in.k, "k", p.device, in.q.device_index);
   require_device(in.v, "v", p.device, in.q.device_index);
 
@@ -249,7 +270,7 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   if (read_contents) {
     auto lengths = [&](const TensorView& cu, const char* name, int64_t full) {
       if (cu.ndim == 0) return std::vector<int64_t>(size_t(p.batch), full);
-      std::vector<int64_t> lens = lengths_from_cu(read_int32_vector(cu), name);
+      std::vector<int64_t> lens = lengths_from_cu(read_int32_vector(cu, stream), name);
       if (!thd)
         for (int64_t len : lens)
           require(len <= full, name,
@@ -259,10 +280,11 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     p.seqlen_q = lengths(in.cu_seqlens_q, "cu_seqlens_q", q.seq);
     p.seqlen_kv = lengths(in.cu_seqlens_kv, "cu_seqlens_kv", k.seq);
     if (thd) {
-      p.seq_start_q = thd_starts(read_int32_vector(in.cu_seqlens_q), p.seqlen_q,
-                                 in.cu_seqlens_q_padded, "cu_seqlens_q_padded", p.total_q, "q");
-      p.seq_start_kv = thd_starts(read_int32_vector(in.cu_seqlens_kv), p.seqlen_kv,
-                                  in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded", p.total_kv, "k");
+      p.seq_start_q = thd_starts(read_int32_vector(in.cu_seqlens_q, stream), p.seqlen_q,
+                                 in.cu_seqlens_q_padded, "cu_seqlens_q_padded", p.total_q, "q", stream);
+      p.seq_start_kv = thd_starts(read_int32_vector(in.cu_seqlens_kv, stream), p.seqlen_kv,
+                                  in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded", p.total_kv, "k",
+                                  stream);
       for (int64_t len : p.seqlen_q) p.max_seqlen_q = std::max(p.max_seqlen_q, len);
       for (int64_t len : p.seqlen_kv) p.max_seqlen_kv = std::max(p.max_seqlen_kv, len);
     }
@@ -339,7 +361,8 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     require_shape(in.softmax_offset, "softmax_offset", {p.heads_q});
     require_contiguous(in.softmax_offset, "softmax_offset");
     p.softmax_offset = in.softmax_offset;
-    if (read_contents) {
+    // Values are checked where they can be read without a device synchronisation.
+    if (read_contents && in.softmax_offset.device == Device::kCPU) {
       const float* alpha = static_cast<const float*>(in.softmax_offset.data);
       for (int64_t h = 0; h < p.heads_q; ++h)
         require(!std::isnan(alpha[h]) && alpha[h] != INFINITY, "softmax_offset",
@@ -427,7 +450,7 @@ void validate_config(const AttentionConfig& config) {
 
 AttentionProblem build_forward_problem(const AttentionConfig& config, const ForwardArgs& args,
                                        double dropout, const RngState& rng) {
-  AttentionProblem p = resolve(config, args.in, Pass::kForward, true);
+  AttentionProblem p = resolve(config, args.in, Pass::kForward, true, args.stream);
   set_dropout(p, dropout, rng);
   check_like(p, args.o, "o", p.q, p.head_dim_v, "q", p.o_rows);
   check_lse(p, args.lse, "lse");
@@ -438,7 +461,7 @@ AttentionProblem build_forward_problem(const AttentionConfig& config, const Forw
 
 AttentionProblem build_backward_problem(const AttentionConfig& config, const BackwardArgs& args,
                                         double dropout) {
-  AttentionProblem p = resolve(config, args.in, Pass::kBackward, true);
+  AttentionProblem p = resolve(config, args.in, Pass::kBackward, true, args.stream);
   require(dropout == 0.0 || args.rng.has_value(), "rng",
           "the forward's RNG state is required in backward when dropout > 0");
   set_dropout(p, dropout, args.rng.value_or(RngState{}));
@@ -488,7 +511,7 @@ AttentionProblem build_backward_problem(const AttentionConfig& config, const Bac
 
 AttentionProblem build_explain_problem(const AttentionConfig& config, const AttentionInputs& in,
                                        Pass pass, bool wants_dbias, bool wants_dsoftmax_offset) {
-  AttentionProblem p = resolve(config, in, pass, false);
+  AttentionProblem p = resolve(config, in, pass, false, nullptr);
   set_dropout(p, config.dropout, RngState{});
   p.wants_dbias = wants_dbias && p.bias_type != BiasType::kNoBias;
   p.wants_dsoftmax_offset = wants_dsoftmax_offset && p.softmax_type == SoftmaxType::kLearnable;

@@ -158,6 +158,7 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.sink_grad = p.wants_dsoftmax_offset;
   r.dropout = p.dropout_threshold > 0;
   r.deterministic = p.deterministic;
+  r.device_arch = p.device_arch;
   return r;
 }
 

@@ -1,0 +1,55 @@
+#include "cuda/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+
+#include "cuda/cuda_check.h"
+
+namespace dpa::cuda {
+
+const DeviceInfo& device_info(int device_index) {
+  static std::mutex mutex;
+  static std::map<int, DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = cache.find(device_index);
+  if (found != cache.end()) return found->second;
+  DeviceInfo info;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error for later calls
+    count = 0;
+  }
+  if (device_index >= 0 && device_index < count) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device_index) == cudaSuccess) {
+      info.present = true;
+      info.arch = prop.major * 10 + prop.minor;
+      info.sm_count = prop.multiProcessorCount;
+      info.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+      info.l2_bytes = size_t(prop.l2CacheSize);
+      info.name = prop.name;
+    }
+  }
+  return cache.emplace(device_index, info).first->second;
+}
+
+size_t free_device_memory(int device_index) {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return 0;
+  if (current != device_index && cudaSetDevice(device_index) != cudaSuccess) return 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) free_bytes = 0;
+  if (current != device_index) cudaSetDevice(current);
+  return free_bytes;
+}
+
+void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream) {
+  auto cuda_stream = static_cast<cudaStream_t>(stream);
+  DPA_CUDA_CHECK(cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost,
+                                 cuda_stream));
+  DPA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));
+}
+
+}  // namespace dpa::cuda

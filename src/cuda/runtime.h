@@ -1,0 +1,28 @@
+// Host-side CUDA runtime helpers that core code may call (no CUDA headers here, so core stays
+// compilable without the toolkit's includes). Only built when DPA_WITH_CUDA is defined.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace dpa::cuda {
+
+struct DeviceInfo {
+  bool present = false;
+  int arch = 0;  // major * 10 + minor, e.g. 90
+  int sm_count = 0;
+  size_t shared_memory_per_block_optin = 0;
+  size_t l2_bytes = 0;
+  std::string name;
+};
+
+// Cached per device; `present` is false when there is no such device (or no driver).
+const DeviceInfo& device_info(int device_index);
+
+// Free device memory now (bytes); 0 when unknown.
+size_t free_device_memory(int device_index);
+
+// Synchronous copy of `bytes` from device memory to the host, ordered after `stream`'s work.
+void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream);
+
+}  // namespace dpa::cuda
