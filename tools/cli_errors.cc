@@ -72,6 +72,7 @@ std::string attention_flag(std::string_view api_argument) {
       {"dO", "do"},
       {"dbias", "bias"},
       {"dsoftmax_offset", "softmax-offset"},
+      {"cu_seqlens", "cu-seqlens-q"},  // a sequence table of either side
   };
   static const std::set<std::string, std::less<>> flags = {
       "q",
@@ -102,6 +103,7 @@ std::string explain_flag(std::string_view api_argument) {
       {"dsoftmax_offset", "has-softmax-offset"},
       {"alibi_slopes", "has-alibi-slopes"},
       {"attn_mask", "mask-shape"},
+      {"cu_seqlens", "batch"},
       {"cu_seqlens_q", "batch"},
       {"cu_seqlens_kv", "batch"},
       {"cu_seqlens_q_padded", "has-padded-offsets"},
