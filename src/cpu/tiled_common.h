@@ -81,49 +81,17 @@ class LogitTransform {
 void dropout_multipliers(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j0,
                          int64_t cols, float* out);
 
+// The three matrix kernels (tiled_kernels.cc). Each output element is updated in a fixed order
+// that does not depend on the vector width, so every instruction-set clone gives the same bits.
+
 // c [m, n] = a [m, d] . bt [d, n] (bt is the right-hand factor already transposed).
-inline void matmul_transposed(const float* a, const float* bt, int64_t m, int64_t n, int64_t d,
-                              float* c) {
-  for (int64_t r = 0; r < m; ++r) {
-    float* crow = c + r * n;
-    for (int64_t col = 0; col < n; ++col) crow[col] = 0.0f;
-    const float* arow = a + r * d;
-    for (int64_t k = 0; k < d; ++k) {
-      const float factor = arow[k];
-      const float* brow = bt + k * n;
-      for (int64_t col = 0; col < n; ++col) crow[col] += factor * brow[col];
-    }
-  }
-}
+void matmul_transposed(const float* a, const float* bt, int64_t m, int64_t n, int64_t d, float* c);
 
 // c [m, d] += w [m, n] . x [n, d]. Zero weights (masked or dropped pairs) are skipped.
-inline void accumulate_product(const float* w, const float* x, int64_t m, int64_t n, int64_t d,
-                               float* c) {
-  for (int64_t r = 0; r < m; ++r) {
-    float* crow = c + r * d;
-    const float* wrow = w + r * n;
-    for (int64_t col = 0; col < n; ++col) {
-      const float weight = wrow[col];
-      if (weight == 0.0f) continue;
-      const float* xrow = x + col * d;
-      for (int64_t k = 0; k < d; ++k) crow[k] += weight * xrow[k];
-    }
-  }
-}
+void accumulate_product(const float* w, const float* x, int64_t m, int64_t n, int64_t d, float* c);
 
 // c [n, d] += w [m, n]^T . x [m, d]. Zero weights are skipped.
-inline void accumulate_transposed_product(const float* w, const float* x, int64_t m, int64_t n,
-                                          int64_t d, float* c) {
-  for (int64_t r = 0; r < m; ++r) {
-    const float* wrow = w + r * n;
-    const float* xrow = x + r * d;
-    for (int64_t col = 0; col < n; ++col) {
-      const float weight = wrow[col];
-      if (weight == 0.0f) continue;
-      float* crow = c + col * d;
-      for (int64_t k = 0; k < d; ++k) crow[k] += weight * xrow[k];
-    }
-  }
-}
+void accumulate_transposed_product(const float* w, const float* x, int64_t m, int64_t n, int64_t d,
+                                   float* c);
 
 }  // namespace dpa::cpu
