@@ -64,6 +64,9 @@ struct Capabilities {
   int min_arch = 0;            // minimal sm for GPU backends
   // Optional extra limit, e.g. memory for O(s^2) backends: a reason, or nullopt when it fits.
   std::function<std::optional<std::string>(const FeatureRequest&)> size_limit;
+  // Further backend-specific requirements (e.g. which head-dim pairs have kernels), each a
+  // reason or nullopt.
+  std::vector<std::function<std::optional<std::string>(const FeatureRequest&)>> extra_rules;
 };
 
 class Backend {

@@ -167,6 +167,8 @@ std::vector<std::string> rejection_reasons(const FeatureRequest& request,
   std::vector<std::string> reasons;
   for (const Rule& rule : rules())
     if (auto reason = rule(request, capabilities)) reasons.push_back(*reason);
+  for (const auto& rule : capabilities.extra_rules)
+    if (auto reason = rule(request)) reasons.push_back(*reason);
   return reasons;
 }
 

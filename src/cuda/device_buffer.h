@@ -1,0 +1,58 @@
+// Stream-ordered device workspace (cudaMallocAsync / cudaFreeAsync): allocation and release
+// are ordered with the kernels that use it, so no synchronisation is needed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+
+namespace dpa::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, cudaStream_t stream) : stream_(stream), bytes_(bytes) {
+    if (bytes > 0) DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+  }
+  ~DeviceBuffer() {
+    if (data_) cudaFreeAsync(data_, stream_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(stream_, other.stream_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
+
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Uploads a small host array (e.g. per-sequence lengths) into a fresh device buffer.
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& values, cudaStream_t stream) {
+  DeviceBuffer buffer(values.size() * sizeof(T), stream);
+  if (!values.empty())
+    DPA_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), values.data(), values.size() * sizeof(T),
+                                   cudaMemcpyHostToDevice, stream));
+  // The host vector may die before the copy runs: pageable-memory copies are staged
+  // synchronously by the driver before cudaMemcpyAsync returns, so this is safe.
+  return buffer;
+}
+
+}  // namespace dpa::cuda

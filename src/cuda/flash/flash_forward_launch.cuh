@@ -1,0 +1,37 @@
+// The launch template shared by the per-head-dim translation units.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/flash/flash_forward_kernel.cuh"
+#include "cuda/flash/flash_forward_launch.h"
+#include "cuda/flash/merge_partials.cuh"
+
+namespace dpa::cuda {
+
+template <typename Traits>
+void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t stream) {
+  auto kernel = flash_forward_kernel<Traits>;
+  // Opting in to more than 48 KB of dynamic shared memory is per function and per device;
+  // setting it on every launch is cheap and stays right when the current device changes.
+  DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Traits::kSharedBytes));
+  const dim3 grid(unsigned((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                  unsigned(p.heads_q), unsigned(p.batch * p.num_splits));
+  kernel<<<grid, Traits::kThreads, Traits::kSharedBytes, stream>>>(p);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+template <int kHeadDimQK, int kHeadDimV>
+void launch_flash_forward_dims(const FlashForwardParams& p, DType dtype, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16)
+    launch_flash_forward_traits<FlashForwardTraits<__nv_bfloat16, kHeadDimQK, kHeadDimV>>(p,
+                                                                                         stream);
+  else
+    launch_flash_forward_traits<FlashForwardTraits<__half, kHeadDimQK, kHeadDimV>>(p, stream);
+  if (p.num_splits > 1) launch_merge_partials(p, dtype, kHeadDimV, stream);
+}
+
+}  // namespace dpa::cuda

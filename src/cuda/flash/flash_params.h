@@ -1,0 +1,68 @@
+// The plain parameter struct of the flash forward kernels (FA2-style: raw pointers, element
+// strides, sizes and runtime feature flags), passed to the kernel by value. Host-includable.
+#pragma once
+
+#include <cstdint>
+
+namespace dpa::cuda {
+
+struct FlashForwardParams {
+  // Tensors. Rows are addressed as base + b * batch_stride + row * row_stride + h * head_stride
+  // where row = start[b] + i (thd) or i (bshd / sbhd).
+  const void* q = nullptr;  // [.., sq, H, dqk]
+  const void* k = nullptr;  // [.., skv, G, dqk]
+  const void* v = nullptr;  // [.., skv, G, dv]
+  void* o = nullptr;        // [.., sq, H, dv]
+  float* lse = nullptr;     // [b, H, sq] or thd [H, tq]
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse index: b*bs + h*hs + start_q[b] + i
+
+  // Per-sequence tables on the device, [b] each (see cuda/sequence_tables.h).
+  const int* seqlen_q = nullptr;
+  const int* seqlen_kv = nullptr;
+  const int* start_q = nullptr;
+  const int* start_kv = nullptr;
+
+  int batch = 0, heads_q = 0, heads_kv = 0, group_size = 1;
+  int max_seqlen_q = 0, max_seqlen_kv = 0;
+
+  // Logits in log2 units: s2 = scale_log2 * (q.k)            without a cap,
+  //                       s2 = softcap_log2 * tanh(softcap_arg_scale * (q.k)) with a cap c,
+  // where softcap_arg_scale = scale / c and softcap_log2 = c * log2(e): the scale folds into
+  // the tanh argument and the cap into the exp2 exponent, so each element costs one FMUL
+  // before the tanh and one after.
+  float scale_log2 = 0.f;
+  float softcap_arg_scale = 0.f;
+  float softcap_log2 = 0.f;
+  bool use_softcap = false;
+
+  // Visibility (DESIGN.md §3): window (-1 = unbounded), diagonal alignment.
+  int window_left = -1, window_right = -1;
+  bool bottom_right = true;
+
+  // ALiBi: slope = alibi_slopes[b * alibi_batch_stride + h]; nullptr disables it.
+  const float* alibi_slopes = nullptr;
+  int alibi_batch_stride = 0;
+
+  // Sink: 0 vanilla, 1 off-by-one (sigma = 0), 2 learnable (sigma = softmax_offset[h]).
+  int softmax_type = 0;
+  const float* softmax_offset = nullptr;
+
+  // Dropout (DESIGN.md §5): threshold 0 disables it.
+  uint32_t dropout_threshold = 0;
+  float dropout_scale = 1.f;  // 1 / keep_prob
+  uint64_t seed = 0, offset = 0;
+
+  // Split-KV: each of num_splits blocks of work covers blocks_per_split KV tiles and writes
+  // fp32 partials [split, b, H, max_sq, dv] / [split, b, H, max_sq] (natural-log LSE, no sink);
+  // a merge kernel combines them and adds the sink once.
+  int num_splits = 1;
+  int blocks_per_split = 0;
+  float* partial_o = nullptr;
+  float* partial_lse = nullptr;
+};
+
+}  // namespace dpa::cuda

@@ -1,0 +1,73 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/flash/merge_partials.cuh"
+
+namespace dpa::cuda {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// One warp per query row (b, h, i); lanes stride over the head dim.
+template <typename Element>
+__global__ void merge_partials_kernel(const FlashForwardParams p, int head_dim_v) {
+  const int warps_per_block = blockDim.x / 32;
+  const int64_t row = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.max_seqlen_q;
+  if (row >= rows) return;
+  const int i = int(row % p.max_seqlen_q);
+  const int head = int((row / p.max_seqlen_q) % p.heads_q);
+  const int batch = int(row / (int64_t(p.max_seqlen_q) * p.heads_q));
+  if (i >= p.seqlen_q[batch]) return;
+
+  const int64_t split_stride = rows;  // partial_lse rows per split
+  float sink = -INFINITY;
+  if (p.softmax_type == 1) sink = 0.f;
+  if (p.softmax_type == 2) sink = p.softmax_offset[head];
+  float max_lse = sink;
+  for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[s * split_stride + row]);
+  const float shift = max_lse == -INFINITY ? 0.f : max_lse;
+  float total = expf(sink - shift);
+  for (int s = 0; s < p.num_splits; ++s) total += expf(p.partial_lse[s * split_stride + row] - shift);
+  const float lse = total > 0.f ? shift + logf(total) : -INFINITY;
+
+  const int64_t q_row = (p.start_q ? p.start_q[batch] : 0) + i;
+  Element* o_row = static_cast<Element*>(p.o) + batch * p.o_batch_stride + q_row * p.o_row_stride +
+                   head * p.o_head_stride;
+  for (int c = lane; c < head_dim_v; c += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float weight = total > 0.f ? expf(p.partial_lse[s * split_stride + row] - lse) : 0.f;
+      acc += weight * p.partial_o[(s * split_stride + row) * head_dim_v + c];
+    }
+    o_row[c] = from_float<Element>(acc);
+  }
+  if (lane == 0) p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + q_row] = lse;
+}
+
+}  // namespace
+
+void launch_merge_partials(const FlashForwardParams& p, DType dtype, int head_dim_v,
+                           cudaStream_t stream) {
+  constexpr int kWarpsPerBlock = 8;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.max_seqlen_q;
+  const dim3 grid(unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  if (dtype == DType::kBFloat16)
+    merge_partials_kernel<__nv_bfloat16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(p, head_dim_v);
+  else
+    merge_partials_kernel<__half><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(p, head_dim_v);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpa::cuda
