@@ -1,0 +1,49 @@
+// Host-side tile shapes and launch heuristics of the flash kernels (no GPU needed).
+#include <gtest/gtest.h>
+
+#include "cuda/flash/flash_tiles.h"
+
+namespace dpa::cuda {
+namespace {
+
+TEST(FlashTiles, ShapesFitSm80SharedMemoryAndTileTheRows) {
+  const int pairs[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+  for (const auto& pair : pairs) {
+    FlashTileShape shape = flash_forward_tile_shape(pair[0], pair[1]);
+    EXPECT_LE(shape.shared_bytes, 163 * 1024) << pair[0] << "/" << pair[1];
+    EXPECT_EQ(shape.block_m % (16 * shape.warps), 0);
+    EXPECT_EQ(shape.block_n % 16, 0);
+    EXPECT_TRUE(flash_forward_has_head_dims(pair[0], pair[1]) || pair[0] != 128);
+  }
+  EXPECT_EQ(flash_forward_tile_shape(128, 128).warps, 4);
+  EXPECT_EQ(flash_forward_tile_shape(256, 256).warps, 8);
+  EXPECT_EQ(flash_forward_tile_shape(192, 128).warps, 8);
+}
+
+TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {
+  EXPECT_TRUE(flash_forward_has_head_dims(128, 128));
+  EXPECT_FALSE(flash_forward_has_head_dims(128, 64));
+  EXPECT_FALSE(flash_forward_has_head_dims(80, 80));
+  EXPECT_FALSE(flash_forward_has_head_dims(512, 512));
+}
+
+TEST(FlashTiles, LargeProblemsDoNotSplit) {
+  // b=2, H=16, s=8192: 2 * 16 * 64 query blocks already fill 132 SMs many times over.
+  EXPECT_EQ(choose_num_splits(2, 16, 64, 128, 132), 1);
+}
+
+TEST(FlashTiles, DecodeSplitsTheKeysToFillTheGpu) {
+  // sq = 1 against 32k keys, 64 query heads: 64 blocks on 132 SMs.
+  const int splits = choose_num_splits(1, 64, 1, 512, 132);
+  EXPECT_GE(splits * 64, 132) << "the split grid must cover every SM";
+  EXPECT_LE(splits, 128);
+  EXPECT_LE(splits, 512 / 2) << "each split keeps at least two KV tiles";
+}
+
+TEST(FlashTiles, ShortKeysLimitTheSplits) {
+  EXPECT_EQ(choose_num_splits(1, 1, 1, 1, 132), 1);
+  EXPECT_EQ(choose_num_splits(1, 1, 1, 6, 132), 3);
+}
+
+}  // namespace
+}  // namespace dpa::cuda
