@@ -4,6 +4,7 @@
 // Also: bit-identical results for any thread count, and concurrent callers.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -481,6 +482,72 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CpuTiledMatchesExact, ::testing::ValuesIn(shape
 INSTANTIATE_TEST_SUITE_P(Masks, CpuTiledMatchesExact, ::testing::ValuesIn(mask_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Features, CpuTiledMatchesExact, ::testing::ValuesIn(feature_cases()),
                          case_name);
+
+// Sets rows [begin, end) of sequence b of a bshd tensor [b, s, heads, d] to NaN.
+void poison_bshd_rows(HostTensor& t, int64_t b, int64_t begin, int64_t end) {
+  const auto& shape = t.shape();
+  const int64_t row_size = shape[2] * shape[3];
+  for (int64_t s = begin; s < end; ++s) {
+    for (int64_t e = 0; e < row_size; ++e) t.set((b * shape[1] + s) * row_size + e, NAN);
+  }
+}
+
+// Sets packed rows [begin, end) of a thd tensor [t, heads, d] to NaN.
+void poison_thd_rows(HostTensor& t, int64_t begin, int64_t end) {
+  const int64_t row_size = t.shape()[1] * t.shape()[2];
+  for (int64_t e = begin * row_size; e < end * row_size; ++e) t.set(e, NAN);
+}
+
+// Rows outside every sequence (bshd padding, thd gaps) may hold anything, NaN included: no
+// backend may read them, and their outputs are 0 (o, dq, dk, dv) or the empty-row LSE.
+TEST(CpuTiled, RowsOutsideSequencesAreNeverRead) {
+  for (bool thd : {false, true}) {
+    CaseSpec spec = base_spec(DType::kFloat32);
+    spec.config.softmax_type = SoftmaxType::kLearnable;
+    spec.config.bias_type = BiasType::kPostScale;
+    if (thd) {
+      thd_ragged(spec);
+      spec.gaps_q = {3, 0, 2, 5, 1};
+      spec.gaps_kv = {0, 4, 1, 2, 3};
+      spec.bias_shape = {1, 4, 70, 81};
+    } else {
+      spec.config.mask_type = MaskType::kPaddingCausalBottomRight;
+      spec.lengths_q = {97, 40};
+      spec.lengths_kv = {60, 97};
+      spec.bias_shape = {1, 4, 97, 97};
+    }
+    CaseTensors t = make_case(spec);
+    if (thd) {
+      auto poison_gaps = [](HostTensor& x, const std::vector<int32_t>& lengths,
+                            const std::vector<int32_t>& gaps) {
+        int64_t start = 0;
+        for (size_t b = 0; b < lengths.size(); ++b) {
+          poison_thd_rows(x, start + lengths[b], start + lengths[b] + gaps[b]);
+          start += lengths[b] + gaps[b];
+        }
+      };
+      poison_gaps(t.q, spec.lengths_q, spec.gaps_q);
+      poison_gaps(t.d_o, spec.lengths_q, spec.gaps_q);
+      poison_gaps(t.k, spec.lengths_kv, spec.gaps_kv);
+      poison_gaps(t.v, spec.lengths_kv, spec.gaps_kv);
+    } else {
+      for (int64_t b = 0; b < spec.batch; ++b) {
+        poison_bshd_rows(t.q, b, spec.lengths_q[size_t(b)], spec.seqlen_q);
+        poison_bshd_rows(t.d_o, b, spec.lengths_q[size_t(b)], spec.seqlen_q);
+        poison_bshd_rows(t.k, b, spec.lengths_kv[size_t(b)], spec.seqlen_kv);
+        poison_bshd_rows(t.v, b, spec.lengths_kv[size_t(b)], spec.seqlen_kv);
+      }
+    }
+    const CaseOutputs reference = run_case(spec, t, BackendKind::kCpuExact);
+    const CaseOutputs tiled = run_case(spec, t, BackendKind::kCpu);
+    for (const HostTensor* out : {&tiled.o, &tiled.lse, &tiled.dq, &tiled.dk, &tiled.dv,
+                                  &tiled.dbias, &tiled.dsoftmax_offset}) {
+      EXPECT_FALSE(has_nan(*out)) << (thd ? "thd" : "bshd");
+    }
+    EXPECT_LE(compare_outputs(tiled, reference).worst(), kFloat32Tolerance)
+        << (thd ? "thd: " : "bshd: ") << describe(compare_outputs(tiled, reference));
+  }
+}
 
 // Every output as raw bytes, for bit-exact comparisons.
 std::vector<unsigned char> bytes_of(const CaseOutputs& out) {

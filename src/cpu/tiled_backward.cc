@@ -94,7 +94,8 @@ void tile_gradients(const BackwardState& st, int64_t b, int64_t h, int64_t i0, i
     for (int64_t c = 0; c < cols; ++c) {
       const float prob = std::exp(s_row[c] - row_lse);  // 0 for masked pairs (s = -inf)
       const float keep = p.dropout_threshold != 0 ? out.keep[size_t(c)] : 1.0f;
-      const float grad_score = prob * (dp_row[c] * keep - row_delta);
+      // Masked pairs give exactly 0, even when dO . v is not finite (rows outside a sequence).
+      const float grad_score = prob == 0.0f ? 0.0f : prob * (dp_row[c] * keep - row_delta);
       s_row[c] = prob * keep;
       dp_row[c] = grad_score;
       // dU = dS * (1 - t^2); t is 0 for masked pairs, so -inf never meets it.
@@ -171,12 +172,14 @@ struct KeyTask {
   int64_t b_begin, b_end, g_begin, g_end, j0;
 };
 
-void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t cols) {
+// Accumulates dk (unscaled) and dv of live key rows [j0, j0 + cols) into dk [cols, dqk] and
+// dv_acc [cols, dv], summed over the heads of group g and every query row that sees them.
+void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t cols,
+                         float* dk, float* dv_acc) {
   const AttentionProblem& p = st.p;
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   std::vector<float> k(size_t(cols * dqk)), k_t(size_t(cols * dqk));  // [cols, dqk], [dqk, cols]
   std::vector<float> v(size_t(cols * dv)), v_t(size_t(cols * dv));    // [cols, dv], [dv, cols]
-  std::vector<float> dk(size_t(cols * dqk), 0.0f), dv_acc(size_t(cols * dv), 0.0f);
   gather_rows(p.k, p.k_rows, b, j0, cols, g, dqk, k.data());
   transpose(k.data(), cols, dqk, k_t.data());
   gather_rows(p.v, p.v_rows, b, j0, cols, g, dv, v.data());
@@ -213,8 +216,8 @@ void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int6
       gather_rows(p.d_o, p.do_rows, b, first, rows, h, dv, d_o.data());
       tile_gradients(st, b, h, first, rows, ranges.data(), j0, cols, q.data(), d_o.data(),
                      k_t.data(), v_t.data(), lse.data(), delta.data(), grad);
-      accumulate_transposed_product(grad.pd.data(), d_o.data(), rows, cols, dv, dv_acc.data());
-      accumulate_transposed_product(grad.du.data(), q.data(), rows, cols, dqk, dk.data());
+      accumulate_transposed_product(grad.pd.data(), d_o.data(), rows, cols, dv, dv_acc);
+      accumulate_transposed_product(grad.du.data(), q.data(), rows, cols, dqk, dk);
       if (st.dbias) {
         // This task owns dbias columns [j0, j0 + cols) of its (b, h) (or of every b / h that
         // the bias broadcasts over, see the file comment).
@@ -227,9 +230,22 @@ void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int6
       }
     }
   }
-  for (float& value : dk) value *= st.scale;
-  scatter_rows(p.dk, p.dk_rows, b, j0, cols, g, dqk, dk.data());
-  scatter_rows(p.dv, p.dv_rows, b, j0, cols, g, dv, dv_acc.data());
+}
+
+// Key rows [j0, j0 + rows) of KV head g of batch b: dk, dv (and dbias columns). Rows past the
+// sequence's own length (bshd padding) are written as zeros and never read.
+void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t rows_out) {
+  const AttentionProblem& p = st.p;
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  // [rows_out, dqk] and [rows_out, dv]; the first `cols` rows are the live keys.
+  std::vector<float> dk(size_t(rows_out * dqk), 0.0f), dv_acc(size_t(rows_out * dv), 0.0f);
+  const int64_t cols = std::clamp<int64_t>(p.seqlen_kv[b] - j0, 0, rows_out);
+  if (cols > 0) {
+    accumulate_key_tile(st, b, g, j0, cols, dk.data(), dv_acc.data());
+    for (float& value : dk) value *= st.scale;
+  }
+  scatter_rows(p.dk, p.dk_rows, b, j0, rows_out, g, dqk, dk.data());
+  scatter_rows(p.dv, p.dv_rows, b, j0, rows_out, g, dv, dv_acc.data());
 }
 
 void write_bias_grad(const AttentionProblem& p, const BiasGradAccumulator& acc) {
