@@ -70,6 +70,8 @@ struct Outputs {
   npy::Array o, lse, dq, dk, dv, dsoftmax_offset;
   BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
   double forward_seconds = 0, backward_seconds = 0;  // the median over repeats
+  bool has_backward = false;
+  std::string backward_skipped;  // why no backend can run the backward, when none can
 };
 
 std::vector<FlagSpec> run_flag_specs() {
@@ -156,10 +158,28 @@ Problem sub_problem(const Problem& p, int64_t n, DType dtype) {
   return sub;
 }
 
-Outputs execute(const Problem& p, BackendKind backend, Device device, bool backward, int repeat) {
+// One line per backend: its first reason for refusing.
+std::string summarize_rejections(const Selection& selection) {
+  std::string text;
+  for (const BackendVerdict& verdict : selection.verdicts) {
+    if (!text.empty()) text += "; ";
+    text += std::string(to_string(verdict.backend)) + ": " +
+            (verdict.reasons.empty() ? "eligible" : verdict.reasons.front());
+  }
+  return text;
+}
+
+// Runs the forward on `forward_backend` and, when `backward`, the backward on
+// `backward_backend` (kAuto: the selector's choice). A backward that no backend can run is
+// skipped with its reasons rather than failing the demo (e.g. a GPU build whose fused backward
+// has not landed yet).
+Outputs execute(const Problem& p, BackendKind forward_backend, BackendKind backward_backend,
+                Device device, bool backward, int repeat) {
   AttentionConfig config = p.config;
-  config.backend = backend;
+  config.backend = forward_backend;
   DotProductAttention attention(config);
+  config.backend = backward_backend;
+  DotProductAttention attention_backward(config);
   DeviceArray q(p.q, device), k(p.k, device), v(p.v, device), d_o(p.d_o, device);
   DeviceArray o(p.q.dtype, output_shape(p.q.shape, p.v.shape), device);
   DeviceArray lse(DType::kFloat32, lse_shape(Format::kBSHD, p.q.shape), device);
@@ -198,6 +218,11 @@ Outputs execute(const Problem& p, BackendKind backend, Device device, bool backw
   out.o = o.to_host();
   out.lse = lse.to_host();
   if (!backward) return out;
+  Selection backward_selection = attention_backward.explain(in, Pass::kBackward, false, p.sinks);
+  if (!backward_selection.chosen) {
+    out.backward_skipped = summarize_rejections(backward_selection);
+    return out;
+  }
 
   DeviceArray dq(p.q.dtype, p.q.shape, device), dk(p.k.dtype, p.k.shape, device),
       dv(p.v.dtype, p.v.shape, device);
@@ -217,11 +242,12 @@ Outputs execute(const Problem& p, BackendKind backend, Device device, bool backw
   times.clear();
   for (int r = 0; r < warmup + repeat; ++r) {
     auto start = Clock::now();
-    out.backward_backend = attention.backward(backward_args);
+    out.backward_backend = attention_backward.backward(backward_args);
     synchronize(device);
     if (r >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   out.backward_seconds = median(times);
+  out.has_backward = true;
   out.dq = dq.to_host();
   out.dk = dk.to_host();
   out.dv = dv.to_host();
@@ -281,6 +307,7 @@ CheckLine compare_all(const Outputs& got, const Outputs& reference, bool sinks) 
   };
   add("o", got.o, reference.o);
   add("lse", got.lse, reference.lse);
+  if (!got.has_backward) return line;
   add("dq", got.dq, reference.dq);
   add("dk", got.dk, reference.dk);
   add("dv", got.dv, reference.dv);
@@ -376,9 +403,10 @@ int run_demo(const std::vector<std::string>& words) {
     Problem problem = make_problem(spec, options, rng);
 
     progress(tag + ": forward + backward ...");
-    Outputs run = execute(problem, options.backend, options.device, true, options.repeat);
+    Outputs run =
+        execute(problem, options.backend, options.backend, options.device, true, options.repeat);
     const double flops = forward_flops(problem);
-    total_flops += 3.5 * flops;
+    total_flops += (run.has_backward ? 3.5 : 1.0) * flops;
     total_seconds += run.forward_seconds + run.backward_seconds;
 
     // The check runs the chosen backends and the oracle on the same small problem. Causal rows
@@ -393,14 +421,16 @@ int run_demo(const std::vector<std::string>& words) {
       window_note = format(" (window %lld -> %lld so that it cuts rows of the check)",
                            (long long)spec.window_left, (long long)check.config.window_left);
     }
-    Outputs got = execute(check, run.forward_backend, options.device, true, 1);
+    Outputs got = execute(check, run.forward_backend, run.backward_backend, options.device,
+                          run.has_backward, 1);
     // The oracle reads the same values on the host; 16-bit inputs go in exactly as fp32, so the
     // reference is not rounded to 16 bits on the way out.
     const DType reference_dtype =
         options.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
     Problem reference_problem = sub_problem(problem, n, reference_dtype);
     reference_problem.config.window_left = check.config.window_left;
-    Outputs reference = execute(reference_problem, BackendKind::kCpuExact, Device::kCPU, true, 1);
+    Outputs reference = execute(reference_problem, BackendKind::kCpuExact, BackendKind::kCpuExact,
+                                Device::kCPU, run.has_backward, 1);
     // How much the layer's feature moves the output, so that the check is known to see it.
     Problem plain = reference_problem;
     std::string feature;
@@ -412,7 +442,8 @@ int run_demo(const std::vector<std::string>& words) {
       plain.sinks = false;
       feature = "the sinks move";
     }
-    Outputs without = execute(plain, BackendKind::kCpuExact, Device::kCPU, false, 1);
+    Outputs without =
+        execute(plain, BackendKind::kCpuExact, BackendKind::kCpuExact, Device::kCPU, false, 1);
     const double feature_effect = compare(without.o, reference.o).relative;
     const CheckLine line = compare_all(got, reference, spec.sinks);
     const bool passed = line.worst <= tolerance(options.dtype);
@@ -422,9 +453,12 @@ int run_demo(const std::vector<std::string>& words) {
               << format("  forward   %-10s %9.3f s  %8.2f GFLOP/s\n",
                         std::string(to_string(run.forward_backend)).c_str(), run.forward_seconds,
                         flops / run.forward_seconds / 1e9)
-              << format("  backward  %-10s %9.3f s  %8.2f GFLOP/s\n",
-                        std::string(to_string(run.backward_backend)).c_str(), run.backward_seconds,
-                        2.5 * flops / run.backward_seconds / 1e9)
+              << (run.has_backward
+                      ? format("  backward  %-10s %9.3f s  %8.2f GFLOP/s\n",
+                               std::string(to_string(run.backward_backend)).c_str(),
+                               run.backward_seconds, 2.5 * flops / run.backward_seconds / 1e9)
+                      : "  backward  skipped, no backend can run it (" + run.backward_skipped +
+                            ")\n")
               << "  check" << window_note << ": " << line.text << (passed ? "PASS" : "FAIL")
               << format(" (tolerance %.0e)\n", tolerance(options.dtype))
               << format("  %s o by %.1f%% on the check problem (so the check can see it)\n\n",
