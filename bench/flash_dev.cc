@@ -1,0 +1,267 @@
+// Dev bench for the flash forward kernels (llm.c's dev/cuda style): one small correctness
+// check against cpu_exact per feature set, then timings of the shapes with CUDA
+// events. Calls the backends directly (no selector) so it builds before every backend exists.
+//
+//   flash_dev [--check-only] [--time-only]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/element_access.h"
+#include "core/problem_builder.h"
+#include "cpu/cpu_backends.h"
+#include "cuda/cuda_backends.h"
+#include "cuda/cuda_check.h"
+
+namespace {
+
+using namespace dpa;
+
+struct Shape {
+  int b, H, G, sq, skv, d, dv;
+};
+
+struct Features {
+  std::string name;
+  double softcap = 0;
+  SoftmaxType softmax = SoftmaxType::kVanilla;
+  MaskType mask = MaskType::kNoMask;
+  int window_left = -1, window_right = -1;
+  double dropout = 0;
+  bool alibi = false;
+};
+
+struct DeviceTensor {
+  void* data = nullptr;
+  size_t bytes = 0;
+  TensorView view;
+  DeviceTensor(DType dtype, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    bytes = size_t(n) * dtype_size(dtype);
+    DPA_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(bytes, 16)));
+    view = TensorView::contiguous(data, dtype, shape.data(), int(shape.size()), Device::kCUDA);
+  }
+  ~DeviceTensor() { cudaFree(data); }
+  void upload(const std::vector<unsigned char>& host) {
+    DPA_CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  std::vector<unsigned char> download() const {
+    std::vector<unsigned char> host(bytes);
+    DPA_CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+std::vector<unsigned char> random_bf16(int64_t n, std::mt19937_64& rng, double stddev) {
+  std::vector<unsigned char> bytes(size_t(n) * 2);
+  std::normal_distribution<double> normal(0, stddev);
+  for (int64_t i = 0; i < n; ++i) store_element(bytes.data(), DType::kBFloat16, i, normal(rng));
+  return bytes;
+}
+
+AttentionConfig make_config(const Features& f) {
+  AttentionConfig c;
+  c.softcap = f.softcap;
+  c.softmax_type = f.softmax;
+  c.mask_type = f.mask;
+  c.window_left = f.window_left;
+  c.window_right = f.window_right;
+  c.dropout = f.dropout;
+  return c;
+}
+
+struct Run {
+  std::vector<unsigned char> q, k, v, o;
+  std::vector<float> lse, sink, slopes;
+};
+
+// Runs the flash backend on device tensors (and fills host copies for the reference).
+double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters) {
+  std::mt19937_64 rng(1234);
+  const int64_t nq = int64_t(s.b) * s.sq * s.H * s.d, nk = int64_t(s.b) * s.skv * s.G * s.d;
+  const int64_t nv = int64_t(s.b) * s.skv * s.G * s.dv;
+  run.q = random_bf16(nq, rng, 1.5);
+  run.k = random_bf16(nk, rng, 1.5);
+  run.v = random_bf16(nv, rng, 1.0);
+  run.sink.resize(size_t(s.H));
+  for (auto& x : run.sink) x = float(std::normal_distribution<double>(0, 5)(rng));
+  run.slopes.resize(size_t(s.H));
+  for (int h = 0; h < s.H; ++h) run.slopes[size_t(h)] = 0.05f * float(h + 1);
+  DeviceTensor q(DType::kBFloat16, {s.b, s.sq, s.H, s.d}), k(DType::kBFloat16, {s.b, s.skv, s.G, s.d});
+  DeviceTensor v(DType::kBFloat16, {s.b, s.skv, s.G, s.dv}), o(DType::kBFloat16, {s.b, s.sq, s.H, s.dv});
+  DeviceTensor lse(DType::kFloat32, {s.b, s.H, s.sq}), sink(DType::kFloat32, {s.H});
+  DeviceTensor slopes(DType::kFloat32, {s.H});
+  q.upload(run.q);
+  k.upload(run.k);
+  v.upload(run.v);
+  DPA_CUDA_CHECK(cudaMemcpy(sink.data, run.sink.data(), sink.bytes, cudaMemcpyHostToDevice));
+  DPA_CUDA_CHECK(cudaMemcpy(slopes.data, run.slopes.data(), slopes.bytes, cudaMemcpyHostToDevice));
+  DPA_CUDA_CHECK(cudaMemset(o.data, 0xff, o.bytes));  // poison: NaN bf16
+
+  ForwardArgs args;
+  args.in.q = q.view;
+  args.in.k = k.view;
+  args.in.v = v.view;
+  if (f.softmax == SoftmaxType::kLearnable) args.in.softmax_offset = sink.view;
+  if (f.alibi) args.in.alibi_slopes = slopes.view;
+  args.o = o.view;
+  args.lse = lse.view;
+  AttentionConfig config = make_config(f);
+  AttentionProblem problem = build_forward_problem(config, args, config.dropout, RngState{7, 3});
+  const Backend& flash = cuda_flash_backend();
+  flash.forward(problem);
+  DPA_CUDA_CHECK(cudaDeviceSynchronize());
+  double median_ms = 0;
+  if (timing_iters > 0) {
+    for (int i = 0; i < 3; ++i) flash.forward(problem);
+    std::vector<float> times;
+    cudaEvent_t start, stop;
+    DPA_CUDA_CHECK(cudaEventCreate(&start));
+    DPA_CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < timing_iters; ++i) {
+      DPA_CUDA_CHECK(cudaEventRecord(start));
+      flash.forward(problem);
+      DPA_CUDA_CHECK(cudaEventRecord(stop));
+      DPA_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      DPA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    median_ms = times[times.size() / 2];
+  }
+  run.o = o.download();
+  std::vector<unsigned char> lse_bytes = lse.download();
+  run.lse.resize(lse_bytes.size() / 4);
+  std::memcpy(run.lse.data(), lse_bytes.data(), lse_bytes.size());
+  return median_ms;
+}
+
+bool check(const Shape& s, const Features& f) {
+  Run run;
+  run_flash(s, f, run, 0);
+  // Reference: cpu_exact on the same bf16 inputs.
+  std::vector<double> o_ref(size_t(s.b) * s.sq * s.H * s.dv);
+  std::vector<float> lse_ref(size_t(s.b) * s.H * s.sq);
+  TensorView q = TensorView::contiguous(run.q.data(), DType::kBFloat16, {s.b, s.sq, s.H, s.d});
+  TensorView k = TensorView::contiguous(run.k.data(), DType::kBFloat16, {s.b, s.skv, s.G, s.d});
+  TensorView v = TensorView::contiguous(run.v.data(), DType::kBFloat16, {s.b, s.skv, s.G, s.dv});
+  ForwardArgs args;
+  args.in.q = q;
+  args.in.k = k;
+  args.in.v = v;
+  if (f.softmax == SoftmaxType::kLearnable)
+    args.in.softmax_offset = TensorView::contiguous(run.sink.data(), DType::kFloat32, {s.H});
+  if (f.alibi) args.in.alibi_slopes = TensorView::contiguous(run.slopes.data(), DType::kFloat32, {s.H});
+  args.o = TensorView::contiguous(o_ref.data(), DType::kFloat64, {s.b, s.sq, s.H, s.dv});
+  args.lse = TensorView::contiguous(lse_ref.data(), DType::kFloat32, {s.b, s.H, s.sq});
+  AttentionConfig config = make_config(f);
+  AttentionProblem problem = build_forward_problem(config, args, config.dropout, RngState{7, 3});
+  cpu_exact_backend().forward(problem);
+  double diff = 0, ref = 0, lse_err = 0;
+  bool nan = false;
+  for (size_t i = 0; i < o_ref.size(); ++i) {
+    double got = load_element(run.o.data(), DType::kBFloat16, int64_t(i));
+    nan |= std::isnan(got);
+    diff += (got - o_ref[i]) * (got - o_ref[i]);
+    ref += o_ref[i] * o_ref[i];
+  }
+  for (size_t i = 0; i < lse_ref.size(); ++i) {
+    if (lse_ref[i] == run.lse[i]) continue;
+    lse_err = std::max(lse_err, double(std::fabs(lse_ref[i] - run.lse[i])));
+    nan |= std::isnan(run.lse[i]);
+  }
+  const double rel = std::sqrt(diff / std::max(ref, 1e-30));
+  const bool ok = !nan && rel < 2e-2 && lse_err < 2e-2;
+  std::printf("check %-28s b%d H%d G%d sq%d skv%d d%d/%d: o rel %.2e, lse max abs %.2e %s\n",
+              f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, rel, lse_err,
+              ok ? "ok" : "FAIL");
+  return ok;
+}
+
+double visible_pairs(const Shape& s, const Features& f) {
+  // Exact count of (query, key) pairs the mask leaves visible, per (b, h).
+  double pairs = 0;
+  for (int i = 0; i < s.sq; ++i) {
+    int center = i + ((f.mask == MaskType::kCausal) ? 0 : s.skv - s.sq);
+    int lo = f.window_left < 0 ? 0 : std::max(0, center - f.window_left);
+    int right = mask_is_causal(f.mask) ? 0 : f.window_right;
+    int hi = right < 0 ? s.skv : std::min(s.skv, center + right + 1);
+    pairs += std::max(0, hi - lo);
+  }
+  return pairs;
+}
+
+void time_config(const Shape& s, const Features& f) {
+  Run run;
+  const double ms = run_flash(s, f, run, 20);
+  const double flops = 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
+  const double bytes = 2.0 * (double(s.b) * s.sq * s.H * (s.d + s.dv) +
+                              double(s.b) * s.skv * s.G * (s.d + s.dv));
+  std::printf("time  %-28s b%d H%d G%d sq%d skv%d d%d/%d: %.3f ms  %.1f TFLOP/s  %.0f GB/s\n",
+              f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, ms,
+              flops / ms * 1e-9, bytes / ms * 1e-6);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool do_check = true, do_time = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--check-only") == 0) do_time = false;
+    if (std::strcmp(argv[i], "--time-only") == 0) do_check = false;
+  }
+  try {
+    Features plain{"plain"}, cap{"softcap50"}, cap1{"softcap1"}, sink{"learnable_sink"};
+    cap.softcap = 50;
+    cap1.softcap = 1;
+    sink.softmax = SoftmaxType::kLearnable;
+    Features causal_cap = cap, causal_sink = sink, gptoss{"gpt-oss window128 sink"};
+    causal_cap.name = "causal softcap50";
+    causal_cap.mask = MaskType::kCausal;
+    causal_sink.name = "causal learnable_sink";
+    causal_sink.mask = MaskType::kCausal;
+    gptoss.mask = MaskType::kCausal;
+    gptoss.window_left = 128;
+    gptoss.softmax = SoftmaxType::kLearnable;
+    Features drop{"dropout0.3 softcap1"};
+    drop.dropout = 0.3;
+    drop.softcap = 1;
+    Features alibi{"alibi off-by-one window"};
+    alibi.alibi = true;
+    alibi.softmax = SoftmaxType::kOffByOne;
+    alibi.window_left = 40;
+    alibi.window_right = 7;
+    int failures = 0;
+    if (do_check) {
+      const Shape small{2, 4, 2, 97, 203, 128, 128};
+      for (const Features& f : {plain, cap1, sink, causal_cap, causal_sink, gptoss, drop, alibi})
+        failures += !check(small, f);
+      for (int d : {64, 96, 192, 256}) failures += !check({1, 4, 1, 130, 70, d, d}, cap1);
+      failures += !check({1, 4, 4, 77, 150, 192, 128}, causal_sink);
+      failures += !check({1, 64, 8, 1, 4099, 64, 64}, sink);      // decode: split-KV
+      failures += !check({1, 8, 8, 3, 2500, 128, 128}, causal_cap);  // bottom-right? top-left
+    }
+    if (do_time) {
+      const Shape big{2, 16, 16, 8192, 8192, 128, 128};
+      for (const Features& f : {plain, cap, sink, causal_cap, causal_sink}) time_config(big, f);
+      time_config({2, 16, 16, 8192, 8192, 64, 64}, cap);
+      time_config({2, 16, 16, 8192, 8192, 256, 256}, cap);
+      time_config({2, 64, 8, 8192, 8192, 64, 64}, gptoss);
+      time_config({1, 64, 8, 1, 32768, 64, 64}, sink);
+      time_config({1, 64, 8, 1, 32768, 128, 128}, sink);
+    }
+    std::printf("flash_dev: %d check failures\n", failures);
+    return failures ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flash_dev: %s\n", e.what());
+    return 2;
+  }
+}
