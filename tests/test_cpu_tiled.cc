@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +83,9 @@ struct TiledCase {
   std::function<void(CaseSpec&)> without;
   DType dtype = DType::kFloat32;
 };
+
+// gtest prints parameters; a name reads better than the struct's bytes.
+void PrintTo(const TiledCase& c, std::ostream* os) { *os << c.name; }
 
 CaseSpec base_spec(DType dtype) {
   CaseSpec spec;
@@ -547,6 +551,24 @@ TEST(CpuTiled, RowsOutsideSequencesAreNeverRead) {
     EXPECT_LE(compare_outputs(tiled, reference).worst(), kFloat32Tolerance)
         << (thd ? "thd: " : "bshd: ") << describe(compare_outputs(tiled, reference));
   }
+}
+
+// A learnable offset of -inf switches the sink off for that head (docs/decisions.md); with
+// rows that see no key, its LSE is -inf and nothing may turn into NaN.
+TEST(CpuTiled, MinusInfinitySinkOffset) {
+  CaseSpec spec = base_spec(DType::kFloat32);
+  spec.config.softmax_type = SoftmaxType::kLearnable;
+  spec.config.mask_type = MaskType::kCausalBottomRight;
+  spec.seqlen_kv = 40;  // the first 57 rows see no key
+  CaseTensors t = make_case(spec);
+  t.softmax_offset.set(1, -INFINITY);
+  const CaseOutputs reference = run_case(spec, t, BackendKind::kCpuExact);
+  const CaseOutputs tiled = run_case(spec, t, BackendKind::kCpu);
+  EXPECT_FALSE(has_nan(tiled.o) || has_nan(tiled.dq) || has_nan(tiled.dk) || has_nan(tiled.dv) ||
+               has_nan(tiled.dsoftmax_offset));
+  const CaseComparison errors = compare_outputs(tiled, reference);
+  EXPECT_LE(errors.worst(), kFloat32Tolerance) << describe(errors);
+  EXPECT_EQ(tiled.dsoftmax_offset.get(1), 0.0);
 }
 
 // Every output as raw bytes, for bit-exact comparisons.
