@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <ostream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -582,6 +583,85 @@ std::vector<unsigned char> bytes_of(const CaseOutputs& out) {
     bytes.insert(bytes.end(), data, data + size);
   }
   return bytes;
+}
+
+// q, k and v as strided views into one packed [b, s, H + 2G, d] qkv tensor (the layout of a
+// fused QKV projection): row strides differ from the contiguous ones, the head dim does not.
+TEST(CpuTiled, StridedViewsOfAPackedQkvTensor) {
+  const int64_t batch = 2, seq = 70, heads = 4, groups = 2, dim = 32;
+  std::mt19937_64 rng(5);
+  const HostTensor qkv =
+      HostTensor::randn(DType::kFloat32, {batch, seq, heads + 2 * groups, dim}, rng);
+  auto view = [&](int64_t head_offset, int64_t head_count) {
+    TensorView v = qkv.view();
+    v.data = static_cast<float*>(qkv.view().data) + head_offset * dim;
+    v.shape = {batch, seq, head_count, dim, 0};
+    return v;  // strides stay those of qkv
+  };
+  AttentionInputs strided;
+  strided.q = view(0, heads);
+  strided.k = view(heads, groups);
+  strided.v = view(heads + groups, groups);
+
+  // The same values, contiguous.
+  CaseSpec spec = base_spec(DType::kFloat32);
+  spec.batch = batch;
+  spec.seqlen_q = spec.seqlen_kv = seq;
+  spec.heads_q = heads;
+  spec.heads_kv = groups;
+  spec.head_dim_qk = spec.head_dim_v = dim;
+  spec.config.mask_type = MaskType::kCausal;
+  spec.config.softcap = 3.0;
+  CaseTensors contiguous = make_case(spec);
+  auto copy = [&](const TensorView& from, HostTensor& to) {
+    const int64_t count = from.shape[2];
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = 0; s < seq; ++s)
+        for (int64_t h = 0; h < count; ++h)
+          for (int64_t c = 0; c < dim; ++c) {
+            const int64_t source =
+                b * from.strides[0] + s * from.strides[1] + h * from.strides[2] + c;
+            to.set(((b * seq + s) * count + h) * dim + c,
+                   static_cast<const float*>(from.data)[source]);
+          }
+  };
+  copy(strided.q, contiguous.q);
+  copy(strided.k, contiguous.k);
+  copy(strided.v, contiguous.v);
+
+  auto run = [&](const AttentionInputs& in, BackendKind backend) {
+    AttentionConfig config = spec.config;
+    config.backend = backend;
+    DotProductAttention attention(config);
+    CaseOutputs out;
+    out.o = HostTensor(DType::kFloat32, {batch, seq, heads, dim});
+    out.lse = HostTensor(DType::kFloat32, {batch, heads, seq});
+    out.dq = HostTensor(DType::kFloat32, {batch, seq, heads, dim});
+    out.dk = HostTensor(DType::kFloat32, {batch, seq, groups, dim});
+    out.dv = HostTensor(DType::kFloat32, {batch, seq, groups, dim});
+    ForwardArgs forward;
+    forward.in = in;
+    forward.o = out.o.view();
+    forward.lse = out.lse.view();
+    attention.forward(forward);
+    BackwardArgs backward;
+    backward.in = in;
+    backward.o = out.o.view();
+    backward.lse = out.lse.view();
+    backward.d_o = contiguous.d_o.view();
+    backward.dq = out.dq.view();
+    backward.dk = out.dk.view();
+    backward.dv = out.dv.view();
+    attention.backward(backward);
+    return out;
+  };
+  const CaseOutputs tiled_strided = run(strided, BackendKind::kCpu);
+  const CaseOutputs exact_strided = run(strided, BackendKind::kCpuExact);
+  const CaseOutputs tiled_contiguous = run(contiguous.inputs(), BackendKind::kCpu);
+  const CaseComparison errors = compare_outputs(tiled_strided, exact_strided);
+  EXPECT_LE(errors.worst(), kFloat32Tolerance) << describe(errors);
+  EXPECT_GT(norm(exact_strided.dk), 0.0);
+  EXPECT_EQ(bytes_of(tiled_strided), bytes_of(tiled_contiguous));
 }
 
 CaseSpec determinism_spec() {
