@@ -31,7 +31,8 @@ struct FeatureRequest {
   bool sink_grad = false;
   bool dropout = false;
   bool deterministic = false;
-  int device_arch = 0;  // e.g. 90 for sm_90; 0 on the CPU
+  int device_arch = 0;   // e.g. 90 for sm_90; 0 on the CPU
+  int device_index = 0;  // of q's device (size limits query its free memory)
 };
 
 FeatureRequest make_feature_request(const AttentionProblem& problem);

@@ -159,6 +159,7 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.dropout = p.dropout_threshold > 0;
   r.deterministic = p.deterministic;
   r.device_arch = p.device_arch;
+  r.device_index = p.device_index;
   return r;
 }
 

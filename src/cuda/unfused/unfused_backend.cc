@@ -1,0 +1,68 @@
+// cuda_unfused: cuBLAS batched GEMMs plus fused elementwise row kernels. O(b*H*sq*skv) memory,
+// every feature, forward and backward, deterministic. The GPU reference for the fused kernels
+// and the fallback for what they do not cover (arbitrary masks, bias gradients, any head dim).
+#include "core/backend.h"
+#include "cuda/cuda_backends.h"
+#include "cuda/runtime.h"
+#include "cuda/unfused/unfused_passes.h"
+#include "cuda/unfused/unfused_workspace.h"
+
+namespace dpa {
+namespace {
+
+class CudaUnfusedBackend final : public Backend {
+ public:
+  CudaUnfusedBackend() {
+    caps_.kind = BackendKind::kCudaUnfused;
+    caps_.device = Device::kCUDA;
+    caps_.available = cuda::device_info(0).present;
+    if (!caps_.available) caps_.unavailable_reason = "no CUDA device";
+    caps_.min_arch = 80;
+    // fp32 storage is accepted too (fp32 GEMMs without TF32): a tight GPU reference.
+    caps_.dtypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32};
+    // GEMMs and row kernels take any head dim, and dqk != dv.
+    caps_.max_head_dim = 0;
+    caps_.different_head_dims = true;
+    caps_.formats = {Format::kBSHD, Format::kSBHD, Format::kTHD};
+    caps_.mask_types = {
+        MaskType::kNoMask,        MaskType::kPadding,           MaskType::kCausal,
+        MaskType::kPaddingCausal, MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight,
+        MaskType::kArbitrary};
+    caps_.window = true;
+    caps_.padded_offsets = true;
+    caps_.bias_types = {BiasType::kNoBias, BiasType::kPreScale, BiasType::kPostScale};
+    caps_.bias_grad = true;
+    caps_.alibi = true;
+    caps_.softcap = true;
+    caps_.softmax_types = {SoftmaxType::kVanilla, SoftmaxType::kOffByOne, SoftmaxType::kLearnable};
+    caps_.sink_grad = true;
+    caps_.dropout = true;
+    caps_.backward = true;
+    // No atomics: fixed-order block reductions, GQA sums by sequential beta = 1 GEMMs, and a
+    // per-call cuBLAS workspace (cuBLAS is bit-reproducible on one stream and architecture).
+    caps_.deterministic = true;
+    caps_.size_limit = cuda::unfused_size_limit;
+  }
+
+  const Capabilities& capabilities() const override { return caps_; }
+
+  void forward(const AttentionProblem& problem) const override {
+    cuda::run_unfused_forward(problem);
+  }
+
+  void backward(const AttentionProblem& problem) const override {
+    cuda::run_unfused_backward(problem);
+  }
+
+ private:
+  Capabilities caps_;
+};
+
+}  // namespace
+
+const Backend& cuda_unfused_backend() {
+  static const CudaUnfusedBackend backend;
+  return backend;
+}
+
+}  // namespace dpa
