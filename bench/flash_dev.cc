@@ -17,6 +17,7 @@
 #include "core/problem_builder.h"
 #include "cpu/cpu_backends.h"
 #include "cuda/cuda_backends.h"
+#include "bench/flash_variants.h"
 #include "cuda/cuda_check.h"
 
 namespace {
@@ -83,7 +84,7 @@ struct Run {
 };
 
 // Runs the flash backend on device tensors (and fills host copies for the reference).
-double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters) {
+double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters, int variant = -1) {
   std::mt19937_64 rng(1234);
   const int64_t nq = int64_t(s.b) * s.sq * s.H * s.d, nk = int64_t(s.b) * s.skv * s.G * s.d;
   const int64_t nv = int64_t(s.b) * s.skv * s.G * s.dv;
@@ -115,19 +116,24 @@ double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters) 
   args.lse = lse.view;
   AttentionConfig config = make_config(f);
   AttentionProblem problem = build_forward_problem(config, args, config.dropout, RngState{7, 3});
-  const Backend& flash = cuda_flash_backend();
-  flash.forward(problem);
+  auto launch = [&] {
+    if (variant < 0)
+      cuda_flash_backend().forward(problem);
+    else
+      cuda::run_flash_variant(variant, problem);
+  };
+  launch();
   DPA_CUDA_CHECK(cudaDeviceSynchronize());
   double median_ms = 0;
   if (timing_iters > 0) {
-    for (int i = 0; i < 3; ++i) flash.forward(problem);
+    for (int i = 0; i < 3; ++i) launch();
     std::vector<float> times;
     cudaEvent_t start, stop;
     DPA_CUDA_CHECK(cudaEventCreate(&start));
     DPA_CUDA_CHECK(cudaEventCreate(&stop));
     for (int i = 0; i < timing_iters; ++i) {
       DPA_CUDA_CHECK(cudaEventRecord(start));
-      flash.forward(problem);
+      launch();
       DPA_CUDA_CHECK(cudaEventRecord(stop));
       DPA_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
@@ -150,9 +156,16 @@ bool check(const Shape& s, const Features& f) {
   // Reference: cpu_exact on the same bf16 inputs.
   std::vector<double> o_ref(size_t(s.b) * s.sq * s.H * s.dv);
   std::vector<float> lse_ref(size_t(s.b) * s.H * s.sq);
-  TensorView q = TensorView::contiguous(run.q.data(), DType::kBFloat16, {s.b, s.sq, s.H, s.d});
-  TensorView k = TensorView::contiguous(run.k.data(), DType::kBFloat16, {s.b, s.skv, s.G, s.d});
-  TensorView v = TensorView::contiguous(run.v.data(), DType::kBFloat16, {s.b, s.skv, s.G, s.dv});
+  auto widen = [](const std::vector<unsigned char>& bf16) {
+    std::vector<double> wide(bf16.size() / 2);
+    for (size_t i = 0; i < wide.size(); ++i)
+      wide[i] = load_element(bf16.data(), DType::kBFloat16, int64_t(i));
+    return wide;
+  };
+  std::vector<double> q64 = widen(run.q), k64 = widen(run.k), v64 = widen(run.v);
+  TensorView q = TensorView::contiguous(q64.data(), DType::kFloat64, {s.b, s.sq, s.H, s.d});
+  TensorView k = TensorView::contiguous(k64.data(), DType::kFloat64, {s.b, s.skv, s.G, s.d});
+  TensorView v = TensorView::contiguous(v64.data(), DType::kFloat64, {s.b, s.skv, s.G, s.dv});
   ForwardArgs args;
   args.in.q = q;
   args.in.k = k;
@@ -199,12 +212,13 @@ double visible_pairs(const Shape& s, const Features& f) {
   return pairs;
 }
 
-void time_config(const Shape& s, const Features& f) {
+void time_config(const Shape& s, const Features& f, int variant = -1) {
   Run run;
-  const double ms = run_flash(s, f, run, 20);
+  const double ms = run_flash(s, f, run, 20, variant);
   const double flops = 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
   const double bytes = 2.0 * (double(s.b) * s.sq * s.H * (s.d + s.dv) +
                               double(s.b) * s.skv * s.G * (s.d + s.dv));
+  if (variant >= 0) std::printf("[%s] ", cuda::flash_variant_name(variant));
   std::printf("time  %-28s b%d H%d G%d sq%d skv%d d%d/%d: %.3f ms  %.1f TFLOP/s  %.0f GB/s\n",
               f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, ms,
               flops / ms * 1e-9, bytes / ms * 1e-6);
@@ -213,8 +227,9 @@ void time_config(const Shape& s, const Features& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool do_check = true, do_time = true;
+  bool do_check = true, do_time = true, do_variants = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--variants") == 0) do_variants = true;
     if (std::strcmp(argv[i], "--check-only") == 0) do_time = false;
     if (std::strcmp(argv[i], "--time-only") == 0) do_check = false;
   }
@@ -257,6 +272,11 @@ int main(int argc, char** argv) {
       time_config({2, 64, 8, 8192, 8192, 64, 64}, gptoss);
       time_config({1, 64, 8, 1, 32768, 64, 64}, sink);
       time_config({1, 64, 8, 1, 32768, 128, 128}, sink);
+    }
+    if (do_variants) {
+      const Shape big{2, 16, 16, 8192, 8192, 128, 128};
+      for (int v = 0; cuda::flash_variant_name(v); ++v)
+        for (const Features& f : {plain, cap, causal_sink}) time_config(big, f, v);
     }
     std::printf("flash_dev: %d check failures\n", failures);
     return failures ? 1 : 0;

@@ -26,11 +26,19 @@ namespace dpa::cuda {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// exp2 on the special-function unit (MUFU.EX2, ~2 ulp; flushes denormals, which softmax
+// weights below 2^-126 of the row max never need). exp2f() adds range handling around it.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Accurate tanh from one ex2 and one reciprocal: tanh(x) = 1 - 2 / (exp(2x) + 1). Saturates
 // to +-1 without NaN (exp overflow gives inf and 2/inf = 0). tanh.approx.f32 would save one
 // MUFU op but its ~5e-4 relative error moves capped logits by up to cap * 5e-4.
 __device__ __forceinline__ float accurate_tanh(float x) {
-  const float e = exp2f(x * (2.f * kLog2e));
+  const float e = fast_exp2(x * (2.f * kLog2e));
   return 1.f - __fdividef(2.f, e + 1.f);
 }
 
@@ -144,6 +152,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
   const int diagonal = p.bottom_right ? seqlen_kv - seqlen_q : 0;
 
+  const uint32_t q_lane = ptx::shared_address(q_shared + (warp_row0 + lane % 16) * kQStride +
+                                              (lane / 16) * 8);
+  const uint32_t k_lane = ptx::shared_address(
+      k_shared + ((lane / 16) * 8 + lane % 8) * kKStride + ((lane / 8) % 2) * 8);
+  const uint32_t v_lane =
+      ptx::shared_address(v_shared + (lane % 16) * kVStride + (lane / 16) * 8);
+  constexpr int kBytes = int(sizeof(Element));
+
   // Prologue: Q and the first K tile.
   load_tile_async<Traits, kBlockM, kDimQK, kQStride>(q_shared, q_global, p.q_row_stride,
                                                      rows_here);
@@ -174,15 +190,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       uint32_t a[kSlabs][4];
 #pragma unroll
       for (int s = 0; s < kSlabs; ++s)
-        ptx::ldmatrix_x4(a[s], ptx::shared_address(q_shared +
-                                                   (warp_row0 + s * 16 + lane % 16) * kQStride +
-                                                   kk * 16 + (lane / 16) * 8));
+        ptx::ldmatrix_x4(a[s], q_lane + (s * 16 * kQStride + kk * 16) * kBytes);
 #pragma unroll
       for (int pair = 0; pair < kNTiles / 2; ++pair) {
         uint32_t b[4];
-        ptx::ldmatrix_x4(b, ptx::shared_address(
-                                k_shared + (pair * 16 + (lane / 16) * 8 + lane % 8) * kKStride +
-                                kk * 16 + ((lane / 8) % 2) * 8));
+        ptx::ldmatrix_x4(b, k_lane + (pair * 16 * kKStride + kk * 16) * kBytes);
         const uint32_t b_even[2] = {b[0], b[1]}, b_odd[2] = {b[2], b[3]};
 #pragma unroll
         for (int s = 0; s < kSlabs; ++s) {
@@ -223,14 +235,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // A row that has seen only masked keys (and no sink) keeps max -inf: shift by 0 so
         // exp2(-inf - shift) = 0 instead of NaN.
         const float shift = new_max == -INFINITY ? 0.f : new_max;
-        const float correction = exp2f(row_max[s][half] - shift);
+        const float correction = fast_exp2(row_max[s][half] - shift);
         row_max[s][half] = new_max;
         float tile_sum = 0.f;
 #pragma unroll
         for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float prob = exp2f(s_acc[s][t][2 * half + e] - shift);
+            const float prob = fast_exp2(s_acc[s][t][2 * half + e] - shift);
             tile_sum += prob;
             s_acc[s][t][2 * half + e] = prob;
           }
@@ -279,9 +291,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int pair = 0; pair < kVTiles / 2; ++pair) {
         uint32_t b[4];
-        ptx::ldmatrix_x4_trans(
-            b, ptx::shared_address(v_shared + (kk * 16 + lane % 16) * kVStride + pair * 16 +
-                                   (lane / 16) * 8));
+        ptx::ldmatrix_x4_trans(b, v_lane + (kk * 16 * kVStride + pair * 16) * kBytes);
         const uint32_t b_even[2] = {b[0], b[1]}, b_odd[2] = {b[2], b[3]};
 #pragma unroll
         for (int s = 0; s < kSlabs; ++s) {

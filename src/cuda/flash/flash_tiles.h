@@ -14,6 +14,13 @@ struct FlashTileShape {
   int shared_bytes = 0;
 };
 
+// Q, K and V tiles with rows padded by 8 elements (16 bytes).
+constexpr int flash_forward_shared_bytes(int block_m, int block_n, int head_dim_qk,
+                                         int head_dim_v) {
+  return 2 * (block_m * (head_dim_qk + 8) + block_n * (head_dim_qk + 8) +
+              block_n * (head_dim_v + 8));
+}
+
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v) {
   // Wide heads use 8 warps of 16 rows to keep the O accumulator in registers; narrow heads
   // 4 warps of 32 rows (half the shared-memory traffic per MMA). Rows are padded by 8
@@ -23,9 +30,8 @@ constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_
   shape.block_m = 128;
   shape.block_n = 64;
   shape.warps = wide ? 8 : 4;
-  constexpr int kPad = 8;
-  shape.shared_bytes = 2 * (shape.block_m * (head_dim_qk + kPad) +
-                            shape.block_n * (head_dim_qk + kPad) + shape.block_n * (head_dim_v + kPad));
+  shape.shared_bytes = flash_forward_shared_bytes(shape.block_m, shape.block_n, head_dim_qk,
+                                                  head_dim_v);
   return shape;
 }
 

@@ -1,0 +1,11 @@
+// Dev-bench tile variants of the flash forward kernel (bf16, head dim 128 only).
+#pragma once
+
+#include "core/problem.h"
+
+namespace dpa::cuda {
+
+const char* flash_variant_name(int variant);  // nullptr past the last variant
+void run_flash_variant(int variant, const AttentionProblem& problem);
+
+}  // namespace dpa::cuda

@@ -1,0 +1,80 @@
+#include "cuda/flash/flash_forward_plan.h"
+
+#include "cuda/runtime.h"
+
+namespace dpa::cuda {
+namespace {
+
+constexpr double kLog2e = 1.4426950408889634;
+
+void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
+                  int64_t& head_stride) {
+  batch_stride = layout.stride_batch;
+  row_stride = layout.stride_seq;
+  head_stride = layout.stride_head;
+}
+
+}  // namespace
+
+FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileShape& shape,
+                                    cudaStream_t stream) {
+  FlashForwardPlan plan;
+  plan.tables = upload_sequence_tables(p, stream);
+  FlashForwardParams& params = plan.params;
+  params.q = p.q.data;
+  params.k = p.k.data;
+  params.v = p.v.data;
+  params.o = p.o.data;
+  params.lse = static_cast<float*>(p.lse.data);
+  copy_strides(p.q_rows, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
+  copy_strides(p.k_rows, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
+  copy_strides(p.v_rows, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
+  copy_strides(p.o_rows, params.o_batch_stride, params.o_row_stride, params.o_head_stride);
+  const bool thd = p.format == Format::kTHD;
+  params.lse_batch_stride = thd ? 0 : p.heads_q * p.max_seqlen_q;
+  params.lse_head_stride = thd ? p.total_q : p.max_seqlen_q;
+  params.seqlen_q = plan.tables.seqlen_q;
+  params.seqlen_kv = plan.tables.seqlen_kv;
+  params.start_q = thd ? plan.tables.start_q : nullptr;
+  params.start_kv = thd ? plan.tables.start_kv : nullptr;
+  params.batch = int(p.batch);
+  params.heads_q = int(p.heads_q);
+  params.heads_kv = int(p.heads_kv);
+  params.group_size = int(p.group_size());
+  params.max_seqlen_q = int(p.max_seqlen_q);
+  params.max_seqlen_kv = int(p.max_seqlen_kv);
+  params.scale_log2 = float(p.scale * kLog2e);
+  params.use_softcap = p.softcap > 0;
+  if (params.use_softcap) {
+    params.softcap_arg_scale = float(p.scale / p.softcap);
+    params.softcap_log2 = float(p.softcap * kLog2e);
+  }
+  params.window_left = int(p.window_left);
+  params.window_right = int(p.window_right);
+  params.bottom_right = p.bottom_right;
+  if (p.has_alibi) {
+    params.alibi_slopes = static_cast<const float*>(p.alibi_slopes.data);
+    params.alibi_batch_stride = int(p.alibi_stride_batch);
+  }
+  params.softmax_type = int(p.softmax_type);
+  params.softmax_offset = static_cast<const float*>(p.softmax_offset.data);
+  params.dropout_threshold = p.dropout_threshold;
+  params.dropout_scale = float(1.0 / p.keep_prob);
+  params.seed = p.rng.seed;
+  params.offset = p.rng.offset;
+
+  const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
+  const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
+  params.num_splits = choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
+                                        device_info(p.device_index).sm_count);
+  if (params.num_splits > 1) {
+    params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
+    const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
+    plan.partials = DeviceBuffer(size_t(rows) * size_t(p.head_dim_v + 1) * sizeof(float), stream);
+    params.partial_lse = plan.partials.get<float>();
+    params.partial_o = params.partial_lse + rows;
+  }
+  return plan;
+}
+
+}  // namespace dpa::cuda

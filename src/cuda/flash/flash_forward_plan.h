@@ -1,0 +1,25 @@
+// Turns a validated AttentionProblem into everything a flash forward launch needs: kernel
+// parameters, device sequence tables and the split-KV workspace.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/problem.h"
+#include "cuda/device_buffer.h"
+#include "cuda/flash/flash_params.h"
+#include "cuda/flash/flash_tiles.h"
+#include "cuda/sequence_tables.h"
+
+namespace dpa::cuda {
+
+struct FlashForwardPlan {
+  FlashForwardParams params;
+  SequenceTables tables;   // params point into these
+  DeviceBuffer partials;   // split-KV partial o / lse, when params.num_splits > 1
+};
+
+// `shape` is the tile shape the launch will use (it decides the split count).
+FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
+                                    cudaStream_t stream);
+
+}  // namespace dpa::cuda
