@@ -11,7 +11,10 @@ TEST(FlashTiles, ShapesFitSm80SharedMemoryAndTileTheRows) {
   for (const auto& pair : pairs) {
     FlashTileShape shape = flash_forward_tile_shape(pair[0], pair[1]);
     EXPECT_LE(shape.shared_bytes, 163 * 1024) << pair[0] << "/" << pair[1];
-    EXPECT_EQ(shape.block_m % (16 * shape.warps), 0);
+    EXPECT_EQ(shape.block_m, 16 * shape.warps * shape.slabs);
+    FlashTileShape decode = flash_forward_tile_shape(pair[0], pair[1], true);
+    EXPECT_EQ(decode.block_m, 16);
+    EXPECT_LE(decode.shared_bytes, 163 * 1024);
     EXPECT_EQ(shape.block_n % 16, 0);
     EXPECT_TRUE(flash_forward_has_head_dims(pair[0], pair[1]) || pair[0] != 128);
   }
@@ -29,20 +32,20 @@ TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {
 
 TEST(FlashTiles, LargeProblemsDoNotSplit) {
   // b=2, H=16, s=8192: 2 * 16 * 64 query blocks already fill 132 SMs many times over.
-  EXPECT_EQ(choose_num_splits(2, 16, 64, 128, 132), 1);
+  EXPECT_EQ(choose_num_splits(2, 16, 64, 128, 132, 2), 1);
 }
 
 TEST(FlashTiles, DecodeSplitsTheKeysToFillTheGpu) {
-  // sq = 1 against 32k keys, 64 query heads: 64 blocks on 132 SMs.
-  const int splits = choose_num_splits(1, 64, 1, 512, 132);
-  EXPECT_GE(splits * 64, 132) << "the split grid must cover every SM";
+  // sq = 1 against 32k keys, 64 query heads: 64 one-warp blocks on 132 SMs x 4 slots.
+  const int splits = choose_num_splits(1, 64, 1, 512, 132, 4);
+  EXPECT_GE(splits * 64, 132 * 4) << "the split grid must fill every resident-block slot";
   EXPECT_LE(splits, 128);
   EXPECT_LE(splits, 512 / 2) << "each split keeps at least two KV tiles";
 }
 
 TEST(FlashTiles, ShortKeysLimitTheSplits) {
-  EXPECT_EQ(choose_num_splits(1, 1, 1, 1, 132), 1);
-  EXPECT_EQ(choose_num_splits(1, 1, 1, 6, 132), 3);
+  EXPECT_EQ(choose_num_splits(1, 1, 1, 1, 132, 2), 1);
+  EXPECT_EQ(choose_num_splits(1, 1, 1, 6, 132, 2), 3);
 }
 
 }  // namespace

@@ -53,8 +53,7 @@ class CudaFlashBackend final : public Backend {
   void forward(const AttentionProblem& p) const override {
     auto stream = static_cast<cudaStream_t>(p.stream);
     DPA_CUDA_CHECK(cudaSetDevice(p.device_index));
-    const cuda::FlashTileShape shape =
-        cuda::flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
+    const cuda::FlashTileShape shape = cuda::flash_forward_shape_for(p);
     cuda::FlashForwardPlan plan = cuda::plan_flash_forward(p, shape, stream);
     // Rows outside every sequence (bshd padding, thd gaps) get o = 0 and the empty-row LSE;
     // the kernel then overwrites every real row.

@@ -24,13 +24,21 @@ void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t strea
   DPA_CUDA_CHECK_LAUNCH();
 }
 
+template <typename Element, int kHeadDimQK, int kHeadDimV>
+void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cudaStream_t stream) {
+  if (decode)
+    launch_flash_forward_traits<FlashDecodeTraits<Element, kHeadDimQK, kHeadDimV>>(p, stream);
+  else
+    launch_flash_forward_traits<FlashForwardTraits<Element, kHeadDimQK, kHeadDimV>>(p, stream);
+}
+
+// Runs the tile shape the plan was made for (p.decode) and merges split-KV partials.
 template <int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_dims(const FlashForwardParams& p, DType dtype, cudaStream_t stream) {
   if (dtype == DType::kBFloat16)
-    launch_flash_forward_traits<FlashForwardTraits<__nv_bfloat16, kHeadDimQK, kHeadDimV>>(p,
-                                                                                         stream);
+    launch_flash_forward_element<__nv_bfloat16, kHeadDimQK, kHeadDimV>(p, p.decode, stream);
   else
-    launch_flash_forward_traits<FlashForwardTraits<__half, kHeadDimQK, kHeadDimV>>(p, stream);
+    launch_flash_forward_element<__half, kHeadDimQK, kHeadDimV>(p, p.decode, stream);
   if (p.num_splits > 1) launch_merge_partials(p, dtype, kHeadDimV, stream);
 }
 

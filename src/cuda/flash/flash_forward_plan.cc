@@ -65,8 +65,9 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
 
   const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
+  params.decode = shape.warps == 1;
   params.num_splits = choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
-                                        device_info(p.device_index).sm_count);
+                                        device_info(p.device_index).sm_count, shape.blocks_per_sm);
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
@@ -75,6 +76,11 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
     params.partial_o = params.partial_lse + rows;
   }
   return plan;
+}
+
+FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
+  return flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v),
+                                  p.max_seqlen_q <= kFlashDecodeMaxQueries);
 }
 
 }  // namespace dpa::cuda

@@ -22,4 +22,7 @@ struct FlashForwardPlan {
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
                                     cudaStream_t stream);
 
+// The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows.
+FlashTileShape flash_forward_shape_for(const AttentionProblem& problem);
+
 }  // namespace dpa::cuda

@@ -8,11 +8,17 @@
 namespace dpa::cuda {
 
 struct FlashTileShape {
-  int block_m = 0;  // query rows per block
+  int block_m = 0;  // query rows per block: 16 * warps * slabs
   int block_n = 0;  // keys per KV tile
   int warps = 0;
+  int slabs = 0;    // 16-row slabs per warp
   int shared_bytes = 0;
+  int blocks_per_sm = 0;  // expected resident blocks per SM (for split-KV sizing)
 };
+
+// Decode-like problems (at most this many query rows) use one-warp blocks of 16 rows so that
+// a 128-row tile is not spent on one query.
+constexpr int kFlashDecodeMaxQueries = 16;
 
 // Q, K and V tiles with rows padded by 8 elements (16 bytes).
 constexpr int flash_forward_shared_bytes(int block_m, int block_n, int head_dim_qk,
@@ -21,15 +27,20 @@ constexpr int flash_forward_shared_bytes(int block_m, int block_n, int head_dim_
               block_n * (head_dim_v + 8));
 }
 
-constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v) {
+constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
+                                                 bool decode = false) {
   // Wide heads use 8 warps of 16 rows to keep the O accumulator in registers; narrow heads
   // 4 warps of 32 rows (half the shared-memory traffic per MMA). Rows are padded by 8
-  // elements to keep ldmatrix free of bank conflicts.
+  // elements to keep ldmatrix free of bank conflicts. Decode uses one warp of 16 rows.
   const bool wide = head_dim_qk > 128 || head_dim_v > 128;
   FlashTileShape shape;
-  shape.block_m = 128;
   shape.block_n = 64;
-  shape.warps = wide ? 8 : 4;
+  shape.warps = decode ? 1 : (wide ? 8 : 4);
+  shape.slabs = decode ? 1 : 128 / (16 * shape.warps);
+  shape.block_m = 16 * shape.warps * shape.slabs;
+  // Normal tiles use all 255 registers per thread: two blocks fit an SM. One-warp decode
+  // blocks are limited by shared memory; four is a conservative count for the widest head.
+  shape.blocks_per_sm = decode ? 4 : 2;
   shape.shared_bytes = flash_forward_shared_bytes(shape.block_m, shape.block_n, head_dim_qk,
                                                   head_dim_v);
   return shape;
@@ -39,9 +50,9 @@ constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v);
 
 // How many ways to split the KV axis so that small-query problems (decode) fill the GPU:
-// 1 when the (batch, head, query-block) grid already covers the GPU, else enough splits for
-// about two blocks per SM, each covering at least two KV tiles, at most 128.
+// 1 when the (batch, head, query-block) grid already fills every resident-block slot, else
+// enough splits for one full wave, each covering at least two KV tiles, at most 128.
 int choose_num_splits(int64_t batch, int64_t heads, int64_t query_blocks, int64_t kv_blocks,
-                      int sm_count);
+                      int sm_count, int blocks_per_sm);
 
 }  // namespace dpa::cuda
