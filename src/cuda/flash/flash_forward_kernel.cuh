@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int i = m0 + warp_row0 + s * 16 + quad_row + 8 * half;
         const VisibleRange range =
             tile_fully_visible ? VisibleRange{0, 0} : visible_range(p, i, seqlen_q, seqlen_kv);
-        float tile_max = -INFINITY;
+        float partial_max[kNTiles];
 #pragma unroll
-        for (int t = 0; t < kNTiles; ++t)
+        for (int t = 0; t < kNTiles; ++t) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int j = n0 + 8 * t + 2 * quad_col + e;
@@ -227,8 +227,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             if (p.alibi_slopes) x -= alibi_slope * fabsf(float(i + diagonal - j));
             if (!tile_fully_visible && (j < range.begin || j >= range.end)) x = -INFINITY;
             s_acc[s][t][2 * half + e] = x;
-            tile_max = fmaxf(tile_max, x);
           }
+          partial_max[t] = fmaxf(s_acc[s][t][2 * half], s_acc[s][t][2 * half + 1]);
+        }
+        // Tree reductions keep dependency chains short: two warps per scheduler hide little.
+#pragma unroll
+        for (int stride = kNTiles / 2; stride > 0; stride /= 2)
+#pragma unroll
+          for (int t = 0; t < stride; ++t)
+            partial_max[t] = fmaxf(partial_max[t], partial_max[t + stride]);
+        float tile_max = partial_max[0];
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float new_max = fmaxf(row_max[s][half], tile_max);
@@ -237,15 +245,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const float shift = new_max == -INFINITY ? 0.f : new_max;
         const float correction = fast_exp2(row_max[s][half] - shift);
         row_max[s][half] = new_max;
-        float tile_sum = 0.f;
+        float partial_sum[kNTiles];
 #pragma unroll
-        for (int t = 0; t < kNTiles; ++t)
+        for (int t = 0; t < kNTiles; ++t) {
+          const float p0 = fast_exp2(s_acc[s][t][2 * half] - shift);
+          const float p1 = fast_exp2(s_acc[s][t][2 * half + 1] - shift);
+          s_acc[s][t][2 * half] = p0;
+          s_acc[s][t][2 * half + 1] = p1;
+          partial_sum[t] = p0 + p1;
+        }
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float prob = fast_exp2(s_acc[s][t][2 * half + e] - shift);
-            tile_sum += prob;
-            s_acc[s][t][2 * half + e] = prob;
-          }
+        for (int stride = kNTiles / 2; stride > 0; stride /= 2)
+#pragma unroll
+          for (int t = 0; t < stride; ++t) partial_sum[t] += partial_sum[t + stride];
+        const float tile_sum = partial_sum[0];
         row_sum[s][half] = row_sum[s][half] * correction + tile_sum;
 #pragma unroll
         for (int t = 0; t < kVTiles; ++t) {
