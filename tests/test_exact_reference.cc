@@ -2,6 +2,8 @@
 // gradient of cpu_exact (q, k, v, bias, sink offsets) with each feature switched on.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <cmath>
 #include <functional>
 #include <string>
@@ -113,6 +115,8 @@ void check_tensor_gradient(const CaseSpec& spec, CaseTensors& t, HostTensor Case
   EXPECT_GT(scale, 0.0) << name << " gradient is identically zero: the check cannot fail";
   EXPECT_LE(worst, tolerance * std::max(1.0, scale)) << name;
 }
+
+void PrintTo(const GradientCheck& check, std::ostream* os) { *os << check.name; }
 
 class ExactGradients : public ::testing::TestWithParam<GradientCheck> {};
 

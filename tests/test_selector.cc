@@ -1,6 +1,8 @@
 // The fail-closed selector (DESIGN.md §6) on synthetic capability sets and on the real registry.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <cstdlib>
 
 #include "core/selector.h"
@@ -32,6 +34,8 @@ struct CapabilityCase {
   void (*remove)(Capabilities&);    // switch the capability off
   void (*request)(FeatureRequest&);  // ask for the feature
 };
+
+void PrintTo(const CapabilityCase& c, std::ostream* os) { *os << c.name; }
 
 class SelectorCapability : public ::testing::TestWithParam<CapabilityCase> {};
 

@@ -2,6 +2,8 @@
 // and leaves the outputs untouched.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -24,6 +26,8 @@ struct BadInput {
 
 void no_change(CaseSpec&) {}
 void no_tensor_change(CaseSpec&, CaseTensors&) {}
+
+void PrintTo(const BadInput& bad, std::ostream* os) { *os << bad.name; }
 
 class Validation : public ::testing::TestWithParam<BadInput> {};
 
