@@ -1,0 +1,396 @@
+#include "gpu/gpu_cases.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "gpu/device_case.h"
+
+namespace dpa::test {
+namespace {
+
+// Sizes are chosen for the oracle's sake: cpu_exact is plain fp64 loops on one core, so a
+// case keeps b*H*sq*skv near or below ~5e5 (the one sq = 1025 case and the decode cases
+// excepted). skv = 300 spans five 64-key tiles, so the flash kernels take their split-KV path
+// on these small grids; skv <= 191 keeps one split.
+CaseSpec base_spec() {
+  CaseSpec spec;
+  spec.dtype = DType::kBFloat16;
+  spec.batch = 2;
+  spec.seqlen_q = 97;
+  spec.seqlen_kv = 300;
+  spec.heads_q = 4;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = 128;
+  spec.head_dim_v = 128;
+  spec.seed = 2029;
+  return spec;
+}
+
+using Configure = std::function<void(CaseSpec&)>;
+
+Configure head_dims(int64_t dqk, int64_t dv, DType dtype = DType::kBFloat16) {
+  return [=](CaseSpec& s) {
+    s.head_dim_qk = dqk;
+    s.head_dim_v = dv;
+    s.dtype = dtype;
+  };
+}
+
+Configure mask(MaskType type) {
+  return [=](CaseSpec& s) { s.config.mask_type = type; };
+}
+
+// Applies several configurations in order.
+Configure all(std::vector<Configure> steps) {
+  return [steps = std::move(steps)](CaseSpec& s) {
+    for (const Configure& step : steps) step(s);
+  };
+}
+
+Configure sizes(int64_t batch, int64_t sq, int64_t skv, int64_t heads_q, int64_t heads_kv,
+                int64_t head_dim) {
+  return [=](CaseSpec& s) {
+    s.batch = batch;
+    s.seqlen_q = sq;
+    s.seqlen_kv = skv;
+    s.heads_q = heads_q;
+    s.heads_kv = heads_kv;
+    s.head_dim_qk = s.head_dim_v = head_dim;
+  };
+}
+
+Configure window(int64_t left, int64_t right) {
+  return [=](CaseSpec& s) {
+    s.config.window_left = left;
+    s.config.window_right = right;
+  };
+}
+
+Configure no_window() { return window(-1, -1); }
+Configure no_lengths() {
+  return [](CaseSpec& s) {
+    s.lengths_q.clear();
+    s.lengths_kv.clear();
+  };
+}
+
+Configure softcap(double cap) {
+  return [=](CaseSpec& s) { s.config.softcap = cap; };
+}
+
+// Logits big enough that a cap bends them (DESIGN.md §9, "inputs that hide the feature"):
+// with scale 1 and q, k ~ N(0, 1) the logits are N(0, d), about +-30 at the row maximum for d
+// = 64..128.
+Configure scale_one() {
+  return [](CaseSpec& s) { s.config.scale = 1.0; };
+}
+
+Configure qk(double stddev) {
+  return [=](CaseSpec& s) { s.qk_stddev = stddev; };
+}
+
+Configure softmax(SoftmaxType type) {
+  return [=](CaseSpec& s) { s.config.softmax_type = type; };
+}
+
+Configure dropout(double p, uint64_t seed) {
+  return [=](CaseSpec& s) {
+    s.config.dropout = p;
+    s.config.seed = seed;
+  };
+}
+
+Configure alibi(bool per_batch) {
+  return [=](CaseSpec& s) {
+    s.alibi = true;
+    s.alibi_per_batch = per_batch;
+  };
+}
+Configure no_alibi() {
+  return [](CaseSpec& s) { s.alibi = false; };
+}
+
+Configure bias(BiasType type, std::vector<int64_t> shape) {
+  return [=](CaseSpec& s) {
+    s.config.bias_type = type;
+    s.bias_shape = shape;
+  };
+}
+
+// thd with an empty query sequence, an empty key sequence (its query rows are fully masked),
+// a length-1 pair and sequences that span several tiles.
+Configure thd(bool gaps) {
+  return [=](CaseSpec& s) {
+    s.config.format = Format::kTHD;
+    s.config.mask_type = MaskType::kPadding;
+    s.lengths_q = {5, 0, 1, 130, 64, 17};
+    s.lengths_kv = {7, 3, 1, 100, 0, 260};
+    if (gaps) {
+      s.gaps_q = {2, 0, 3, 1, 4, 0};
+      s.gaps_kv = {0, 5, 1, 2, 0, 3};
+    }
+    s.head_dim_qk = s.head_dim_v = 64;
+  };
+}
+
+GpuCase make(std::string name, Configure configure, Configure without = nullptr) {
+  GpuCase c;
+  c.name = std::move(name);
+  c.configure = std::move(configure);
+  c.without = std::move(without);
+  return c;
+}
+
+GpuCase unfused_only(GpuCase c) {
+  c.flash = false;
+  return c;
+}
+
+GpuCase with_means(GpuCase c, double qk_mean, double sink_mean) {
+  c.qk_mean = qk_mean;
+  c.sink_mean = sink_mean;
+  return c;
+}
+
+void add_to_every_element(HostTensor& t, double shift) {
+  if (shift == 0.0 || !t.defined()) return;
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) + shift);
+}
+
+}  // namespace
+
+std::vector<GpuCase> gpu_cases() {
+  const DType fp16 = DType::kFloat16;
+  std::vector<GpuCase> cases = {
+      // Every head dim with a kernel, both dtypes, and the MLA pair.
+      make("hdim64_bf16", head_dims(64, 64)),
+      make("hdim96_fp16", head_dims(96, 96, fp16)),
+      make("hdim128_bf16", head_dims(128, 128)),
+      make("hdim128_fp16", head_dims(128, 128, fp16)),
+      make("hdim192_bf16", all({head_dims(192, 192), sizes(2, 97, 160, 4, 2, 192)})),
+      make("hdim256_bf16", all({sizes(2, 97, 160, 4, 2, 256)})),
+      make("hdim256_fp16", all({sizes(2, 64, 200, 4, 2, 256), head_dims(256, 256, fp16)})),
+      make("mla192x128_bf16", head_dims(192, 128)),
+      make("mla192x128_causal_fp16", all({head_dims(192, 128, fp16), mask(MaskType::kCausal)})),
+
+      // Sizes that break tiling.
+      make("sq1", sizes(2, 1, 333, 4, 2, 128)),
+      make("sq1_causal_top_left", all({sizes(2, 1, 333, 4, 2, 128), mask(MaskType::kCausal)}),
+           mask(MaskType::kNoMask)),
+      make("sq1025_causal", all({sizes(1, 1025, 1025, 2, 1, 64), mask(MaskType::kCausal)})),
+      // sq > skv bottom-right: the first 203 rows of every head see no key.
+      make("fully_masked_rows_bottom_right",
+           all({sizes(2, 300, 97, 4, 2, 64), mask(MaskType::kCausalBottomRight)}),
+           mask(MaskType::kNoMask)),
+      make("gqa_8_2", sizes(2, 97, 300, 8, 2, 64)),
+      make("mqa_8_1", all({sizes(2, 97, 300, 8, 1, 64), mask(MaskType::kCausalBottomRight)})),
+      make("sbhd_causal", all({head_dims(64, 64),
+                               [](CaseSpec& s) { s.config.format = Format::kSBHD; },
+                               mask(MaskType::kCausal)})),
+
+      // Every mask type (arbitrary: cuda_unfused only).
+      make("causal", mask(MaskType::kCausal), mask(MaskType::kNoMask)),
+      make("causal_bottom_right", mask(MaskType::kCausalBottomRight), mask(MaskType::kNoMask)),
+      make("padding",
+           all({mask(MaskType::kPadding),
+                [](CaseSpec& s) {
+                  s.lengths_q = {97, 40};
+                  s.lengths_kv = {300, 1};
+                }}),
+           no_lengths()),
+      make("padding_causal",
+           all({mask(MaskType::kPaddingCausal),
+                [](CaseSpec& s) {
+                  s.lengths_q = {60, 97};
+                  s.lengths_kv = {300, 70};
+                }}),
+           all({mask(MaskType::kNoMask), no_lengths()})),
+      // Second sequence: sq 33 > skv 10, so its first 23 rows are fully masked.
+      make("padding_causal_bottom_right",
+           all({mask(MaskType::kPaddingCausalBottomRight),
+                [](CaseSpec& s) {
+                  s.lengths_q = {97, 33};
+                  s.lengths_kv = {250, 10};
+                }}),
+           all({mask(MaskType::kNoMask), no_lengths()})),
+      unfused_only(make("arbitrary", mask(MaskType::kArbitrary), mask(MaskType::kNoMask))),
+
+      // Windows in both alignments.
+      make("window_bottom_right", window(32, 16), no_window()),
+      make("window_top_left",
+           all({window(32, 16), [](CaseSpec& s) { s.config.bottom_right_diagonal = false; }}),
+           no_window()),
+      make("window_causal_left50", all({mask(MaskType::kCausal), window(50, 0)}), no_window()),
+      make("window_causal_bottom_right_left7",
+           all({mask(MaskType::kCausalBottomRight), window(7, 0)}), no_window()),
+
+      // thd: empty and length-1 sequences, padded offsets.
+      make("thd_padding", thd(false)),
+      make("thd_padded_offsets_causal", all({thd(true), mask(MaskType::kPaddingCausal)})),
+      make("thd_sink_causal_bottom_right",
+           all({thd(true), mask(MaskType::kPaddingCausalBottomRight),
+                softmax(SoftmaxType::kLearnable)}),
+           softmax(SoftmaxType::kVanilla)),
+      make("thd_window",
+           all({thd(true), mask(MaskType::kPaddingCausalBottomRight), window(20, 0)}),
+           no_window()),
+
+      // Soft-cap 0.5 to 50 on logits it bends.
+      make("softcap_0p5", all({head_dims(64, 64), softcap(0.5)}), softcap(0)),
+      make("softcap_5", all({softcap(5), qk(2.0)}), softcap(0)),
+      // q, k ~ 0.8 + 0.3 randn with scale 1 and d = 64: logits ~ 41 +- 3, where the cap of 50
+      // halves their differences.
+      with_means(make("softcap_50", all({head_dims(64, 64), softcap(50), scale_one(), qk(0.3)}),
+                      softcap(0)),
+                 0.8, 0),
+      with_means(make("softcap_50_causal_fp16",
+                      all({head_dims(64, 64, fp16), softcap(50), scale_one(), qk(0.3),
+                           mask(MaskType::kCausal)}),
+                      softcap(0)),
+                 0.8, 0),
+
+      // Sinks: few visible keys for off-by-one (a zero logit is invisible next to thousands of
+      // keys), learnable offsets ~ 5 * randn.
+      make("sink_off_by_one_fp16",
+           all({head_dims(64, 64, fp16), mask(MaskType::kCausal), window(7, 0),
+                softmax(SoftmaxType::kOffByOne), qk(0.5)}),
+           softmax(SoftmaxType::kVanilla)),
+      with_means(make("sink_learnable",
+                      all({sizes(2, 97, 97, 8, 2, 128), softmax(SoftmaxType::kLearnable)}),
+                      softmax(SoftmaxType::kVanilla)),
+                 0, 4.0),
+      make("sink_learnable_softcap_causal",
+           all({sizes(2, 97, 200, 8, 2, 64), softmax(SoftmaxType::kLearnable), softcap(5),
+                qk(2.0), mask(MaskType::kCausal)}),
+           softmax(SoftmaxType::kVanilla)),
+
+      // ALiBi, placed by the same diagonal as the mask.
+      make("alibi_heads", alibi(false), no_alibi()),
+      make("alibi_batch_top_left",
+           all({alibi(true), [](CaseSpec& s) { s.config.bottom_right_diagonal = false; }}),
+           no_alibi()),
+      make("alibi_causal_sink",
+           all({head_dims(64, 64), alibi(false), mask(MaskType::kCausal),
+                softmax(SoftmaxType::kLearnable)}),
+           no_alibi()),
+
+      // Dropout: the keep mask is bit-exact (DESIGN.md §5), so the comparison stays at
+      // rounding level.
+      make("dropout_0p1", dropout(0.1, 1234), dropout(0, 1234)),
+      make("dropout_causal_sink_softcap",
+           all({head_dims(64, 64), dropout(0.2, 99), mask(MaskType::kCausal),
+                softmax(SoftmaxType::kLearnable), softcap(20), scale_one()}),
+           dropout(0, 99)),
+      make("dropout_thd", all({thd(true), mask(MaskType::kPaddingCausal), dropout(0.15, 7)}),
+           dropout(0, 7)),
+
+      // Bias tensors (cuda_unfused only), with their gradients.
+      unfused_only(make("bias_post_scale",
+                        all({bias(BiasType::kPostScale, {1, 4, 97, 300}), qk(0.5)}),
+                        bias(BiasType::kNoBias, {}))),
+      unfused_only(make("bias_pre_scale_softcap",
+                        all({head_dims(64, 64), bias(BiasType::kPreScale, {2, 1, 97, 300}),
+                             softcap(5), scale_one(), qk(0.3)}),
+                        bias(BiasType::kNoBias, {}))),
+
+      // fp32 storage (cuda_unfused only: fp32 GEMMs without TF32), a tight check.
+      unfused_only(make("fp32_causal_sink_softcap",
+                        all({head_dims(64, 64, DType::kFloat32), mask(MaskType::kCausal),
+                             softmax(SoftmaxType::kLearnable), softcap(5), qk(2.0)}))),
+
+      // qk-layer-scaling changes rounding only.
+      make("layer_number_fp16",
+           all({head_dims(64, 64, fp16), softcap(30), scale_one(),
+                [](CaseSpec& s) { s.config.layer_number = 8; }})),
+
+      // Decode: one query against 4k+ keys, GQA 64/8; the flash kernels split the KV axis and
+      // merge by LSE. The thd variant has a batch with no keys at all.
+      with_means(make("decode_gqa_64_8_sink",
+                      all({sizes(2, 1, 4100, 64, 8, 128), softmax(SoftmaxType::kLearnable)}),
+                      softmax(SoftmaxType::kVanilla)),
+                 0, 8.0),
+      make("decode_thd_window",
+           all({[](CaseSpec& s) {
+                  s.config.format = Format::kTHD;
+                  s.lengths_q = {1, 1, 1};
+                  s.lengths_kv = {4100, 400, 0};
+                  s.heads_q = 16;
+                  s.heads_kv = 2;
+                },
+                mask(MaskType::kPaddingCausalBottomRight), window(100, 0)}),
+           no_window()),
+  };
+  return cases;
+}
+
+std::vector<GpuCase> flash_cases() {
+  std::vector<GpuCase> cases;
+  for (GpuCase& c : gpu_cases())
+    if (c.flash) cases.push_back(std::move(c));
+  return cases;
+}
+
+std::vector<GpuCase> unfused_cases() {
+  std::vector<GpuCase> cases;
+  for (GpuCase& c : gpu_cases())
+    if (c.unfused) cases.push_back(std::move(c));
+  return cases;
+}
+
+CaseSpec gpu_case_spec(const GpuCase& c) {
+  CaseSpec spec = base_spec();
+  if (c.configure) c.configure(spec);
+  return spec;
+}
+
+CaseTensors make_gpu_case_tensors(const GpuCase& c, const CaseSpec& spec) {
+  CaseTensors t = make_case(spec);
+  // Shifted after rounding, and rounded again: every backend still sees the same values.
+  add_to_every_element(t.q, c.qk_mean);
+  add_to_every_element(t.k, c.qk_mean);
+  add_to_every_element(t.softmax_offset, c.sink_mean);
+  return t;
+}
+
+const CaseTensors& gpu_case_tensors(const GpuCase& c) {
+  return cached_tensors(c.name, [&] { return make_gpu_case_tensors(c, gpu_case_spec(c)); });
+}
+
+void expect_feature_moves_reference(const GpuCase& c) {
+  if (!c.without) return;
+  static std::map<std::string, double> moved_by_case;
+  const CaseSpec spec = gpu_case_spec(c);
+  auto found = moved_by_case.find(c.name);
+  if (found == moved_by_case.end()) {
+    CaseSpec without = spec;
+    c.without(without);
+    const CaseOutputs& with_feature = exact_reference(c.name, spec, gpu_case_tensors(c), c.unfused);
+    // make_case draws q, k, v first, so both specs see the same q, k, v.
+    const CaseOutputs without_feature =
+        run_case(without, make_gpu_case_tensors(c, without), BackendKind::kCpuExact, false);
+    found = moved_by_case.emplace(c.name, relative_error(with_feature.o, without_feature.o)).first;
+  }
+  const double needed = 10.0 * output_tolerance(spec.dtype);
+  EXPECT_GT(found->second, needed)
+      << c.name << ": the feature moves the cpu_exact o by only " << found->second
+      << " (needs > 10x the o tolerance); the test could not fail";
+}
+
+void check_case_on_backend(const GpuCase& c, BackendKind backend, bool backward) {
+  const CaseSpec spec = gpu_case_spec(c);
+  expect_feature_moves_reference(c);
+  const CaseTensors& tensors = gpu_case_tensors(c);
+  // Gradients are computed with the first request whenever any suite will need them.
+  const CaseOutputs& reference = exact_reference(c.name, spec, tensors, c.unfused || backward);
+  if (reference_only_mode()) GTEST_SKIP() << "DPA_GPU_TESTS_REFERENCE_ONLY: reference computed";
+  const CaseOutputs got = run_device_case(spec, tensors, backend, backward);
+  EXPECT_EQ(got.forward_backend, backend);
+  if (backward) {
+    EXPECT_EQ(got.backward_backend, backend);
+  }
+  expect_matches_reference(got, reference, spec.dtype, backward,
+                           c.name + " on " + std::string(to_string(backend)));
+}
+
+}  // namespace dpa::test
