@@ -1,0 +1,579 @@
+// `dpa bench`: times DotProductAttention on CUDA device tensors (DESIGN.md §10). CUDA events
+// around each call, the median of >= 20 runs after warm-up, TFLOP/s (forward 4*b*H*sq*skv*d,
+// half for causal, backward 2.5x forward; windows count their visible pairs exactly) and, for
+// decode-like shapes, GB/s. One line per configuration on stdout; --json writes them all.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "cli_commands.h"
+#include "cli_errors.h"
+#include "dpa/attention.h"
+
+#if defined(DPA_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "core/float_convert.h"
+#endif
+
+namespace dpa::cli {
+
+namespace {
+
+constexpr const char* kDefaultShapes = "2,16,16,8192,8192,128";
+constexpr int kMinIters = 20;
+
+std::vector<FlagSpec> bench_flag_specs() {
+  return {
+      {"shapes", "LIST",
+       "';'-separated b,H,G,sq,skv,d[,dv] (default " + std::string(kDefaultShapes) + ")"},
+      {"causal", "", "causal mask (top-left; the same as --mask causal)"},
+      {"mask", "NAME", "no_mask (default), causal, causal_bottom_right, ... (not arbitrary)"},
+      {"softcap", "C", "soft-cap c * tanh(s / c) (default 0: off)"},
+      {"softmax-type", "T", "vanilla (default), off-by-one or learnable (offsets ~ N(0, 2^2))"},
+      {"window", "L,R", "sliding window; -1 is unbounded (default -1,-1)"},
+      {"dtype", "T", "bf16 (default) or fp16"},
+      {"pass", "P", "fwd (default), bwd or fwdbwd"},
+      {"backend", "NAME", "force a backend (default: the selector's choice)"},
+      {"iters", "N", "timed runs, at least 20 (default 30); the median is reported"},
+      {"warmup", "N", "untimed runs before timing (default 5)"},
+      {"seed", "N", "seed of the random inputs (default 1)"},
+      {"label", "TEXT", "a name for this configuration in the output"},
+      {"json", "FILE", "also write the results as a JSON list of objects"},
+  };
+}
+
+std::string bench_usage() {
+  return "usage: dpa bench [options]\n"
+         "\n"
+         "Times DotProductAttention on CUDA device tensors with random inputs: CUDA events\n"
+         "around each call (validation and selection included), the median of the timed runs\n"
+         "after warm-up. TFLOP/s per DESIGN.md §10: forward 2*b*H*pairs*(dqk+dv), pairs =\n"
+         "sq*skv (half of it for a causal mask with sq = skv; counted exactly with a window or\n"
+         "another causal shape); backward 2.5x, fwdbwd 3.5x the forward. For sq <= 16 also\n"
+         "GB/s: the bytes of q, k, v and o, each moved once.\n"
+         "\n"
+         "options:\n" +
+         format_flags(bench_flag_specs()) +
+         "\n"
+         "example: dpa bench --shapes '2,16,16,8192,8192,128;2,64,8,1,32768,128' --softcap 50\n"
+         "exit status: 0 every configuration ran, 1 one failed (reported, the others still\n"
+         "run), 2 bad flags or a build without CUDA.\n";
+}
+
+struct BenchShape {
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_kv, head_dim_qk, head_dim_v;
+  std::string text() const {
+    std::string s = std::to_string(batch) + "," + std::to_string(heads_q) + "," +
+                    std::to_string(heads_kv) + "," + std::to_string(seqlen_q) + "," +
+                    std::to_string(seqlen_kv) + "," + std::to_string(head_dim_qk);
+    if (head_dim_v != head_dim_qk) s += "," + std::to_string(head_dim_v);
+    return s;
+  }
+};
+
+enum class BenchPass { kForward, kBackward, kForwardBackward };
+
+struct BenchOptions {
+  std::vector<BenchShape> shapes;
+  AttentionConfig config;
+  DType dtype = DType::kBFloat16;
+  BenchPass pass = BenchPass::kForward;
+  int iters = 30;
+  int warmup = 5;
+  uint64_t seed = 1;
+  std::string label;
+  std::optional<std::string> json_path;
+};
+
+std::vector<BenchShape> parse_shapes(const std::string& text) {
+  std::vector<BenchShape> shapes;
+  std::string item;
+  std::istringstream stream(text);
+  while (std::getline(stream, item, ';')) {
+    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    std::vector<int64_t> values;
+    std::istringstream fields(item);
+    std::string field;
+    while (std::getline(fields, field, ',')) {
+      const size_t first = field.find_first_not_of(" \t");
+      const size_t last = field.find_last_not_of(" \t");
+      values.push_back(parse_int(
+          first == std::string::npos ? "" : field.substr(first, last - first + 1), "shapes"));
+    }
+    if (values.size() != 6 && values.size() != 7)
+      throw UsageError("shapes", "--shapes: each shape is b,H,G,sq,skv,d[,dv], got '" + item + "'");
+    for (int64_t v : values)
+      if (v <= 0) throw UsageError("shapes", "--shapes: sizes must be positive in '" + item + "'");
+    shapes.push_back({values[0], values[1], values[2], values[3], values[4], values[5],
+                      values.size() == 7 ? values[6] : values[5]});
+  }
+  if (shapes.empty()) throw UsageError("shapes", "--shapes: no shape given");
+  return shapes;
+}
+
+BenchOptions parse_bench_options(const ParsedArgs& args) {
+  BenchOptions o;
+  o.shapes = parse_shapes(args.get_or("shapes", kDefaultShapes));
+  if (args.has("causal") && args.has("mask"))
+    throw UsageError("causal", "--causal and --mask are exclusive");
+  if (args.has("causal")) o.config.mask_type = MaskType::kCausal;
+  if (auto name = args.get("mask")) {
+    auto mask = parse_mask_type(*name);
+    if (!mask) throw UsageError("mask", "--mask: unknown mask type '" + *name + "'");
+    if (*mask == MaskType::kArbitrary)
+      throw UsageError("mask", "--mask arbitrary needs a mask tensor; bench does not make one");
+    o.config.mask_type = *mask;
+  }
+  if (auto cap = args.get_double("softcap")) o.config.softcap = *cap;
+  if (auto name = args.get("softmax-type")) {
+    auto type = parse_softmax_type(*name);
+    if (!type) throw UsageError("softmax-type", "--softmax-type: unknown type '" + *name + "'");
+    o.config.softmax_type = *type;
+  }
+  if (auto window = args.get_int_list("window", 2)) {
+    o.config.window_left = (*window)[0];
+    o.config.window_right = (*window)[1];
+  }
+  const std::string dtype = args.get_or("dtype", "bf16");
+  auto parsed = parse_dtype(dtype);
+  if (!parsed || (*parsed != DType::kBFloat16 && *parsed != DType::kFloat16))
+    throw UsageError("dtype", "--dtype: bf16 or fp16, got '" + dtype + "'");
+  o.dtype = *parsed;
+  const std::string pass = args.get_or("pass", "fwd");
+  if (pass == "fwd")
+    o.pass = BenchPass::kForward;
+  else if (pass == "bwd")
+    o.pass = BenchPass::kBackward;
+  else if (pass == "fwdbwd")
+    o.pass = BenchPass::kForwardBackward;
+  else
+    throw UsageError("pass", "--pass: fwd, bwd or fwdbwd, got '" + pass + "'");
+  if (auto name = args.get("backend")) {
+    auto backend = parse_backend(*name);
+    if (!backend) throw UsageError("backend", "--backend: unknown backend '" + *name + "'");
+    o.config.backend = *backend;
+  }
+  if (auto iters = args.get_int("iters")) {
+    if (*iters < kMinIters)
+      throw UsageError("iters", "--iters: at least " + std::to_string(kMinIters) + " runs");
+    o.iters = int(*iters);
+  }
+  if (auto warmup = args.get_int("warmup")) {
+    if (*warmup < 0) throw UsageError("warmup", "--warmup must be >= 0");
+    o.warmup = int(*warmup);
+  }
+  if (auto seed = args.get_uint64("seed")) o.seed = *seed;
+  o.label = args.get_or("label", "");
+  o.json_path = args.get("json");
+  return o;
+}
+
+#if defined(DPA_WITH_CUDA)
+
+// Visible (query, key) pairs of one head (DESIGN.md §3 visibility with full-length sequences).
+int64_t visible_pairs(const BenchShape& s, const AttentionConfig& c) {
+  const bool causal = mask_is_causal(c.mask_type);
+  const int64_t left = c.window_left;
+  const int64_t right = causal ? 0 : c.window_right;
+  const int64_t delta =
+      mask_bottom_right(c.mask_type, c.bottom_right_diagonal) ? s.seqlen_kv - s.seqlen_q : 0;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < s.seqlen_q; ++i) {
+    const int64_t first = left < 0 ? 0 : std::max<int64_t>(0, i + delta - left);
+    const int64_t last = right < 0 ? s.seqlen_kv - 1 : std::min(s.seqlen_kv - 1, i + delta + right);
+    if (last >= first) pairs += last - first + 1;
+  }
+  return pairs;
+}
+
+struct FlopCount {
+  double forward = 0;
+  std::string method;
+};
+
+FlopCount forward_flops(const BenchShape& s, const AttentionConfig& c) {
+  const double dense = 2.0 * double(s.batch * s.heads_q) * double(s.seqlen_q) *
+                       double(s.seqlen_kv) * double(s.head_dim_qk + s.head_dim_v);
+  const bool window = c.window_left >= 0 || (!mask_is_causal(c.mask_type) && c.window_right >= 0);
+  const bool causal = mask_is_causal(c.mask_type);
+  if (!window && !causal) return {dense, "dense: 4*b*H*sq*skv*d"};
+  if (!window && s.seqlen_q == s.seqlen_kv)
+    return {dense / 2, "causal: half of 4*b*H*sq*skv*d (DESIGN.md 10)"};
+  const double pairs = double(visible_pairs(s, c));
+  return {2.0 * double(s.batch * s.heads_q) * pairs * double(s.head_dim_qk + s.head_dim_v),
+          "visible pairs counted exactly: 2*b*H*pairs*(dqk+dv)"};
+}
+
+double pass_factor(BenchPass pass) {
+  switch (pass) {
+    case BenchPass::kForward:
+      return 1.0;
+    case BenchPass::kBackward:
+      return 2.5;
+    case BenchPass::kForwardBackward:
+      return 3.5;
+  }
+  return 1.0;
+}
+
+const char* pass_name(BenchPass pass) {
+  switch (pass) {
+    case BenchPass::kForward:
+      return "fwd";
+    case BenchPass::kBackward:
+      return "bwd";
+    case BenchPass::kForwardBackward:
+      return "fwdbwd";
+  }
+  return "?";
+}
+
+struct BenchResult {
+  BenchShape shape;
+  std::string backend;
+  double median_ms = 0, min_ms = 0;
+  FlopCount flops;
+  double tflops = 0;
+  std::optional<double> gbps;
+  std::string error;
+};
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof(buffer), "\\u%04x", ch);
+      out += buffer;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  std::ostringstream out;
+  out.precision(6);
+  out << value;
+  return out.str();
+}
+
+std::string to_json(const BenchOptions& o, const BenchResult& r, const std::string& device) {
+  const AttentionConfig& c = o.config;
+  std::ostringstream j;
+  j << "{\"label\": " << json_string(o.label) << ", \"config\": {\"b\": " << r.shape.batch
+    << ", \"H\": " << r.shape.heads_q << ", \"G\": " << r.shape.heads_kv
+    << ", \"sq\": " << r.shape.seqlen_q << ", \"skv\": " << r.shape.seqlen_kv
+    << ", \"dqk\": " << r.shape.head_dim_qk << ", \"dv\": " << r.shape.head_dim_v
+    << ", \"dtype\": " << json_string(std::string(to_string(o.dtype)))
+    << ", \"mask\": " << json_string(std::string(to_string(c.mask_type))) << ", \"window\": ["
+    << c.window_left << ", " << c.window_right << "], \"softcap\": " << json_number(c.softcap)
+    << ", \"softmax_type\": " << json_string(std::string(to_string(c.softmax_type)))
+    << ", \"pass\": " << json_string(pass_name(o.pass)) << "}"
+    << ", \"device\": " << json_string(device) << ", \"backend\": " << json_string(r.backend)
+    << ", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup;
+  if (!r.error.empty()) {
+    j << ", \"error\": " << json_string(r.error) << "}";
+    return j.str();
+  }
+  j << ", \"median_ms\": " << json_number(r.median_ms) << ", \"min_ms\": " << json_number(r.min_ms)
+    << ", \"flops\": " << json_number(r.flops.forward * pass_factor(o.pass))
+    << ", \"flops_method\": " << json_string(r.flops.method)
+    << ", \"tflops\": " << json_number(r.tflops)
+    << ", \"gbps\": " << (r.gbps ? json_number(*r.gbps) : "null") << "}";
+  return j.str();
+}
+
+std::string describe_config(const BenchOptions& o) {
+  const AttentionConfig& c = o.config;
+  std::string text = std::string(to_string(o.dtype)) + " " + pass_name(o.pass);
+  if (c.mask_type != MaskType::kNoMask) text += " " + std::string(to_string(c.mask_type));
+  if (c.window_left >= 0 || c.window_right >= 0)
+    text += " window=" + std::to_string(c.window_left) + "," + std::to_string(c.window_right);
+  if (c.softcap > 0) text += " softcap=" + json_number(c.softcap);
+  if (c.softmax_type != SoftmaxType::kVanilla)
+    text += " sink=" + std::string(to_string(c.softmax_type));
+  return text;
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw Error(ErrorCode::kBackendFailure, "",
+                std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+// Device memory for one configuration.
+class DeviceMemory {
+ public:
+  DeviceMemory(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+    int64_t count = 1;
+    for (int64_t extent : shape_) count *= extent;
+    bytes_ = size_t(count) * dtype_size(dtype);
+    check(cudaMalloc(&data_, std::max<size_t>(bytes_, 16)), "cudaMalloc");
+  }
+  ~DeviceMemory() { cudaFree(data_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  TensorView view() const {
+    return TensorView::contiguous(data_, dtype_, shape_.data(), int(shape_.size()), Device::kCUDA);
+  }
+  size_t bytes() const { return bytes_; }
+
+  // Random values (not zeros: zeros would make the softmax uniform and could take fast paths):
+  // an approximately normal N(0, stddev^2) draw (sum of four uniforms) per element.
+  void fill_random(uint64_t seed, double stddev) {
+    const size_t count = bytes_ / dtype_size(dtype_);
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+    auto uniform = [&state] {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      return double(state >> 11) * (1.0 / 9007199254740992.0);
+    };
+    // sum of 4 U(0,1) has mean 2 and variance 1/3.
+    auto normal = [&] { return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508; };
+    if (dtype_ == DType::kFloat32) {
+      std::vector<float> host(count);
+      for (float& x : host) x = float(stddev * normal());
+      check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+      return;
+    }
+    std::vector<uint16_t> host(count);
+    for (uint16_t& x : host) {
+      const float value = float(stddev * normal());
+      x = dtype_ == DType::kBFloat16 ? float_to_bf16(value) : float_to_half(value);
+    }
+    check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+ private:
+  DType dtype_;
+  std::vector<int64_t> shape_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { check(cudaEventCreate(&event_), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
+  BenchResult r;
+  r.shape = s;
+  const int64_t b = s.batch, sq = s.seqlen_q, skv = s.seqlen_kv;
+  DeviceMemory q(o.dtype, {b, sq, s.heads_q, s.head_dim_qk});
+  DeviceMemory k(o.dtype, {b, skv, s.heads_kv, s.head_dim_qk});
+  DeviceMemory v(o.dtype, {b, skv, s.heads_kv, s.head_dim_v});
+  DeviceMemory out(o.dtype, {b, sq, s.heads_q, s.head_dim_v});
+  DeviceMemory lse(DType::kFloat32, {b, s.heads_q, sq});
+  q.fill_random(seed * 16 + 1, 1.0);
+  k.fill_random(seed * 16 + 2, 1.0);
+  v.fill_random(seed * 16 + 3, 1.0);
+  std::optional<DeviceMemory> offsets;
+  if (o.config.softmax_type == SoftmaxType::kLearnable) {
+    offsets.emplace(DType::kFloat32, std::vector<int64_t>{s.heads_q});
+    offsets->fill_random(seed * 16 + 4, 2.0);
+  }
+
+  Stream stream;
+  DotProductAttention attention(o.config);
+  ForwardArgs fwd;
+  fwd.in.q = q.view();
+  fwd.in.k = k.view();
+  fwd.in.v = v.view();
+  if (offsets) fwd.in.softmax_offset = offsets->view();
+  fwd.o = out.view();
+  fwd.lse = lse.view();
+  fwd.stream = stream.get();
+
+  const bool needs_backward = o.pass != BenchPass::kForward;
+  std::optional<DeviceMemory> d_o, dq, dk, dv, d_offsets;
+  BackwardArgs bwd;
+  if (needs_backward) {
+    d_o.emplace(o.dtype, std::vector<int64_t>{b, sq, s.heads_q, s.head_dim_v});
+    d_o->fill_random(seed * 16 + 5, 1.0);
+    dq.emplace(o.dtype, std::vector<int64_t>{b, sq, s.heads_q, s.head_dim_qk});
+    dk.emplace(o.dtype, std::vector<int64_t>{b, skv, s.heads_kv, s.head_dim_qk});
+    dv.emplace(o.dtype, std::vector<int64_t>{b, skv, s.heads_kv, s.head_dim_v});
+    bwd.in = fwd.in;
+    bwd.o = out.view();
+    bwd.lse = lse.view();
+    bwd.d_o = d_o->view();
+    bwd.dq = dq->view();
+    bwd.dk = dk->view();
+    bwd.dv = dv->view();
+    if (offsets) {
+      d_offsets.emplace(DType::kFloat32, std::vector<int64_t>{s.heads_q});
+      bwd.dsoftmax_offset = d_offsets->view();
+    }
+    bwd.stream = stream.get();
+  }
+
+  BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
+  auto call = [&] {
+    if (o.pass != BenchPass::kBackward) {
+      ForwardResult result = attention.forward(fwd);
+      forward_backend = result.backend;
+      bwd.rng = result.rng;
+    }
+    if (needs_backward) backward_backend = attention.backward(bwd);
+  };
+  if (o.pass == BenchPass::kBackward) {
+    // The backward reads the forward's o and LSE: one forward first, untimed.
+    ForwardResult result = attention.forward(fwd);
+    forward_backend = result.backend;
+    bwd.rng = result.rng;
+  }
+  for (int i = 0; i < o.warmup; ++i) call();
+  check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+
+  Event start, stop;
+  std::vector<double> times;
+  for (int i = 0; i < o.iters; ++i) {
+    check(cudaEventRecord(start.get(), stream.get()), "cudaEventRecord");
+    call();
+    check(cudaEventRecord(stop.get(), stream.get()), "cudaEventRecord");
+    check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  check(cudaGetLastError(), "a kernel launch");
+  std::sort(times.begin(), times.end());
+  r.median_ms = times[times.size() / 2];
+  r.min_ms = times.front();
+
+  switch (o.pass) {
+    case BenchPass::kForward:
+      r.backend = std::string(to_string(forward_backend));
+      break;
+    case BenchPass::kBackward:
+      r.backend = std::string(to_string(backward_backend));
+      break;
+    case BenchPass::kForwardBackward:
+      r.backend = std::string(to_string(forward_backend));
+      if (backward_backend != forward_backend)
+        r.backend += "+" + std::string(to_string(backward_backend));
+      break;
+  }
+  r.flops = forward_flops(s, o.config);
+  r.tflops = r.flops.forward * pass_factor(o.pass) / (r.median_ms * 1e-3) / 1e12;
+  if (sq <= 16 && o.pass == BenchPass::kForward) {
+    const double bytes = double(q.bytes() + k.bytes() + v.bytes() + out.bytes());
+    r.gbps = bytes / (r.median_ms * 1e-3) / 1e9;
+  }
+  return r;
+}
+
+int run_bench(const BenchOptions& o) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kNotSupported, "", "dpa bench needs a CUDA device; none is present");
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const std::string device = prop.name;
+
+  std::vector<std::string> json;
+  bool failed = false;
+  std::printf("# %s, %s, median of %d runs after %d warm-up\n", device.c_str(),
+              describe_config(o).c_str(), o.iters, o.warmup);
+  for (size_t n = 0; n < o.shapes.size(); ++n) {
+    const BenchShape& shape = o.shapes[n];
+    BenchResult r;
+    try {
+      r = run_one(o, shape, o.seed + n);
+    } catch (const std::exception& e) {
+      r.shape = shape;
+      r.error = e.what();
+      failed = true;
+    }
+    std::string line =
+        (o.label.empty() ? "" : o.label + "  ") + shape.text() + "  " + describe_config(o);
+    if (!r.error.empty()) {
+      std::printf("%s  error: %s\n", line.c_str(), r.error.c_str());
+    } else {
+      std::printf("%s  %s  %.3f ms  %.1f TFLOP/s", line.c_str(), r.backend.c_str(), r.median_ms,
+                  r.tflops);
+      if (r.gbps) std::printf("  %.0f GB/s", *r.gbps);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+    json.push_back(to_json(o, r, device));
+  }
+  if (o.json_path) {
+    std::ofstream file(*o.json_path);
+    if (!file) throw Error(ErrorCode::kIo, "", "cannot write " + *o.json_path);
+    file << "[\n";
+    for (size_t n = 0; n < json.size(); ++n)
+      file << "  " << json[n] << (n + 1 < json.size() ? ",\n" : "\n");
+    file << "]\n";
+    if (!file) throw Error(ErrorCode::kIo, "", "cannot write " + *o.json_path);
+  }
+  return failed ? kExitFailure : kExitOk;
+}
+
+#endif  // DPA_WITH_CUDA
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& words) {
+  return run_guarded(
+      "bench", [](std::string_view) { return std::string(); },
+      [&]() -> int {
+        const std::vector<FlagSpec> specs = bench_flag_specs();
+        ParsedArgs args = parse_args(specs, words);
+        if (args.help_requested()) {
+          std::cout << bench_usage();
+          return kExitOk;
+        }
+        const BenchOptions options = parse_bench_options(args);
+#if defined(DPA_WITH_CUDA)
+        return run_bench(options);
+#else
+        (void)options;
+        std::cerr << "dpa bench: error: this build of dpa has no CUDA support\n";
+        return kExitUsage;
+#endif
+      });
+}
+
+}  // namespace dpa::cli
