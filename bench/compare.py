@@ -1,0 +1,450 @@
+#!/usr/bin/env python3
+"""dpa against its PyTorch peers, in one run on one GPU (issue 3's performance bar).
+
+Runs `dpa bench` on the issue-3 configurations, then the peers: `peers.py` (SDPA flash,
+SDPA cuDNN, FlexAttention with softcap and with a learnable sink; it measures b=2, H=2048/d,
+s=8192, both causal and not) and, in this process, the shapes peers.py does not take (GQA 64/8
+with a 128-token causal window and a sink, gpt-oss-like; decode with 1 query against 32k keys),
+timed with peers.py's own median_ms. Prints one table of ratios (ours / peer) and writes
+OUT/bench.md (the table and the commands), OUT/bench.png (TFLOP/s by config, ours against the
+peers; GB/s for decode) and OUT/bench.json (everything).
+
+FLOPs (DESIGN.md §10): forward 4*b*H*sq*skv*d, half for causal; windows count the visible
+(query, key) pairs exactly, for us and for the peers alike, so every ratio is a time ratio.
+
+usage: python3 bench/compare.py --out DIR [--dpa build/tools/dpa] [--peers .device/peers.py]
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+S = 8192
+# Our configurations. `peer_shape` is peers.py's (s, d) key (it uses b=2, H=2048/d); `flex` is
+# the Flex variant that computes the same thing as ours; `extra` names an in-process peer set.
+CONFIGS = [
+    dict(name="d128", shape=(2, 16, 16, S, S, 128), flags=[], peer_shape=(S, 128), flex=None),
+    dict(name="d128 softcap50", shape=(2, 16, 16, S, S, 128), flags=["--softcap", "50"],
+         peer_shape=(S, 128), flex="flex_softcap"),
+    dict(name="d128 sink", shape=(2, 16, 16, S, S, 128), flags=["--softmax-type", "learnable"],
+         peer_shape=(S, 128), flex="flex_sink"),
+    dict(name="d64 softcap50", shape=(2, 32, 32, S, S, 64), flags=["--softcap", "50"],
+         peer_shape=(S, 64), flex="flex_softcap"),
+    dict(name="d256 softcap50", shape=(2, 8, 8, S, S, 256), flags=["--softcap", "50"],
+         peer_shape=(S, 256), flex="flex_softcap"),
+]
+# Each of the above runs non-causal and causal.
+GPT_OSS = dict(name="gpt-oss d64 GQA64/8 win128 sink", shape=(2, 64, 8, S, S, 64),
+               flags=["--causal", "--window", "128,0", "--softmax-type", "learnable"],
+               causal=True, window=128, extra="window")
+DECODE = dict(name="decode GQA64/8 skv32k d128", shape=(2, 64, 8, 1, 32768, 128), flags=[],
+              causal=False, extra="decode")
+PEER_COLUMNS = ["sdpa_flash", "sdpa_cudnn", "flex"]
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def shape_text(shape):
+    return ",".join(str(x) for x in shape)
+
+
+def window_pairs(s, left):
+    """Visible pairs of one head: causal top-left with a left window (i - left <= j <= i)."""
+    return sum(min(i, left) + 1 for i in range(s))
+
+
+def forward_flops(cfg, causal):
+    b, h, _, sq, skv, d = cfg["shape"]
+    if cfg.get("window") is not None:
+        return 4.0 * b * h * window_pairs(sq, cfg["window"]) * d
+    return 4.0 * b * h * sq * skv * d / (2 if causal else 1)
+
+
+def io_bytes(cfg):
+    b, h, g, sq, skv, d = cfg["shape"]
+    return 2.0 * (b * sq * h * d * 2 + b * skv * g * d * 2)  # bf16 q, o, k, v
+
+
+def run_ours(args, cfg, causal, work, index):
+    out = os.path.join(work, "ours_%d.json" % index)
+    flags = list(cfg["flags"])
+    if causal and "--causal" not in flags:
+        flags.append("--causal")
+    cmd = [args.dpa, "bench", "--shapes", shape_text(cfg["shape"]), "--iters", str(args.iters),
+           "--warmup", str(args.warmup), "--label", cfg["name"], "--json", out] + flags
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    started = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sys.stdout.write(proc.stdout)
+    row = dict(name=cfg["name"], causal=causal, command=" ".join(shlex.quote(c) for c in cmd),
+               seconds=round(time.time() - started, 1))
+    try:
+        result = json.load(open(out))[0]
+        row.update(result)
+    except Exception as e:  # the binary failed before writing JSON
+        last = (proc.stdout.strip().splitlines() or [""])[-1]
+        row["error"] = "dpa bench exited %d: %s" % (proc.returncode, last[:200])
+        row["exception"] = str(e)[:200]
+    return row
+
+
+def run_peers_script(args, work):
+    """peers.py in a subprocess; JSON lines are parsed as they come, so a timeout keeps them."""
+    out = os.path.join(work, "peers.json")
+    cmd = [sys.executable, args.peers, "--shapes", args.peer_shapes, "--cap", "50",
+           "--iters", str(max(20, args.iters)), "--json", out]
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    rows = []
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    deadline = time.time() + args.peers_timeout
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    timed_out = False
+    while True:
+        remaining = deadline - time.time()
+        if remaining <= 0:
+            timed_out = True
+            proc.kill()
+            break
+        if not sel.select(timeout=min(remaining, 5.0)):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        sys.stdout.write("  peers| " + line)
+        sys.stdout.flush()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    proc.wait()
+    status = dict(command=" ".join(shlex.quote(c) for c in cmd), returncode=proc.returncode,
+                  timed_out=timed_out)
+    if timed_out:
+        log("peers.py stopped after %d s (--peers-timeout); %d rows kept" %
+            (args.peers_timeout, len(rows)))
+    return rows, status
+
+
+def run_extra_peers(args, iters):
+    """Peers for the shapes peers.py does not take, timed with peers.py's median_ms."""
+    rows = []
+    try:
+        spec = importlib.util.spec_from_file_location("dpa_peers", args.peers)
+        peers = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(peers)
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel, SDPBackend
+        from torch.nn.attention.flex_attention import create_block_mask
+    except (Exception, SystemExit) as e:
+        log("extra peers skipped: cannot load torch or peers.py: %s" % e)
+        return [dict(peer="extra", error="cannot load torch/peers.py: %s" % str(e)[:160])]
+
+    def measure(name, cfg, causal, fn, q, k, v):
+        row = dict(peer=name, config=cfg["name"], causal=causal, shape=list(cfg["shape"]))
+        try:
+            with torch.no_grad():
+                ms = peers.median_ms(lambda: fn(q, k, v), iters, 5)
+            row.update(fwd_ms=ms, fwd_tflops=forward_flops(cfg, causal) / ms / 1e9)
+            if cfg["shape"][3] <= 16:
+                row["fwd_gbps"] = io_bytes(cfg) / ms / 1e6
+        except Exception as e:
+            row["error"] = (str(e).splitlines() or [repr(e)])[0][:160]
+        log("  extra| " + json.dumps(row))
+        return row
+
+    def tensors(cfg, seed=0):
+        b, h, g, sq, skv, d = cfg["shape"]
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        mk = lambda heads, s: torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16,
+                                          generator=gen)
+        return mk(h, sq), mk(g, skv), mk(g, skv)
+
+    def sdpa(backend, causal):
+        def f(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        return f
+
+    # gpt-oss-like: causal, 128-token window, GQA 64/8, learnable sink (Flex + renormalisation,
+    # as peers.py's flex_sink does it).
+    cfg = GPT_OSS
+    try:
+        q, k, v = tensors(cfg)
+        left = cfg["window"]
+        s = cfg["shape"][3]
+        bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= left),
+                               None, None, s, s)
+        sink = torch.randn(cfg["shape"][1], device="cuda") * 2
+
+        def flex_window(q, k, v):
+            return peers.flex(q, k, v, block_mask=bm, enable_gqa=True)
+
+        def flex_window_sink(q, k, v):
+            o, lse = peers.flex(q, k, v, block_mask=bm, enable_gqa=True, return_lse=True)
+            w = torch.sigmoid(lse - sink.view(1, -1, 1))
+            return (o.float() * w.unsqueeze(-1)).to(q.dtype)
+
+        rows.append(measure("flex_window", cfg, True, flex_window, q, k, v))
+        rows.append(measure("flex_window_sink", cfg, True, flex_window_sink, q, k, v))
+        del q, k, v
+    except Exception as e:
+        rows.append(dict(peer="flex_window_sink", config=cfg["name"], error=str(e)[:160]))
+
+    # Decode: one query row per (batch, head) against 32k keys.
+    cfg = DECODE
+    try:
+        q, k, v = tensors(cfg)
+        rows.append(measure("sdpa_flash", cfg, False, sdpa(SDPBackend.FLASH_ATTENTION, False),
+                            q, k, v))
+        rows.append(measure("sdpa_cudnn", cfg, False, sdpa(SDPBackend.CUDNN_ATTENTION, False),
+                            q, k, v))
+        rows.append(measure("flex", cfg, False,
+                            lambda q, k, v: peers.flex(q, k, v, enable_gqa=True), q, k, v))
+        del q, k, v
+    except Exception as e:
+        rows.append(dict(peer="decode", config=cfg["name"], error=str(e)[:160]))
+    torch.cuda.empty_cache()  # leave the memory to peers.py
+    return rows
+
+
+def peer_value(peer_rows, extra_rows, cfg, causal, column):
+    """(peer name, value, unit) for one table cell, or None."""
+    decode = cfg.get("extra") == "decode"
+    if cfg.get("extra"):
+        names = {"sdpa_flash": ["sdpa_flash"], "sdpa_cudnn": ["sdpa_cudnn"],
+                 "flex": ["flex_window_sink", "flex"] if cfg.get("extra") == "window" else ["flex"]}
+        for name in names[column]:
+            for r in extra_rows:
+                if r.get("peer") == name and r.get("config") == cfg["name"]:
+                    if "error" in r:
+                        return (name, None, r["error"])
+                    return (name, r["fwd_gbps"] if decode else r["fwd_tflops"], None)
+        return None
+    s, d = cfg["peer_shape"]
+    name = column if column != "flex" else cfg.get("flex")
+    if not name:
+        return None
+    for r in peer_rows:
+        if r.get("peer") == name and r.get("s") == s and r.get("d") == d and \
+                bool(r.get("causal")) == causal:
+            if "error" in r:
+                return (name, None, r["error"])
+            return (name, r["fwd_tflops"], None)
+    return None
+
+
+def build_table(ours, peer_rows, extra_rows):
+    table = []
+    for row in ours:
+        cfg = row["cfg"]
+        decode = cfg.get("extra") == "decode"
+        entry = dict(config=cfg["name"], causal=row["causal"], unit="GB/s" if decode else "TFLOP/s",
+                     backend=row.get("backend"), ours=None, ours_error=row.get("error"))
+        if "error" not in row:
+            entry["ours"] = row.get("gbps") if decode else row.get("tflops")
+            entry["median_ms"] = row.get("median_ms")
+        for column in PEER_COLUMNS:
+            cell = peer_value(peer_rows, extra_rows, cfg, row["causal"], column)
+            if cell is None:
+                continue
+            name, value, error = cell
+            entry[column] = dict(peer=name, value=value, error=error,
+                                 ratio=(entry["ours"] / value) if value and entry["ours"] else None)
+        table.append(entry)
+    return table
+
+
+def fmt(x, digits=1):
+    return "-" if x is None else ("%.*f" % (digits, x))
+
+
+def table_markdown(table):
+    head = "| config | causal | unit | ours (backend) |"
+    rule = "|---|---|---|---|"
+    for column in PEER_COLUMNS:
+        head += " %s | ours/%s |" % (column, column)
+        rule += "---|---|"
+    lines = [head, rule]
+    for e in table:
+        ours = fmt(e["ours"], 0 if e["unit"] == "GB/s" else 1)
+        if e["ours"] is None and e.get("ours_error"):
+            ours = "error"
+        line = "| %s | %s | %s | %s (%s) |" % (e["config"], "yes" if e["causal"] else "no",
+                                               e["unit"], ours, e.get("backend") or "-")
+        for column in PEER_COLUMNS:
+            cell = e.get(column)
+            if not cell:
+                line += " - | - |"
+                continue
+            label = cell["peer"] if column == "flex" else ""
+            value = "error" if cell["value"] is None else fmt(cell["value"],
+                                                              0 if e["unit"] == "GB/s" else 1)
+            line += " %s%s | %s |" % (value, " (%s)" % label if label else "",
+                                      "-" if cell["ratio"] is None else "%.2fx" % cell["ratio"])
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def draw_chart(table, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        log("no chart: matplotlib missing (%s)" % e)
+        return False
+    compute = [e for e in table if e["unit"] == "TFLOP/s"]
+    decode = [e for e in table if e["unit"] == "GB/s"]
+    series = ["ours"] + PEER_COLUMNS
+    colors = {"ours": "#d62728", "sdpa_flash": "#1f77b4", "sdpa_cudnn": "#2ca02c",
+              "flex": "#ff7f0e"}
+    fig, axes = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw=dict(width_ratios=[6, 1]))
+
+    def value(e, s):
+        if s == "ours":
+            return e["ours"] or 0
+        cell = e.get(s)
+        return (cell or {}).get("value") or 0
+
+    for ax, rows, unit in ((axes[0], compute, "TFLOP/s"), (axes[1], decode, "GB/s")):
+        width = 0.8 / len(series)
+        for n, s in enumerate(series):
+            xs = [i + (n - (len(series) - 1) / 2) * width for i in range(len(rows))]
+            ax.bar(xs, [value(e, s) for e in rows], width, label=s, color=colors[s])
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(["%s%s" % (e["config"], "\ncausal" if e["causal"] else "")
+                            for e in rows], rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel(unit)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title("forward, bf16 (ours vs PyTorch peers; flex = the Flex variant that "
+                      "computes the same features)")
+    axes[1].set_title("decode")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def machine_info():
+    info = dict(host=platform.node(), date=datetime.datetime.now().isoformat(timespec="seconds"))
+    try:
+        info["gpu"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
+             "--format=csv,noheader"], stdout=subprocess.PIPE, text=True, timeout=20).stdout.strip()
+    except Exception:
+        info["gpu"] = "unknown"
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        text=True, timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        info["commit"] = "unknown"
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="directory for bench.md, bench.png, bench.json")
+    ap.add_argument("--dpa", default="build/tools/dpa", help="the dpa binary")
+    ap.add_argument("--peers", default=".device/peers.py", help="peers.py (PyTorch peers)")
+    ap.add_argument("--peer-shapes", default="8192:128,8192:64,8192:256",
+                    help="peers.py --shapes (s:d list; it runs causal and not for each)")
+    ap.add_argument("--peers-timeout", type=float, default=420,
+                    help="seconds after which peers.py is stopped (rows so far are kept)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="wall-clock budget of the whole run: peers.py gets what is left of it "
+                         "(minus 30 s), the in-process peers are skipped under 120 s")
+    ap.add_argument("--iters", type=int, default=30, help="timed runs per config (>= 20)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--quick", action="store_true",
+                    help="d128 configs, the gpt-oss and decode rows, peers.py at 8192:128 only")
+    ap.add_argument("--skip-peers", action="store_true", help="ours only")
+    args = ap.parse_args()
+    if args.iters < 20:
+        ap.error("--iters must be >= 20 (DESIGN.md §10)")
+    if args.quick:
+        args.peer_shapes = "8192:128"
+    os.makedirs(args.out, exist_ok=True)
+    started = time.time()
+    def left():
+        if args.budget_s is None:
+            return float("inf")
+        return args.budget_s - (time.time() - started)
+
+    info = machine_info()
+    log("# compare: %s" % json.dumps(info))
+
+    configs = [c for c in CONFIGS if not args.quick or c["shape"][5] == 128]
+    ours = []
+    with tempfile.TemporaryDirectory(prefix="dpa_compare_") as work:
+        runs = [(cfg, causal) for cfg in configs for causal in (False, True)]
+        runs += [(GPT_OSS, GPT_OSS["causal"]), (DECODE, DECODE["causal"])]
+        for index, (cfg, causal) in enumerate(runs):
+            row = run_ours(args, cfg, causal, work, index)
+            row["cfg"] = cfg
+            ours.append(row)
+
+        peer_rows, extra_rows, peers_status = [], [], dict(skipped=True)
+        if not args.skip_peers:
+            if not os.path.exists(args.peers):
+                log("peers.py not found at %s (run scripts/prepare_device.sh)" % args.peers)
+                peers_status = dict(error="peers.py not found at " + args.peers)
+            else:
+                if left() >= 120:
+                    extra_rows = run_extra_peers(args, max(20, args.iters))
+                else:
+                    log("in-process peers skipped: %.0f s left of --budget-s" % left())
+                args.peers_timeout = min(args.peers_timeout, left() - 30)
+                if args.peers_timeout >= 30:
+                    peer_rows, peers_status = run_peers_script(args, work)
+                else:
+                    log("peers.py skipped: %.0f s left of --budget-s" % left())
+                    peers_status = dict(skipped="budget spent")
+
+    table = build_table(ours, peer_rows, extra_rows)
+    markdown = table_markdown(table)
+    log("\n" + markdown)
+    commands = [r["command"] for r in ours] + [peers_status.get("command", "")]
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write("## dpa vs PyTorch peers (%s, %s, commit %s)\n\n" %
+                (info.get("gpu"), info["date"], info.get("commit")))
+        f.write("Forward only, bf16, median of >= 20 runs after warm-up, CUDA events. Ratios are "
+                "ours / peer (> 1: ours is faster). SDPA peers have no softcap and no sink; "
+                "`flex` is the FlexAttention variant with the same feature (softcap 50, learnable "
+                "sink, 128-token window).\n\n")
+        f.write(markdown + "\n\nReproduce: `python3 bench/compare.py --out OUT` (runs):\n\n")
+        for c in commands:
+            if c:
+                f.write("    %s\n" % c)
+    for row in ours:
+        row.pop("cfg", None)
+    json.dump(dict(machine=info, ours=ours, peers=peer_rows, extra_peers=extra_rows,
+                   peers_status=peers_status, table=table), open(os.path.join(args.out,
+                                                                              "bench.json"), "w"),
+              indent=1)
+    draw_chart(table, os.path.join(args.out, "bench.png"))
+    failed = [r for r in ours if "error" in r]
+    if failed:
+        log("%d of our configurations failed" % len(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # the step_* functions are called by name ("step_$step")
+# The GPU check (issue 3): builds with ninja, runs the GPU test suite, compute-sanitizer
+# memcheck and racecheck on a representative subset, and the benchmark against the PyTorch
+# peers; writes every log to OUTDIR and ends with a short summary. A failing step does not stop
+# the others; the exit status is non-zero when any step failed.
+#
+# usage: scripts/gpu_check.sh OUTDIR [STEP...]
+#   steps: build test sanitize bench (default: all four, in that order); also `host` (the host
+#   suite through ctest, not run by default).
+#
+# OUTDIR receives at most 8 files: build.log, gpu_tests.log, gpu_tests.xml (JUnit), sanitizer.log,
+# bench.log, bench.md, bench.png, bench.json.
+#
+# Environment:
+#   DPA_BUILD_DIR        build directory (default: build-device in the repository)
+#   DPA_CUDA_ARCHS       CMAKE_CUDA_ARCHITECTURES (default "80;90a")
+#   DPA_JOBS             ninja jobs (default 16)
+#   DPA_CHECK_BUDGET_S   wall-clock budget of the whole run in seconds (default 570); each step
+#                        is stopped when it would overrun it, so the summary always prints
+#   DPA_MEMCHECK_FILTER  gtest filter for memcheck (default: a representative subset)
+#   DPA_RACECHECK_FILTER gtest filter for racecheck (default: a smaller subset)
+#   DPA_BENCH_ARGS       extra arguments for bench/compare.py (e.g. "--quick")
+#
+# .device/ (filled here by scripts/prepare_device.sh, carried to the GPU machine) holds peers.py
+# and a GoogleTest source tree for machines without an installed GoogleTest.
+set -o pipefail
+
+if [ $# -lt 1 ]; then
+  sed -n '3,/^set -o/p' "$0" | sed 's/^# \{0,1\}//' | sed '$d' >&2
+  exit 2
+fi
+out="$1"
+shift
+steps=("$@")
+if [ ${#steps[@]} -eq 0 ]; then steps=(build test sanitize bench); fi
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${DPA_BUILD_DIR:-$root/build-device}"
+archs="${DPA_CUDA_ARCHS:-80;90a}"
+jobs="${DPA_JOBS:-16}"
+budget="${DPA_CHECK_BUDGET_S:-570}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+started=$(date +%s)
+
+memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
+  printf '%s:' \
+    'FlashSelection.*' \
+    'Cases/FlashForward.MatchesExact/hdim64_bf16' \
+    'Cases/FlashForward.MatchesExact/hdim256_fp16' \
+    'Cases/FlashForward.MatchesExact/mla192x128_causal_fp16' \
+    'Cases/FlashForward.MatchesExact/thd_sink_causal_bottom_right' \
+    'Cases/FlashForward.MatchesExact/padding_causal_bottom_right' \
+    'Cases/FlashForward.MatchesExact/dropout_causal_sink_softcap' \
+    'Cases/FlashForward.MatchesExact/decode_thd_window' \
+    'Cases/UnfusedForwardBackward.MatchesExact/thd_padded_offsets_causal' \
+    'Cases/UnfusedForwardBackward.MatchesExact/arbitrary' \
+    'Cases/UnfusedForwardBackward.MatchesExact/bias_pre_scale_softcap' \
+    'Cases/UnfusedForwardBackward.MatchesExact/dropout_causal_sink_softcap' \
+    'Cases/UnfusedForwardBackward.MatchesExact/decode_thd_window'
+)}"
+racecheck_filter="${DPA_RACECHECK_FILTER:-$(
+  printf '%s:' \
+    'Cases/FlashForward.MatchesExact/hdim128_bf16' \
+    'Cases/FlashForward.MatchesExact/hdim256_fp16' \
+    'Cases/FlashForward.MatchesExact/thd_sink_causal_bottom_right' \
+    'Cases/FlashForward.MatchesExact/decode_thd_window' \
+    'Cases/UnfusedForwardBackward.MatchesExact/thd_padded_offsets_causal' \
+    'Cases/UnfusedForwardBackward.MatchesExact/sink_learnable_softcap_causal'
+)}"
+
+summary=()
+failed=0
+
+# Seconds left before the budget, minus a margin for the summary.
+remaining() { echo $((budget - ($(date +%s) - started) - 15)); }
+
+# record NAME STATUS SECONDS DETAIL
+record() {
+  summary+=("$(printf '%-10s %-12s %6ss  %s' "$1" "$2" "$3" "$4")")
+  if [ "$2" != "ok" ] && [ "$2" != "skipped" ]; then failed=1; fi
+}
+
+# run_step LOG TIMEOUT CMD...: appends the command's output to LOG; returns its status (124 on
+# timeout, 125 when no time was left to start it).
+run_step() {
+  local log="$1" limit="$2"
+  shift 2
+  if [ "$limit" -le 5 ]; then
+    echo "not started: the budget of ${budget}s is spent" >>"$log"
+    return 125
+  fi
+  echo "\$ $*" >>"$log"
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+}
+
+status_word() {
+  case "$1" in
+    0) echo ok ;;
+    124 | 137) echo "TIMEOUT" ;;
+    125) echo "NOT-RUN" ;;
+    *) echo "FAILED($1)" ;;
+  esac
+}
+
+gpu_info="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+echo "gpu_check: ${gpu_info:-no nvidia-smi}; steps: ${steps[*]}; out: $out; budget ${budget}s"
+
+step_build() {
+  local log="$out/build.log" t0 rc cmake_args
+  : >"$log"
+  t0=$(date +%s)
+  cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+    "-DCMAKE_CUDA_ARCHITECTURES=$archs")
+  if [ -d "$root/.device/googletest" ]; then
+    cmake_args+=("-DDPA_GTEST_SOURCE_DIR=$root/.device/googletest")
+  fi
+  run_step "$log" "$(remaining)" cmake "${cmake_args[@]}" &&
+    run_step "$log" "$(remaining)" ninja -C "$build" -j "$jobs"
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "---- build.log (last 40 lines) ----"
+    tail -n 40 "$log"
+  fi
+  record build "$(status_word "$rc")" $(($(date +%s) - t0)) "build.log ($build)"
+}
+
+# "N passed, M failed, K skipped" from a gtest log, and the first failed names.
+gtest_counts() {
+  local log="$1" passed failed_n skipped
+  passed=$(grep -c '^\[       OK \]' "$log")
+  failed_n=$(grep -c '^\[  FAILED  \] .*(' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \] .*(' "$log")
+  echo "$passed passed, $failed_n failed, $skipped skipped"
+}
+
+step_test() {
+  local log="$out/gpu_tests.log" t0 rc exe="$build/tests/dpa_gpu_tests"
+  : >"$log"
+  t0=$(date +%s)
+  if [ ! -x "$exe" ]; then
+    echo "no $exe (build first)" >>"$log"
+    record test "NOT-RUN" 0 "no dpa_gpu_tests binary"
+    return
+  fi
+  run_step "$log" "$(remaining)" "$exe" --gtest_output="xml:$out/gpu_tests.xml"
+  rc=$?
+  record test "$(status_word "$rc")" $(($(date +%s) - t0)) "$(gtest_counts "$log"); gpu_tests.log"
+  if [ "$rc" -ne 0 ]; then
+    grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
+  fi
+}
+
+step_sanitize() {
+  local log="$out/sanitizer.log" t0 rc exe="$build/tests/dpa_gpu_tests" limit detail
+  : >"$log"
+  local sanitizer
+  sanitizer="$(command -v compute-sanitizer)"
+  for candidate in "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")" \
+    /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
+    if [ -z "$sanitizer" ] && [ -x "$candidate/compute-sanitizer" ]; then
+      sanitizer="$candidate/compute-sanitizer"
+    fi
+  done
+  if [ -z "$sanitizer" ]; then
+    echo "compute-sanitizer not found" >>"$log"
+    record memcheck "NOT-RUN" 0 "compute-sanitizer not found"
+    return
+  fi
+  if [ ! -x "$exe" ]; then
+    record memcheck "NOT-RUN" 0 "no dpa_gpu_tests binary"
+    return
+  fi
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    local filter="$memcheck_filter"
+    [ "$tool" = racecheck ] && filter="$racecheck_filter"
+    echo "==== $tool ====" >>"$log"
+    # Half of what is left for memcheck, the rest for racecheck.
+    limit=$(remaining)
+    [ "$tool" = memcheck ] && limit=$((limit / 2))
+    run_step "$log" "$limit" "$sanitizer" --tool "$tool" --error-exitcode 1 \
+      --print-limit 20 "$exe" --gtest_filter="${filter%:}" --gtest_brief=1
+    rc=$?
+    detail=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
+    record "$tool" "$(status_word "$rc")" $(($(date +%s) - t0)) "${detail:-see sanitizer.log}"
+  done
+}
+
+step_bench() {
+  local log="$out/bench.log" t0 rc limit
+  : >"$log"
+  t0=$(date +%s)
+  if [ ! -x "$build/tools/dpa" ]; then
+    record bench "NOT-RUN" 0 "no dpa binary"
+    return
+  fi
+  limit=$(remaining)
+  # shellcheck disable=SC2086
+  run_step "$log" "$limit" python3 "$root/bench/compare.py" --out "$out" \
+    --dpa "$build/tools/dpa" --peers "$root/.device/peers.py" --budget-s $((limit - 10)) \
+    ${DPA_BENCH_ARGS:-}
+  rc=$?
+  record bench "$(status_word "$rc")" $(($(date +%s) - t0)) \
+    "bench.md, bench.png, bench.json; bench.log"
+}
+
+step_host() {
+  local log="$out/host_tests.log" t0 rc
+  : >"$log"
+  t0=$(date +%s)
+  run_step "$log" "$(remaining)" ctest --test-dir "$build" -LE gpu -j "$jobs" --output-on-failure
+  rc=$?
+  record host "$(status_word "$rc")" $(($(date +%s) - t0)) "$(grep 'tests passed' "$log" | tail -n 1)"
+}
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    build | test | sanitize | bench | host) "step_$step" ;;
+    *)
+      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench, host)" >&2
+      record "$step" "UNKNOWN" 0 ""
+      ;;
+  esac
+done
+
+if [ -f "$out/bench.md" ]; then
+  echo
+  sed -n '/^| config/,/^$/p' "$out/bench.md"
+fi
+echo
+echo "== gpu_check summary: ${gpu_info:-unknown GPU}, $(($(date +%s) - started))s, logs in $out =="
+printf '%s\n' "${summary[@]}"
+exit $failed
