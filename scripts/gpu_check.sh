@@ -146,7 +146,11 @@ step_test() {
   fi
   run_step "$log" "$(remaining)" "$exe" --gtest_output="xml:$out/gpu_tests.xml"
   rc=$?
-  record test "$(status_word "$rc")" $(($(date +%s) - t0)) "$(gtest_counts "$log"); gpu_tests.log"
+  local status
+  status="$(status_word "$rc")"
+  # On the GPU machine a skipped GPU test means the device was not found: that is a failure.
+  if [ "$rc" -eq 0 ] && grep -q '^\[  SKIPPED \] .*(' "$log"; then status="SKIPPED-GPU"; fi
+  record test "$status" $(($(date +%s) - t0)) "$(gtest_counts "$log"); gpu_tests.log"
   if [ "$rc" -ne 0 ]; then
     grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
   fi

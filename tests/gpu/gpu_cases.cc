@@ -372,6 +372,7 @@ void expect_feature_moves_reference(const GpuCase& c) {
     found = moved_by_case.emplace(c.name, relative_error(with_feature.o, without_feature.o)).first;
   }
   const double needed = 10.0 * output_tolerance(spec.dtype);
+  ::testing::Test::RecordProperty("feature_moves_o", std::to_string(found->second));
   EXPECT_GT(found->second, needed)
       << c.name << ": the feature moves the cpu_exact o by only " << found->second
       << " (needs > 10x the o tolerance); the test could not fail";
