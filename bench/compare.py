@@ -350,12 +350,20 @@ def machine_info():
              "--format=csv,noheader"], stdout=subprocess.PIPE, text=True, timeout=20).stdout.strip()
     except Exception:
         info["gpu"] = "unknown"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+        info["commit"] = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"],
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        text=True, timeout=10).stdout.strip() or "unknown"
+                                        text=True, timeout=10).stdout.strip()
     except Exception:
-        info["commit"] = "unknown"
+        info["commit"] = ""
+    if not info["commit"]:
+        # The GPU machine gets the tree without .git; prepare_device.sh recorded the commit.
+        try:
+            info["commit"] = open(os.path.join(root, ".device", "commit")).read().strip() + \
+                " (.device/commit)"
+        except OSError:
+            info["commit"] = "unknown"
     return info
 
 

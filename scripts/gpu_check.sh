@@ -105,7 +105,9 @@ status_word() {
 }
 
 gpu_info="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-echo "gpu_check: ${gpu_info:-no nvidia-smi}; steps: ${steps[*]}; out: $out; budget ${budget}s"
+commit="$(git -C "$root" describe --always --dirty 2>/dev/null || cat "$root/.device/commit" 2>/dev/null)"
+echo "gpu_check: ${gpu_info:-no nvidia-smi}; commit ${commit:-unknown}; steps: ${steps[*]};" \
+  "out: $out; budget ${budget}s"
 
 step_build() {
   local log="$out/build.log" t0 rc cmake_args
@@ -219,6 +221,13 @@ step_host() {
   record host "$(status_word "$rc")" $(($(date +%s) - t0)) "$(grep 'tests passed' "$log" | tail -n 1)"
 }
 
+# A later call on a fresh machine has no build: build first when a step needs one.
+if [[ " ${steps[*]} " != *" build "* ]] &&
+  { [ ! -x "$build/tests/dpa_gpu_tests" ] || [ ! -x "$build/tools/dpa" ]; }; then
+  echo "gpu_check: no build in $build; adding the build step"
+  steps=(build "${steps[@]}")
+fi
+
 for step in "${steps[@]}"; do
   case "$step" in
     build | test | sanitize | bench | host) "step_$step" ;;
@@ -234,6 +243,7 @@ if [ -f "$out/bench.md" ]; then
   sed -n '/^| config/,/^$/p' "$out/bench.md"
 fi
 echo
-echo "== gpu_check summary: ${gpu_info:-unknown GPU}, $(($(date +%s) - started))s, logs in $out =="
+echo "== gpu_check summary: ${gpu_info:-unknown GPU}, commit ${commit:-unknown}," \
+  "$(($(date +%s) - started))s, logs in $out =="
 printf '%s\n' "${summary[@]}"
 exit $failed

@@ -40,5 +40,8 @@ if [ -f "$gtest/CMakeLists.txt" ]; then
 else
   echo "prepare_device: no GoogleTest sources at $gtest (set GTEST_SOURCE_DIR)" >&2
 fi
+# The GPU machine gets the working tree without .git: record which commit it is.
+git -C "$root" describe --always --dirty >"$device/commit"
+echo "prepare_device: commit $(cat "$device/commit") -> .device/commit"
 du -sh "$device" | sed 's/^/prepare_device: size /'
 echo "next: run scripts/gpu_check.sh OUTDIR on the GPU machine with carry ['.device']"
