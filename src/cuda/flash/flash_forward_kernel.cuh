@@ -177,6 +177,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                       p.v_row_stride, seqlen_kv - n0);
     ptx::cp_async_commit();
 
+    // Dropout keep bits of this tile, drawn before S exists: Philox's registers then do not
+    // compete with the S accumulators. A thread's keys 2 quad_col + {0, 1} of each 8-key
+    // Philox block are the low and high halves of word quad_col (selected by compares so the
+    // block stays in registers); bit 2t (+1) of keep_bits[s][half] is key 8t + 2 quad_col (+1).
+    static_assert(2 * kNTiles <= 32, "keep bits of one row must fit a 32-bit word");
+    uint32_t keep_bits[kSlabs][2] = {};
+    if (p.dropout_threshold != 0) {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = m0 + warp_row0 + s * 16 + quad_row + 8 * half;
+#pragma unroll 1
+          for (int t = 0; t < kNTiles; ++t) {
+            const Philox4 block = dropout_block(p.seed, p.offset, batch, p.heads_q, head, i,
+                                                n0 + 8 * t);
+            const uint32_t word = quad_col == 0   ? block.x[0]
+                                  : quad_col == 1 ? block.x[1]
+                                  : quad_col == 2 ? block.x[2]
+                                                  : block.x[3];
+            const uint32_t keep_low = (word & 0xffffu) >= p.dropout_threshold ? 1u : 0u;
+            const uint32_t keep_high = (word >> 16) >= p.dropout_threshold ? 2u : 0u;
+            keep_bits[s][half] |= (keep_low | keep_high) << (2 * t);
+          }
+        }
+    }
+
     // S = Q K^T for this warp's slabs.
     float s_acc[kSlabs][kNTiles][4];
 #pragma unroll
@@ -204,32 +231,66 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
 
-    // Logit transform, mask, online softmax. Element (s, t, e) is row
-    // warp_row0 + 16 s + quad_row + 8 (e / 2), key n0 + 8 t + 2 quad_col + e % 2.
+    // Logit transform and mask. Element (s, t, e) is row warp_row0 + 16 s + quad_row +
+    // 8 (e / 2) of the block and key n0 + 8 t + 2 quad_col + e % 2. Each feature is one
+    // branch around a whole loop: a test per element compiles to a branch per element.
+    if (p.use_softcap) {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s)
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s_acc[s][t][e] = p.softcap_log2 * accurate_tanh(s_acc[s][t][e] * p.softcap_arg_scale);
+    } else {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s)
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[s][t][e] *= p.scale_log2;
+    }
+    if (p.alibi_slopes) {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = m0 + warp_row0 + s * 16 + quad_row + 8 * (e / 2);
+#pragma unroll
+          for (int t = 0; t < kNTiles; ++t) {
+            const int j = n0 + 8 * t + 2 * quad_col + (e & 1);
+            s_acc[s][t][e] -= alibi_slope * fabsf(float(i + diagonal - j));
+          }
+        }
+    }
     // Rows past seqlen_q are never stored, so only real rows decide whether to mask.
     const bool tile_fully_visible = n0 >= last_row.begin && n0 + kBlockN <= first_row.end;
+    if (!tile_fully_visible) {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = m0 + warp_row0 + s * 16 + quad_row + 8 * half;
+          const VisibleRange range = visible_range(p, i, seqlen_q, seqlen_kv);
+#pragma unroll
+          for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 + 8 * t + 2 * quad_col + e;
+              if (j < range.begin || j >= range.end) s_acc[s][t][2 * half + e] = -INFINITY;
+            }
+        }
+    }
+
+    // Online softmax.
 #pragma unroll
     for (int s = 0; s < kSlabs; ++s) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int i = m0 + warp_row0 + s * 16 + quad_row + 8 * half;
-        const VisibleRange range =
-            tile_fully_visible ? VisibleRange{0, 0} : visible_range(p, i, seqlen_q, seqlen_kv);
         float partial_max[kNTiles];
 #pragma unroll
-        for (int t = 0; t < kNTiles; ++t) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = n0 + 8 * t + 2 * quad_col + e;
-            float x = s_acc[s][t][2 * half + e];
-            x = p.use_softcap ? p.softcap_log2 * accurate_tanh(x * p.softcap_arg_scale)
-                              : x * p.scale_log2;
-            if (p.alibi_slopes) x -= alibi_slope * fabsf(float(i + diagonal - j));
-            if (!tile_fully_visible && (j < range.begin || j >= range.end)) x = -INFINITY;
-            s_acc[s][t][2 * half + e] = x;
-          }
+        for (int t = 0; t < kNTiles; ++t)
           partial_max[t] = fmaxf(s_acc[s][t][2 * half], s_acc[s][t][2 * half + 1]);
-        }
         // Tree reductions keep dependency chains short: two warps per scheduler hide little.
 #pragma unroll
         for (int stride = kNTiles / 2; stride > 0; stride /= 2)
@@ -265,21 +326,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           o_acc[s][t][2 * half] *= correction;
           o_acc[s][t][2 * half + 1] *= correction;
         }
-        // Dropout scales what multiplies V, not the normaliser (DESIGN.md §3.7).
-        if (p.dropout_threshold != 0 && i < seqlen_q) {
+      }
+    }
+
+    // Dropout scales what multiplies V, not the normaliser (DESIGN.md §3.7).
+    if (p.dropout_threshold != 0) {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
 #pragma unroll
           for (int t = 0; t < kNTiles; ++t) {
-            const int j = n0 + 8 * t + 2 * quad_col;
-            const Philox4 block =
-                dropout_block(p.seed, p.offset, batch, p.heads_q, head, i, j);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const bool keep = dropout_u16(block, (j + e) & 7) >= p.dropout_threshold;
-              s_acc[s][t][2 * half + e] *= keep ? p.dropout_scale : 0.f;
-            }
+            const uint32_t bits = keep_bits[s][half] >> (2 * t);
+            s_acc[s][t][2 * half] *= bits & 1u ? p.dropout_scale : 0.f;
+            s_acc[s][t][2 * half + 1] *= bits & 2u ? p.dropout_scale : 0.f;
           }
-        }
-      }
     }
 
     ptx::cp_async_wait<0>();
