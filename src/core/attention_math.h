@@ -68,7 +68,9 @@ inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int
 }
 
 // sigma_h of DESIGN.md §3.5: -inf for vanilla (no sink), 0 for off-by-one, alpha_h for learnable.
+// A CP tile's forward partial leaves the sink out (it joins once, after the merge).
 inline double sink_logit(const AttentionProblem& p, int64_t h) {
+  if (p.cp_exclude_sink) return -std::numeric_limits<double>::infinity();
   switch (p.softmax_type) {
     case SoftmaxType::kVanilla: return -std::numeric_limits<double>::infinity();
     case SoftmaxType::kOffByOne: return 0.0;
@@ -77,14 +79,20 @@ inline double sink_logit(const AttentionProblem& p, int64_t h) {
   return -std::numeric_limits<double>::infinity();
 }
 
-inline bool has_sink(const AttentionProblem& p) { return p.softmax_type != SoftmaxType::kVanilla; }
+inline bool has_sink(const AttentionProblem& p) {
+  return p.softmax_type != SoftmaxType::kVanilla && !p.cp_exclude_sink;
+}
 
 // Dropout multiplier keep_ij / keep_prob for element (b, h, i, j); i, j are positions within
-// sequence b (DESIGN.md §5).
+// sequence b (DESIGN.md §5). A CP tile draws at its global head, row and column.
 inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
                             int64_t j) {
   if (p.dropout_threshold == 0) return 1.0;
-  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, p.heads_q, h, i, j, p.dropout_threshold);
+  const int64_t heads = p.cp_heads_total > 0 ? p.cp_heads_total : p.heads_q;
+  const int64_t row = p.cp_q_position.empty() ? i : i + p.cp_q_position[b];
+  const int64_t col = p.cp_kv_position.empty() ? j : j + p.cp_kv_position[b];
+  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, heads, h + p.cp_head_offset, row, col,
+                           p.dropout_threshold);
   return keep ? 1.0 / p.keep_prob : 0.0;
 }
 

@@ -31,6 +31,7 @@ struct FeatureRequest {
   bool sink_grad = false;
   bool dropout = false;
   bool deterministic = false;
+  bool cp_tile = false;  // a context-parallel tile (global positions, sink-free partial, given LSE)
   int device_arch = 0;   // e.g. 90 for sm_90; 0 on the CPU
   int device_index = 0;  // of q's device (size limits query its free memory)
 };
@@ -62,6 +63,8 @@ struct Capabilities {
   bool dropout = false;
   bool backward = false;
   bool deterministic = false;  // can produce bit-identical results run to run
+  // Honours the CP tile fields of AttentionProblem (cp_q_position, cp_exclude_sink, ...).
+  bool cp_tiles = false;
   int min_arch = 0;            // minimal sm for GPU backends
   // Optional extra limit, e.g. memory for O(s^2) backends: a reason, or nullopt when it fits.
   std::function<std::optional<std::string>(const FeatureRequest&)> size_limit;

@@ -77,6 +77,24 @@ struct AttentionProblem {
   bool wants_dbias = false;
   bool wants_dsoftmax_offset = false;
 
+  // Context-parallel tiles (src/cp/tile.h). A tile is one (query block, key block) pair of a
+  // sharded sequence: local row i of sequence b sits at position i + cp_q_position[b] of the
+  // unsharded sequence, local key j at j + cp_kv_position[b], and cp_global_diagonal[b] is the
+  // delta of the unsharded pair. Visibility, ALiBi and dropout then use global coordinates
+  // (DESIGN.md §5). Empty vectors: an ordinary call. Only backends that declare
+  // Capabilities::cp_tiles accept a problem with any of these set.
+  std::vector<int64_t> cp_q_position;       // [b]
+  std::vector<int64_t> cp_kv_position;      // [b]
+  std::vector<int64_t> cp_global_diagonal;  // [b]
+  int64_t cp_head_offset = 0;  // global index of local head 0 (a2a shards heads); dropout only
+  int64_t cp_heads_total = 0;  // global H for dropout's counter; 0 means heads_q
+  // Forward: the partial softmax over this tile's keys only (no sink): o and LSE are partials
+  // for the LSE merge, which adds the sink once afterwards.
+  bool cp_exclude_sink = false;
+  // Backward: P = exp(s - LSE) with the given (final, merged, sink-included) lse instead of a
+  // recomputed one; o is the final output, so D = rowsum(dO * o) is the final row's D.
+  bool cp_use_given_lse = false;
+
   // Tensors. Layout objects locate rows; views carry the pointers and dtypes.
   TensorView q, k, v, o, lse, d_o, dq, dk, dv;
   RowLayout q_rows, k_rows, v_rows, o_rows, do_rows, dq_rows, dk_rows, dv_rows;
@@ -92,8 +110,15 @@ struct AttentionProblem {
   int64_t group_size() const { return heads_q / heads_kv; }
   int64_t kv_head(int64_t h) const { return h / group_size(); }
   // Offset of the diagonal for sequence b (bottom-right: skv - sq; top-left: 0).
+  // For a CP tile: the unsharded delta, moved into local coordinates.
   int64_t diagonal_offset(int64_t b) const {
+    if (!cp_global_diagonal.empty())
+      return cp_q_position[b] - cp_kv_position[b] + cp_global_diagonal[b];
     return bottom_right ? seqlen_kv[b] - seqlen_q[b] : 0;
+  }
+  bool is_cp_tile() const {
+    return !cp_global_diagonal.empty() || cp_exclude_sink || cp_use_given_lse ||
+           cp_head_offset != 0 || cp_heads_total != 0;
   }
 };
 

@@ -124,6 +124,11 @@ const std::vector<Rule>& rules() {
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(r.deterministic && !c.deterministic, "deterministic mode not supported");
       },
+      [](const FeatureRequest& r, const Capabilities& c) {
+        return fail_if(r.cp_tile && !c.cp_tiles,
+                       "context-parallel tiles (global positions, sink-free partials, given "
+                       "LSE) not supported");
+      },
       [](const FeatureRequest& r, const Capabilities& c) -> std::optional<std::string> {
         if (!c.size_limit) return std::nullopt;
         return c.size_limit(r);
@@ -158,6 +163,7 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.sink_grad = p.wants_dsoftmax_offset;
   r.dropout = p.dropout_threshold > 0;
   r.deterministic = p.deterministic;
+  r.cp_tile = p.is_cp_tile();
   r.device_arch = p.device_arch;
   r.device_index = p.device_index;
   return r;
@@ -238,7 +244,7 @@ std::string describe_request(const FeatureRequest& r) {
        << (r.bias_grad ? "+grad" : "") << (r.alibi ? " alibi" : "")
        << (r.softcap ? " softcap" : "") << " softmax=" << to_string(r.softmax_type)
        << (r.sink_grad ? "+grad" : "") << (r.dropout ? " dropout" : "")
-       << (r.deterministic ? " deterministic" : "");
+       << (r.deterministic ? " deterministic" : "") << (r.cp_tile ? " cp_tile" : "");
   return text.str();
 }
 

@@ -17,6 +17,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 struct RowSoftmax {
   std::vector<int64_t> keys;   // visible key positions j
   std::vector<double> tanh_t;  // t_ij = tanh(u_ij / c) (softcap only)
+  std::vector<double> logits;  // s_ij
   std::vector<double> probs;   // P_ij (without dropout)
   double lse = kNegInf;
 };
@@ -32,7 +33,7 @@ RowSoftmax row_softmax(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
   RowSoftmax row;
   const int64_t g = p.kv_head(h);
   const int64_t q_offset = p.q_rows.offset(b, i, h);
-  std::vector<double> logits;
+  std::vector<double>& logits = row.logits;
   KeyRange range = visible_keys(p, b, i);
   for (int64_t j = range.begin; j < range.end; ++j) {
     if (masked_by_tensor(p, b, h, i, j)) continue;
@@ -84,6 +85,7 @@ class CpuExactBackend final : public Backend {
     caps_.dropout = true;
     caps_.backward = true;
     caps_.deterministic = true;
+    caps_.cp_tiles = true;
   }
 
   const Capabilities& capabilities() const override { return caps_; }
@@ -129,6 +131,13 @@ class CpuExactBackend final : public Backend {
       for (int64_t h = 0; h < p.heads_q; ++h)
         for (int64_t i = 0; i < p.seqlen_q[b]; ++i) {
           RowSoftmax row = row_softmax(p, b, h, i);
+          if (p.cp_use_given_lse) {
+            // A CP tile: P from the final (merged, sink-included) LSE of the whole row.
+            row.lse = load(p.lse, p.lse_offset(b, h, i));
+            row.probs.assign(row.keys.size(), 0.0);
+            for (size_t n = 0; n < row.keys.size(); ++n)
+              row.probs[n] = row.lse == kNegInf ? 0.0 : std::exp(row.logits[n] - row.lse);
+          }
           const int64_t g = p.kv_head(h);
           const int64_t do_offset = p.do_rows.offset(b, i, h);
           const int64_t q_offset = p.q_rows.offset(b, i, h);

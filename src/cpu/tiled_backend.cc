@@ -31,6 +31,9 @@ Capabilities tiled_capabilities() {
   caps.dropout = true;
   caps.backward = true;
   caps.deterministic = true;  // every output element has one owner task (tiled_backward.cc)
+  // Context-parallel tiles (global positions, sink-free partials, backward from a given LSE)
+  // are not implemented in the tiled kernels; the selector sends them to cpu_exact.
+  caps.cp_tiles = false;
   return caps;
 }
 

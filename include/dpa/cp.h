@@ -1,0 +1,153 @@
+// Context parallelism (DESIGN.md §8): every rank holds a shard of the sequence; attention runs
+// over a Communicator with one of four comm types and equals the unsharded computation.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpa/attention.h"
+
+namespace dpa {
+
+// How KV (and dKV) reach the queries that need them.
+//   p2p:        KV travels a ring of the cp ranks; dKV travels it in the backward.
+//   all_gather: every rank gathers the whole KV; the backward reduce-scatters dKV.
+//   a2a:        Ulysses: all-to-all trades sequence shards for head shards.
+//   a2a_p2p:    a2a inside groups of `a2a_group_size` ranks, a p2p ring across the groups.
+enum class CpCommType : int { kP2P = 0, kAllGather = 1, kA2A = 2, kA2AP2P = 3 };
+
+std::string_view to_string(CpCommType type);
+std::optional<CpCommType> parse_cp_comm_type(
+    std::string_view name);  // p2p, all_gather, a2a, a2a_p2p
+
+struct CpConfig {
+  CpCommType comm_type = CpCommType::kP2P;
+  // a2a_p2p: ranks per all-to-all group (divides the communicator's size).
+  int a2a_group_size = 0;
+  // dalpha contract (DESIGN.md §8): by default each rank returns its partial dsoftmax_offset
+  // (its query rows, or its heads under a2a), and the sum over the CP ranks is the unsharded
+  // gradient. true returns the CP-reduced (summed) gradient on every rank instead.
+  bool reduce_dalpha = false;
+};
+
+// Completion of one asynchronous communication. wait() blocks until it is done and throws
+// dpa::Error (kBackendFailure) on failure, timeout or an aborted group. Waiting twice is a no-op.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
+using CommHandle = std::unique_ptr<CommRequest>;
+
+// Point-to-point and collective communication among `size()` ranks. Buffers must stay valid
+// (and unmodified, for inputs) until the returned handle's wait() returns. Collectives are
+// called by every rank in the same order. Reductions sum; they take fp32 or fp64 data.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual CommHandle send(const void* data, size_t bytes, int peer, int tag) = 0;
+  virtual CommHandle recv(void* data, size_t bytes, int peer, int tag) = 0;
+  virtual CommHandle all_reduce(void* data, int64_t count, DType dtype) = 0;
+  // recv holds size() blocks of `bytes_per_rank`, block r from rank r.
+  virtual CommHandle all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  // send holds size() blocks of count_per_rank elements; recv gets the sum of every rank's
+  // block rank().
+  virtual CommHandle reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
+                                    DType dtype) = 0;
+  // send block r goes to rank r; recv block r comes from rank r.
+  virtual CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
+};
+
+// N ranks as threads of one process, sharing a rendezvous object. Sends are buffered, so a
+// ring never deadlocks; a wait that exceeds `timeout`, or any rank calling abort(), makes
+// every pending and later wait throw instead of hanging.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int size,
+                          std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+  ~InProcessGroup();
+  InProcessGroup(const InProcessGroup&) = delete;
+  InProcessGroup& operator=(const InProcessGroup&) = delete;
+
+  int size() const;
+  // The communicator of one rank; each rank (thread) uses its own.
+  std::unique_ptr<Communicator> communicator(int rank);
+  // Fails every pending and future operation of the group with `reason`.
+  void abort(const std::string& reason);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Runs fn(rank, communicator) on `size` threads. The first exception aborts the group (so the
+// other ranks stop waiting) and is rethrown after every thread has finished.
+void run_in_process(int size, const std::function<void(int, Communicator&)>& fn,
+                    std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+
+// ---- Sharding (DESIGN.md §8) ----
+// Load balance for causal masks: a sequence of length s (a multiple of 2*cp) is cut into 2*cp
+// chunks of s / (2*cp); rank r holds chunks r and 2*cp-1-r, in that order.
+
+// The unsharded positions of rank r's local rows, in local order ([s / cp] entries).
+std::vector<int64_t> dual_chunk_positions(int64_t seqlen, int cp, int rank);
+
+// thd: each sequence is padded to a multiple of 2*cp and split like one bshd sequence.
+struct ThdCpPartition {
+  std::vector<int32_t> cu_seqlens;  // [b + 1] the actual lengths (unchanged)
+  std::vector<int32_t>
+      cu_seqlens_padded;                 // [b + 1] unsharded offsets, each slot a multiple of 2*cp
+  std::vector<int32_t> local_cu_padded;  // [b + 1] cu_seqlens_padded / cp: a rank's local slots
+};
+ThdCpPartition thd_cp_partition(const std::vector<int32_t>& lengths, int cp);
+
+// Copies the rank's shard of `full` into `local` (dual-chunk split along the sequence axis of
+// a q/k/v/o-like tensor in `format`), or back (unshard). thd needs the partition's
+// cu_seqlens_padded (the unsharded row offsets); `full` is then [cu_padded.back(), H, d].
+void shard_sequence(const TensorView& full, const TensorView& local, Format format, int cp,
+                    int rank, const std::vector<int32_t>& cu_seqlens_padded = {});
+void unshard_sequence(const TensorView& local, const TensorView& full, Format format, int cp,
+                      int rank, const std::vector<int32_t>& cu_seqlens_padded = {});
+// The same for an LSE tensor ([b, H, s], or thd [H, t]).
+void shard_lse(const TensorView& full, const TensorView& local, Format format, int cp, int rank,
+               const std::vector<int32_t>& cu_seqlens_padded = {});
+void unshard_lse(const TensorView& local, const TensorView& full, Format format, int cp, int rank,
+                 const std::vector<int32_t>& cu_seqlens_padded = {});
+
+// Attention over a sharded sequence. Every tensor of ForwardArgs / BackwardArgs is this
+// rank's shard in the dual-chunk layout (q, k, v, o, dO, dq, dk, dv; lse [b, H, s/cp] or thd
+// [H, t/cp]). Sequence tables describe the UNSHARDED sequences: bshd/sbhd cu_seqlens_* give
+// padding lengths (optional); thd needs cu_seqlens_* (actual lengths) and, unless every
+// length is a multiple of 2*cp, cu_seqlens_*_padded from thd_cp_partition. softmax_offset
+// and alibi_slopes are the full [H] tensors on every rank; dsoftmax_offset follows
+// CpConfig::reduce_dalpha. bias tensors and arbitrary masks are refused (not sharded yet).
+class ContextParallelAttention {
+ public:
+  ContextParallelAttention(const AttentionConfig& config, const CpConfig& cp,
+                           Communicator& communicator);
+
+  ForwardResult forward(const ForwardArgs& args);
+  BackendKind backward(const BackwardArgs& args);
+
+  const AttentionConfig& config() const { return config_; }
+  const CpConfig& cp_config() const { return cp_; }
+
+ private:
+  AttentionConfig config_;
+  CpConfig cp_;
+  Communicator& comm_;
+  uint64_t next_offset_ = 0;
+};
+
+}  // namespace dpa

@@ -1,0 +1,20 @@
+// The CP algorithms behind ContextParallelAttention, with test-only switches.
+#pragma once
+
+#include "dpa/cp.h"
+
+namespace dpa::cp {
+
+struct DebugOptions {
+  // The classic bug, kept to prove the tests catch it: every tile counts the sink (and no sink
+  // is added after the merge).
+  bool sink_per_tile = false;
+};
+
+ForwardResult forward(const AttentionConfig& config, const CpConfig& cp, Communicator& comm,
+                      const ForwardArgs& args, double dropout, const RngState& rng,
+                      const DebugOptions& debug = {});
+BackendKind backward(const AttentionConfig& config, const CpConfig& cp, Communicator& comm,
+                     const BackwardArgs& args, double dropout);
+
+}  // namespace dpa::cp

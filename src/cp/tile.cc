@@ -1,0 +1,203 @@
+#include "cp/tile.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/logging.h"
+#include "core/problem_builder.h"
+#include "core/selector.h"
+
+namespace dpa::cp {
+namespace {
+
+// int32 [b + 1] tables of one tile side: valid lengths and row offsets inside the chunk slot.
+struct SideTables {
+  std::vector<int32_t> cu, cu_padded;
+  TensorView cu_view() {
+    return TensorView::contiguous(cu.data(), DType::kInt32, {int64_t(cu.size())});
+  }
+  TensorView padded_view() {
+    return TensorView::contiguous(cu_padded.data(), DType::kInt32, {int64_t(cu_padded.size())});
+  }
+};
+
+SideTables side_tables(const Geometry& g, const SideGeometry& side, int chunk) {
+  SideTables t;
+  t.cu.push_back(0);
+  for (int64_t b = 0; b < g.batch; ++b) {
+    t.cu.push_back(t.cu.back() + int32_t(side.valid(b, chunk)));
+    t.cu_padded.push_back(int32_t(side.prefix[size_t(b)]));
+  }
+  t.cu_padded.push_back(int32_t(side.rows_per_chunk));
+  return t;
+}
+
+// The tile's sink offsets and ALiBi slopes: the local heads' slice of the full tensors.
+struct HeadSlices {
+  std::vector<float> alibi;  // [b, Hl] copy when the slopes are per batch
+  TensorView softmax_offset, alibi_slopes;
+};
+
+HeadSlices head_slices(const TileContext& ctx, int64_t local_heads) {
+  HeadSlices s;
+  if (ctx.softmax_offset.defined())
+    s.softmax_offset =
+        TensorView::contiguous(static_cast<float*>(ctx.softmax_offset.data) + ctx.head_offset,
+                               DType::kFloat32, {local_heads});
+  if (ctx.alibi_slopes.defined()) {
+    const TensorView& a = ctx.alibi_slopes;
+    if (a.ndim == 1) {
+      s.alibi_slopes = TensorView::contiguous(static_cast<float*>(a.data) + ctx.head_offset,
+                                              DType::kFloat32, {local_heads});
+    } else {
+      const int64_t batch = a.shape[0];
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t h = 0; h < local_heads; ++h)
+          s.alibi.push_back(static_cast<float*>(a.data)[b * a.shape[1] + ctx.head_offset + h]);
+      s.alibi_slopes =
+          TensorView::contiguous(s.alibi.data(), DType::kFloat32, {batch, local_heads});
+    }
+  }
+  return s;
+}
+
+void set_tile_fields(const TileContext& ctx, int q_chunk, int kv_chunk, AttentionProblem& p) {
+  const Geometry& g = *ctx.geometry;
+  p.cp_q_position.resize(size_t(g.batch));
+  p.cp_kv_position.resize(size_t(g.batch));
+  p.cp_global_diagonal = g.diagonal;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    p.cp_q_position[size_t(b)] = g.q.position(b, q_chunk);
+    p.cp_kv_position[size_t(b)] = g.kv.position(b, kv_chunk);
+  }
+  p.cp_head_offset = ctx.head_offset;
+  p.cp_heads_total = ctx.heads_total;
+}
+
+const Backend& select_tile_backend(const AttentionConfig& config, const AttentionProblem& p) {
+  FeatureRequest request = make_feature_request(p);
+  std::vector<const Capabilities*> candidates;
+  for (const Backend* backend : registered_backends())
+    candidates.push_back(&backend->capabilities());
+  Selection selection = select_backend(request, candidates, forced_backend(config.backend));
+  log_selection(request, selection);
+  require_chosen(selection);
+  for (const Backend* backend : registered_backends())
+    if (backend->capabilities().kind == *selection.chosen) return *backend;
+  throw Error(ErrorCode::kInternal, "", "selected backend is not registered");
+}
+
+AttentionConfig tile_config(const TileContext& ctx) {
+  AttentionConfig config = ctx.config;
+  config.format = Format::kTHD;  // a chunk slot is a thd tensor (cp_layout.h)
+  return config;
+}
+
+// [Hl, rows] (the backends' thd LSE) <-> Packed [rows, Hl, 1].
+Packed lse_from_heads_major(const std::vector<float>& lse, int64_t heads, int64_t rows) {
+  Packed out(DType::kFloat32, rows, heads, 1);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t r = 0; r < rows; ++r) out.f32()[r * heads + h] = lse[size_t(h * rows + r)];
+  return out;
+}
+
+}  // namespace
+
+bool tile_may_see(const TileContext& ctx, int q_chunk, int kv_chunk) {
+  const Geometry& g = *ctx.geometry;
+  constexpr int64_t kFar = std::numeric_limits<int64_t>::max() / 4;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const int64_t rows = g.q.valid(b, q_chunk), keys = g.kv.valid(b, kv_chunk);
+    if (rows == 0 || keys == 0) continue;
+    const int64_t first_row = g.q.position(b, q_chunk) + g.diagonal[size_t(b)];
+    const int64_t lowest = g.window_left < 0 ? -kFar : first_row - g.window_left;
+    const int64_t highest = g.window_right < 0 ? kFar : first_row + rows - 1 + g.window_right;
+    const int64_t first_key = g.kv.position(b, kv_chunk);
+    if (lowest <= first_key + keys - 1 && highest >= first_key) return true;
+  }
+  return false;
+}
+
+TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, ChunkRef v) {
+  const Geometry& g = *ctx.geometry;
+  const int64_t rows_q = g.q.rows_per_chunk, rows_kv = g.kv.rows_per_chunk;
+  const int64_t local_heads = q.set->heads;
+  SideTables q_tables = side_tables(g, g.q, q.chunk);
+  SideTables kv_tables = side_tables(g, g.kv, k.chunk);
+  HeadSlices slices = head_slices(ctx, local_heads);
+
+  TileForwardOut out;
+  out.o = Packed(q.set->dtype, rows_q, local_heads, v.set->dim);
+  std::vector<float> lse(size_t(local_heads * rows_q));
+  ForwardArgs args;
+  args.in.q = q.set->view(q.slot * rows_q, rows_q);
+  args.in.k = k.set->view(k.slot * rows_kv, rows_kv);
+  args.in.v = v.set->view(v.slot * rows_kv, rows_kv);
+  args.in.cu_seqlens_q = q_tables.cu_view();
+  args.in.cu_seqlens_kv = kv_tables.cu_view();
+  args.in.cu_seqlens_q_padded = q_tables.padded_view();
+  args.in.cu_seqlens_kv_padded = kv_tables.padded_view();
+  args.in.softmax_offset = slices.softmax_offset;
+  args.in.alibi_slopes = slices.alibi_slopes;
+  args.o = out.o.view(0, rows_q);
+  args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {local_heads, rows_q});
+
+  const AttentionConfig config = tile_config(ctx);
+  AttentionProblem p = build_forward_problem(config, args, ctx.dropout, ctx.rng);
+  set_tile_fields(ctx, q.chunk, k.chunk, p);
+  p.cp_exclude_sink = !ctx.sink_per_tile;
+  const Backend& backend = select_tile_backend(config, p);
+  backend.forward(p);
+  out.lse = lse_from_heads_major(lse, local_heads, rows_q);
+  out.backend = backend.capabilities().kind;
+  return out;
+}
+
+TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) {
+  const Geometry& g = *ctx.geometry;
+  const int64_t rows_q = g.q.rows_per_chunk, rows_kv = g.kv.rows_per_chunk;
+  const int64_t local_heads = in.q.set->heads;
+  SideTables q_tables = side_tables(g, g.q, in.q.chunk);
+  SideTables kv_tables = side_tables(g, g.kv, in.k.chunk);
+  HeadSlices slices = head_slices(ctx, local_heads);
+
+  // The final LSE of the q chunk, heads-major as the backends store thd LSE.
+  std::vector<float> lse(size_t(local_heads * rows_q));
+  const float* packed_lse = in.lse->f32() + in.q.slot * rows_q * local_heads;
+  for (int64_t r = 0; r < rows_q; ++r)
+    for (int64_t h = 0; h < local_heads; ++h)
+      lse[size_t(h * rows_q + r)] = packed_lse[r * local_heads + h];
+
+  TileBackwardOut out;
+  out.dq = Packed(in.q.set->dtype, rows_q, local_heads, in.q.set->dim);
+  out.dk = Packed(in.k.set->dtype, rows_kv, in.k.set->heads, in.k.set->dim);
+  out.dv = Packed(in.v.set->dtype, rows_kv, in.v.set->heads, in.v.set->dim);
+  BackwardArgs args;
+  args.in.q = in.q.set->view(in.q.slot * rows_q, rows_q);
+  args.in.k = in.k.set->view(in.k.slot * rows_kv, rows_kv);
+  args.in.v = in.v.set->view(in.v.slot * rows_kv, rows_kv);
+  args.in.cu_seqlens_q = q_tables.cu_view();
+  args.in.cu_seqlens_kv = kv_tables.cu_view();
+  args.in.cu_seqlens_q_padded = q_tables.padded_view();
+  args.in.cu_seqlens_kv_padded = kv_tables.padded_view();
+  args.in.softmax_offset = slices.softmax_offset;
+  args.in.alibi_slopes = slices.alibi_slopes;
+  args.o = in.o.set->view(in.o.slot * rows_q, rows_q);
+  args.d_o = in.d_o.set->view(in.d_o.slot * rows_q, rows_q);
+  args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {local_heads, rows_q});
+  args.dq = out.dq.view(0, rows_q);
+  args.dk = out.dk.view(0, rows_kv);
+  args.dv = out.dv.view(0, rows_kv);
+  args.rng = ctx.rng;
+
+  const AttentionConfig config = tile_config(ctx);
+  AttentionProblem p = build_backward_problem(config, args, ctx.dropout);
+  set_tile_fields(ctx, in.q.chunk, in.k.chunk, p);
+  p.cp_use_given_lse = true;
+  const Backend& backend = select_tile_backend(config, p);
+  backend.backward(p);
+  out.backend = backend.capabilities().kind;
+  return out;
+}
+
+}  // namespace dpa::cp

@@ -1,0 +1,381 @@
+// Context parallelism on the CPU with in-process ranks: every comm type, every feature, every
+// output and gradient against the unsharded cpu_exact oracle (DESIGN.md §8-9).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+
+#include "cp/cp_internal.h"
+#include "dpa/cp.h"
+#include "support/attention_case.h"
+
+namespace dpa {
+namespace {
+
+using test::CaseOutputs;
+using test::CaseSpec;
+using test::CaseTensors;
+using test::HostTensor;
+
+// fp64 inputs; the CP merge and gradient accumulators are fp32 (DESIGN.md §8), so CP matches
+// the fp64 oracle to ~1e-7 relative. Every feature below moves the outputs by far more.
+constexpr double kTolerance = 2e-5;
+
+struct CpRun {
+  CaseOutputs out;  // unsharded o, lse, dq, dk, dv; dsoftmax_offset = sum of rank partials
+  HostTensor dalpha_reduced;  // rank 0's output with reduce_dalpha (when requested)
+  std::vector<HostTensor> dalpha_partials;
+};
+
+std::vector<int64_t> local_shape(const std::vector<int64_t>& full, Format format, int cp,
+                                 const ThdCpPartition& part) {
+  std::vector<int64_t> shape = full;
+  if (format == Format::kBSHD) shape[1] /= cp;
+  if (format == Format::kSBHD) shape[0] /= cp;
+  if (format == Format::kTHD) shape[0] = part.local_cu_padded.back();
+  return shape;
+}
+
+// Runs forward + backward under CP with `cp` in-process ranks and gathers the shards.
+CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int cp,
+             const cp::DebugOptions& debug = {}) {
+  const Format format = spec.config.format;
+  const bool thd = format == Format::kTHD;
+  ThdCpPartition part;
+  if (thd) part = thd_cp_partition(spec.lengths_q, cp);
+  const std::vector<int32_t>& cu_padded = part.cu_seqlens_padded;
+
+  CpRun run;
+  run.out.o = HostTensor(spec.dtype, t.d_o.shape());
+  run.out.dq = HostTensor(spec.dtype, t.q.shape());
+  run.out.dk = HostTensor(spec.dtype, t.k.shape());
+  run.out.dv = HostTensor(spec.dtype, t.v.shape());
+  std::vector<int64_t> lse_shape =
+      thd ? std::vector<int64_t>{spec.heads_q, t.q.shape()[0]}
+          : std::vector<int64_t>{spec.batch, spec.heads_q, spec.seqlen_q};
+  run.out.lse = HostTensor(DType::kFloat32, lse_shape);
+  run.dalpha_partials.resize(size_t(cp));
+  std::mutex mutex;
+
+  run_in_process(cp, [&](int rank, Communicator& comm) {
+    auto shard = [&](const HostTensor& full) {
+      HostTensor local(full.dtype(), local_shape(full.shape(), format, cp, part));
+      shard_sequence(full.view(), local.view(), format, cp, rank, cu_padded);
+      return local;
+    };
+    HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
+    HostTensor o(spec.dtype, local_shape(t.d_o.shape(), format, cp, part));
+    std::vector<int64_t> local_lse = lse_shape;
+    local_lse.back() = thd ? part.local_cu_padded.back() : spec.seqlen_q / cp;
+    HostTensor lse(DType::kFloat32, local_lse);
+
+    AttentionInputs in = t.inputs();  // sequence tables and sink offsets stay unsharded
+    in.q = q.view();
+    in.k = k.view();
+    in.v = v.view();
+    if (thd) {
+      in.cu_seqlens_q_padded = t.cu_seqlens_q_padded.view();
+      in.cu_seqlens_kv_padded = t.cu_seqlens_kv_padded.view();
+    }
+    ForwardArgs fwd;
+    fwd.in = in;
+    fwd.o = o.view();
+    fwd.lse = lse.view();
+    const RngState rng{spec.config.seed, 7};
+    cp::forward(spec.config, cp_config, comm, fwd, spec.config.dropout, rng, debug);
+
+    HostTensor dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()), dv(spec.dtype, v.shape());
+    HostTensor dalpha;
+    BackwardArgs bwd;
+    bwd.in = in;
+    bwd.o = o.view();
+    bwd.lse = lse.view();
+    bwd.d_o = d_o.view();
+    bwd.dq = dq.view();
+    bwd.dk = dk.view();
+    bwd.dv = dv.view();
+    bwd.rng = rng;
+    if (t.softmax_offset.defined()) {
+      dalpha = HostTensor(DType::kFloat32, {spec.heads_q});
+      bwd.dsoftmax_offset = dalpha.view();
+    }
+    cp::backward(spec.config, cp_config, comm, bwd, spec.config.dropout);
+
+    std::lock_guard<std::mutex> lock(mutex);
+    unshard_sequence(o.view(), run.out.o.view(), format, cp, rank, cu_padded);
+    unshard_lse(lse.view(), run.out.lse.view(), format, cp, rank, cu_padded);
+    unshard_sequence(dq.view(), run.out.dq.view(), format, cp, rank, cu_padded);
+    unshard_sequence(dk.view(), run.out.dk.view(), format, cp, rank, cu_padded);
+    unshard_sequence(dv.view(), run.out.dv.view(), format, cp, rank, cu_padded);
+    run.dalpha_partials[size_t(rank)] = dalpha;
+  });
+  if (t.softmax_offset.defined()) {
+    run.out.dsoftmax_offset = HostTensor(DType::kFloat32, {spec.heads_q});
+    for (int64_t h = 0; h < spec.heads_q; ++h) {
+      double sum = 0;
+      for (const HostTensor& partial : run.dalpha_partials) sum += partial.get(h);
+      run.out.dsoftmax_offset.set(h, sum);
+    }
+  }
+  return run;
+}
+
+struct CpCase {
+  std::string name;
+  CaseSpec spec;
+};
+
+// Sizes scaled to the CPU: sequences of 64-128, head dims 16-32 (MLA 24/16 for 192/128).
+std::vector<CpCase> feature_cases() {
+  std::vector<CpCase> cases;
+  auto base = [] {
+    CaseSpec s;
+    s.batch = 2;
+    s.seqlen_q = s.seqlen_kv = 64;
+    s.heads_q = 8;
+    s.heads_kv = 2;
+    s.head_dim_qk = s.head_dim_v = 16;
+    s.qk_stddev = 1.0;
+    return s;
+  };
+  {
+    CaseSpec s = base();
+    s.config.mask_type = MaskType::kCausal;
+    cases.push_back({"causal_gqa", s});
+  }
+  {
+    CaseSpec s = base();  // window (512, 512) of a 8k sequence, scaled to 64: (4, 4)
+    s.config.window_left = 4;
+    s.config.window_right = 4;
+    cases.push_back({"window_gqa", s});
+  }
+  {
+    CaseSpec s = base();  // window (128, 0) scaled down, learnable sinks
+    s.config.mask_type = MaskType::kCausal;
+    s.config.window_left = 8;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    cases.push_back({"causal_window_sink", s});
+  }
+  {
+    CaseSpec s = base();  // MLA 192/128 scaled to 24/16
+    s.config.mask_type = MaskType::kCausal;
+    s.head_dim_qk = 24;
+    s.heads_kv = 8;
+    cases.push_back({"mla", s});
+  }
+  {
+    CaseSpec s = base();
+    s.config.mask_type = MaskType::kCausal;
+    s.config.softmax_type = SoftmaxType::kOffByOne;
+    cases.push_back({"off_by_one", s});
+  }
+  {
+    CaseSpec s = base();  // logits O(1-10) so that the cap bends them
+    s.config.mask_type = MaskType::kCausal;
+    s.config.softcap = 1.0;
+    s.config.scale = 1.0;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    s.sink_stddev = 5.0;
+    cases.push_back({"softcap_sink", s});
+  }
+  {
+    CaseSpec s = base();  // uneven lengths, padded to multiples of 2 cp per sequence
+    s.config.format = Format::kTHD;
+    s.config.mask_type = MaskType::kPaddingCausalBottomRight;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    s.lengths_q = s.lengths_kv = {37, 5, 64, 18};
+    cases.push_back({"thd_uneven", s});
+  }
+  {
+    CaseSpec s = base();  // padding (bshd with per-sequence lengths), top-left window, ALiBi
+    s.config.mask_type = MaskType::kPadding;
+    s.config.bottom_right_diagonal = false;
+    s.config.window_left = 16;
+    s.config.window_right = 3;
+    s.lengths_q = s.lengths_kv = {50, 64};
+    s.alibi = true;
+    cases.push_back({"padding_alibi", s});
+  }
+  {
+    CaseSpec s = base();
+    s.config.mask_type = MaskType::kCausal;
+    s.config.dropout = 0.2;
+    s.config.seed = 1234;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    cases.push_back({"dropout", s});
+  }
+  return cases;
+}
+
+// thd: the unsharded reference stores each sequence in its padded slot (gaps), as CP does.
+void pad_thd(CaseSpec& spec, int cp) {
+  if (spec.config.format != Format::kTHD) return;
+  ThdCpPartition part = thd_cp_partition(spec.lengths_q, cp);
+  spec.gaps_q.clear();
+  for (size_t b = 0; b < spec.lengths_q.size(); ++b)
+    spec.gaps_q.push_back(part.cu_seqlens_padded[b + 1] - part.cu_seqlens_padded[b] -
+                          spec.lengths_q[b]);
+  spec.gaps_kv = spec.gaps_q;
+}
+
+struct Layout {
+  CpCommType type;
+  int cp;
+  int group;  // a2a_p2p
+};
+
+std::string layout_name(const Layout& l) {
+  std::string name = std::string(to_string(l.type)) + "_cp" + std::to_string(l.cp);
+  if (l.type == CpCommType::kA2AP2P) name += "_a2a" + std::to_string(l.group);
+  return name;
+}
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> all;
+  for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A})
+    for (int cp : {2, 4, 8}) all.push_back({type, cp, 0});
+  all.push_back({CpCommType::kA2AP2P, 4, 2});  // 2 x 2
+  all.push_back({CpCommType::kA2AP2P, 8, 2});  // 2 groups of... 4 rings of 2 (a2a 2, ring 4)
+  all.push_back({CpCommType::kA2AP2P, 8, 4});  // 2 x 4
+  return all;
+}
+
+using Param = std::tuple<CpCase, Layout>;
+
+class CpMatchesExact : public ::testing::TestWithParam<Param> {};
+
+TEST_P(CpMatchesExact, EveryOutputAndGradient) {
+  auto [cp_case, layout] = GetParam();
+  CaseSpec spec = cp_case.spec;
+  pad_thd(spec, layout.cp);
+  const CaseTensors tensors = test::make_case(spec);
+  // A copy, never an alias of anything the CP run writes (DESIGN.md §9).
+  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
+
+  CpConfig config;
+  config.comm_type = layout.type;
+  config.a2a_group_size = layout.group;
+  CpRun run = run_cp(spec, tensors, config, layout.cp);
+  test::CaseComparison c = test::compare_outputs(run.out, reference);
+  RecordProperty("worst_relative_error", ::testing::PrintToString(c.worst()));
+  EXPECT_LT(c.o, kTolerance);
+  EXPECT_LT(c.lse, kTolerance);
+  EXPECT_LT(c.dq, kTolerance);
+  EXPECT_LT(c.dk, kTolerance);
+  EXPECT_LT(c.dv, kTolerance);
+  EXPECT_LT(c.dsoftmax_offset, kTolerance) << "sum of the ranks' partial dalpha";
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return std::get<0>(info.param).name + "_" + layout_name(std::get<1>(info.param));
+}
+
+std::vector<Param> all_params() {
+  std::vector<Param> params;
+  for (const CpCase& c : feature_cases())
+    for (const Layout& l : layouts()) params.emplace_back(c, l);
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, CpMatchesExact, ::testing::ValuesIn(all_params()), param_name);
+
+CaseSpec softcap_sink_spec() {
+  for (const CpCase& c : feature_cases())
+    if (c.name == "softcap_sink") return c.spec;
+  return {};
+}
+
+// The features this suite checks are not invisible at these sizes (DESIGN.md §9).
+TEST(CpFeatures, SoftcapAndSinksMoveTheReference) {
+  CaseSpec spec = softcap_sink_spec();
+  const CaseTensors tensors = test::make_case(spec);
+  const CaseOutputs with = test::run_case(spec, tensors, BackendKind::kCpuExact);
+  CaseSpec no_cap = spec;
+  no_cap.config.softcap = 0.0;
+  CaseSpec no_sink = spec;
+  no_sink.config.softmax_type = SoftmaxType::kVanilla;
+  CaseTensors tensors_no_sink = tensors;
+  tensors_no_sink.softmax_offset = HostTensor();
+  EXPECT_GT(test::relative_error(test::run_case(no_cap, tensors, BackendKind::kCpuExact).o, with.o),
+            10 * kTolerance);
+  EXPECT_GT(test::relative_error(test::run_case(no_sink, tensors_no_sink, BackendKind::kCpuExact).o,
+                                 with.o),
+            10 * kTolerance);
+}
+
+// The classic bug: every tile counts the sink. It must fail these tests, at cp = 4 with a
+// causal mask (at cp = 2 without a mask, errors cancelled in the reference system's history).
+TEST(CpFeatures, SinkCountedOncePerTileFails) {
+  CaseSpec spec = softcap_sink_spec();
+  const CaseTensors tensors = test::make_case(spec);
+  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
+  for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
+    CpConfig config;
+    config.comm_type = type;
+    cp::DebugOptions wrong;
+    wrong.sink_per_tile = true;
+    CpRun bad = run_cp(spec, tensors, config, 4, wrong);
+    CpRun good = run_cp(spec, tensors, config, 4);
+    EXPECT_GT(test::relative_error(bad.out.o, reference.o), 100 * kTolerance) << to_string(type);
+    EXPECT_GT(test::relative_error(bad.out.lse, reference.lse), 100 * kTolerance);
+    EXPECT_LT(test::relative_error(good.out.o, reference.o), kTolerance);
+  }
+}
+
+// dalpha contract: partials sum to the unsharded gradient; reduce_dalpha returns that sum on
+// every rank; no single rank's partial is the whole gradient.
+TEST(CpFeatures, DalphaContract) {
+  CaseSpec spec = softcap_sink_spec();
+  const CaseTensors tensors = test::make_case(spec);
+  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
+  for (CpCommType type : {CpCommType::kP2P, CpCommType::kA2A}) {
+    CpConfig config;
+    config.comm_type = type;
+    CpRun partial = run_cp(spec, tensors, config, 4);
+    EXPECT_LT(test::relative_error(partial.out.dsoftmax_offset, reference.dsoftmax_offset),
+              kTolerance);
+    EXPECT_GT(test::relative_error(partial.dalpha_partials[0], reference.dsoftmax_offset), 0.05);
+    config.reduce_dalpha = true;
+    CpRun reduced = run_cp(spec, tensors, config, 4);
+    for (const HostTensor& rank_dalpha : reduced.dalpha_partials)
+      EXPECT_LT(test::relative_error(rank_dalpha, reference.dsoftmax_offset), kTolerance);
+  }
+}
+
+// Dropout draws at global coordinates: with p = 0.2 the outputs differ from p = 0 and CP still
+// matches exactly which elements were kept (the comparison above would fail otherwise).
+TEST(CpFeatures, DropoutMovesTheReference) {
+  for (const CpCase& c : feature_cases()) {
+    if (c.name != "dropout") continue;
+    const CaseTensors tensors = test::make_case(c.spec);
+    CaseSpec off = c.spec;
+    off.config.dropout = 0.0;
+    EXPECT_GT(test::relative_error(test::run_case(c.spec, tensors, BackendKind::kCpuExact).o,
+                                   test::run_case(off, tensors, BackendKind::kCpuExact).o),
+              0.05);
+  }
+}
+
+TEST(CpFeatures, RefusesWhatItCannotShard) {
+  CaseSpec spec = feature_cases()[0].spec;
+  const CaseTensors tensors = test::make_case(spec);
+  CpConfig config;
+  config.comm_type = CpCommType::kA2A;
+  spec.heads_q = 8;
+  // a2a needs H % cp == 0: 8 heads over 3 ranks is refused with a reason, on every rank.
+  EXPECT_THROW(run_cp(spec, tensors, config, 3), Error);
+  // The tiled cpu backend does not implement tiles: forcing it is refused by the selector.
+  CaseSpec forced = spec;
+  forced.config.backend = BackendKind::kCpu;
+  config.comm_type = CpCommType::kP2P;
+  try {
+    run_cp(forced, tensors, config, 2);
+    FAIL() << "expected the selector to refuse";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("context-parallel tiles"), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace dpa
