@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "             against cpu_exact\n"
     "  attention  one forward (and backward with --do) call on .npy inputs; writes .npy outputs\n"
     "  explain    which backend a call would use, and every backend's reasons\n"
+    "  cp-check   context parallelism with in-process ranks vs the unsharded cpu_exact call\n"
     "  bench      time forward/backward on CUDA device tensors: median ms, TFLOP/s, GB/s\n"
     "\n"
     "`dpa <command> --help` lists a command's flags. Environment: DPA_BACKEND=name forces a\n"
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   if (command == "attention") return dpa::cli::attention_command(words);
   if (command == "explain") return dpa::cli::explain_command(words);
   if (command == "run") return dpa::cli::run_command(words);
+  if (command == "cp-check") return dpa::cli::cp_check_command(words);
   if (command == "bench") return dpa::cli::bench_command(words);
   std::cerr << "dpa: error: unknown command '" << command << "' (run, attention, explain, bench)\n";
   return dpa::cli::kExitUsage;
