@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -290,8 +291,10 @@ void expect_matches_reference(const CaseOutputs& got, const CaseOutputs& referen
     EXPECT_FALSE(has_nan(g.got)) << g.name << " has NaN (an element left unwritten is NaN)";
     if (norm(g.ref) == 0.0) {
       // A gradient that is exactly zero by construction (e.g. dq and dk when every row sees
-      // a single key: the softmax of one logit does not depend on it) must come out zero.
-      EXPECT_EQ(norm(g.got), 0.0) << "the reference " << g.name << " is zero but ours is not";
+      // a single key: the softmax of one logit does not depend on it) must come out zero up
+      // to rounding: D = dO.o uses the rounded o, so dP - D is ~1e-3 of |dO| |v|, not 0.
+      EXPECT_LE(norm(g.got), 1e-4 * std::max(1.0, norm(reference.dv)))
+          << "the reference " << g.name << " is zero but ours is not";
       continue;
     }
     const double error = relative_error(g.got, g.ref);
