@@ -73,6 +73,12 @@ struct Capabilities {
   std::vector<std::function<std::optional<std::string>(const FeatureRequest&)>> extra_rules;
 };
 
+// Every attention feature of DESIGN.md §3-5 switched on (formats, masks, window, padded offsets,
+// bias types and their gradient, ALiBi, softcap, sinks and their gradient, dropout, backward,
+// determinism), for backends that implement the whole spec; dtypes, head dims and device
+// limits are left for the backend to set. Partial backends list what they honour instead.
+Capabilities full_feature_capabilities(BackendKind kind, Device device);
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -63,28 +63,8 @@ RowSoftmax row_softmax(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
 class CpuExactBackend final : public Backend {
  public:
   CpuExactBackend() {
-    caps_.kind = BackendKind::kCpuExact;
-    caps_.device = Device::kCPU;
+    caps_ = full_feature_capabilities(BackendKind::kCpuExact, Device::kCPU);
     caps_.dtypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
-    caps_.formats = {Format::kBSHD, Format::kSBHD, Format::kTHD};
-    caps_.mask_types = {MaskType::kNoMask,
-                        MaskType::kPadding,
-                        MaskType::kCausal,
-                        MaskType::kPaddingCausal,
-                        MaskType::kCausalBottomRight,
-                        MaskType::kPaddingCausalBottomRight,
-                        MaskType::kArbitrary};
-    caps_.window = true;
-    caps_.padded_offsets = true;
-    caps_.bias_types = {BiasType::kNoBias, BiasType::kPreScale, BiasType::kPostScale};
-    caps_.bias_grad = true;
-    caps_.alibi = true;
-    caps_.softcap = true;
-    caps_.softmax_types = {SoftmaxType::kVanilla, SoftmaxType::kOffByOne, SoftmaxType::kLearnable};
-    caps_.sink_grad = true;
-    caps_.dropout = true;
-    caps_.backward = true;
-    caps_.deterministic = true;
     caps_.cp_tiles = true;
   }
 

@@ -13,8 +13,7 @@ namespace {
 class CudaUnfusedBackend final : public Backend {
  public:
   CudaUnfusedBackend() {
-    caps_.kind = BackendKind::kCudaUnfused;
-    caps_.device = Device::kCUDA;
+    caps_ = full_feature_capabilities(BackendKind::kCudaUnfused, Device::kCUDA);
     caps_.available = cuda::device_info(0).present;
     if (!caps_.available) caps_.unavailable_reason = "no CUDA device";
     caps_.min_arch = 80;
@@ -23,21 +22,6 @@ class CudaUnfusedBackend final : public Backend {
     // GEMMs and row kernels take any head dim, and dqk != dv.
     caps_.max_head_dim = 0;
     caps_.different_head_dims = true;
-    caps_.formats = {Format::kBSHD, Format::kSBHD, Format::kTHD};
-    caps_.mask_types = {
-        MaskType::kNoMask,        MaskType::kPadding,           MaskType::kCausal,
-        MaskType::kPaddingCausal, MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight,
-        MaskType::kArbitrary};
-    caps_.window = true;
-    caps_.padded_offsets = true;
-    caps_.bias_types = {BiasType::kNoBias, BiasType::kPreScale, BiasType::kPostScale};
-    caps_.bias_grad = true;
-    caps_.alibi = true;
-    caps_.softcap = true;
-    caps_.softmax_types = {SoftmaxType::kVanilla, SoftmaxType::kOffByOne, SoftmaxType::kLearnable};
-    caps_.sink_grad = true;
-    caps_.dropout = true;
-    caps_.backward = true;
     // No atomics: fixed-order block reductions, GQA sums by sequential beta = 1 GEMMs, and a
     // per-call cuBLAS workspace (cuBLAS is bit-reproducible on one stream and architecture).
     caps_.deterministic = true;
