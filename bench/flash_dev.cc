@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/flash_variants.h"
 #include "core/element_access.h"
 #include "core/problem_builder.h"
 #include "cpu/cpu_backends.h"
 #include "cuda/cuda_backends.h"
-#include "bench/flash_variants.h"
 #include "cuda/cuda_check.h"
 
 namespace {
@@ -95,8 +95,10 @@ double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters, 
   for (auto& x : run.sink) x = float(std::normal_distribution<double>(0, 5)(rng));
   run.slopes.resize(size_t(s.H));
   for (int h = 0; h < s.H; ++h) run.slopes[size_t(h)] = 0.05f * float(h + 1);
-  DeviceTensor q(DType::kBFloat16, {s.b, s.sq, s.H, s.d}), k(DType::kBFloat16, {s.b, s.skv, s.G, s.d});
-  DeviceTensor v(DType::kBFloat16, {s.b, s.skv, s.G, s.dv}), o(DType::kBFloat16, {s.b, s.sq, s.H, s.dv});
+  DeviceTensor q(DType::kBFloat16, {s.b, s.sq, s.H, s.d}),
+      k(DType::kBFloat16, {s.b, s.skv, s.G, s.d});
+  DeviceTensor v(DType::kBFloat16, {s.b, s.skv, s.G, s.dv}),
+      o(DType::kBFloat16, {s.b, s.sq, s.H, s.dv});
   DeviceTensor lse(DType::kFloat32, {s.b, s.H, s.sq}), sink(DType::kFloat32, {s.H});
   DeviceTensor slopes(DType::kFloat32, {s.H});
   q.upload(run.q);
@@ -172,7 +174,8 @@ bool check(const Shape& s, const Features& f) {
   args.in.v = v;
   if (f.softmax == SoftmaxType::kLearnable)
     args.in.softmax_offset = TensorView::contiguous(run.sink.data(), DType::kFloat32, {s.H});
-  if (f.alibi) args.in.alibi_slopes = TensorView::contiguous(run.slopes.data(), DType::kFloat32, {s.H});
+  if (f.alibi)
+    args.in.alibi_slopes = TensorView::contiguous(run.slopes.data(), DType::kFloat32, {s.H});
   args.o = TensorView::contiguous(o_ref.data(), DType::kFloat64, {s.b, s.sq, s.H, s.dv});
   args.lse = TensorView::contiguous(lse_ref.data(), DType::kFloat32, {s.b, s.H, s.sq});
   AttentionConfig config = make_config(f);
@@ -216,12 +219,12 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
   Run run;
   const double ms = run_flash(s, f, run, 20, variant);
   const double flops = 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
-  const double bytes = 2.0 * (double(s.b) * s.sq * s.H * (s.d + s.dv) +
-                              double(s.b) * s.skv * s.G * (s.d + s.dv));
+  const double bytes =
+      2.0 * (double(s.b) * s.sq * s.H * (s.d + s.dv) + double(s.b) * s.skv * s.G * (s.d + s.dv));
   if (variant >= 0) std::printf("[%s] ", cuda::flash_variant_name(variant));
   std::printf("time  %-28s b%d H%d G%d sq%d skv%d d%d/%d: %.3f ms  %.1f TFLOP/s  %.0f GB/s\n",
-              f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, ms,
-              flops / ms * 1e-9, bytes / ms * 1e-6);
+              f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, ms, flops / ms * 1e-9,
+              bytes / ms * 1e-6);
 }
 
 }  // namespace
@@ -261,7 +264,7 @@ int main(int argc, char** argv) {
         failures += !check(small, f);
       for (int d : {64, 96, 192, 256}) failures += !check({1, 4, 1, 130, 70, d, d}, cap1);
       failures += !check({1, 4, 4, 77, 150, 192, 128}, causal_sink);
-      failures += !check({1, 64, 8, 1, 4099, 64, 64}, sink);      // decode: split-KV
+      failures += !check({1, 64, 8, 1, 4099, 64, 64}, sink);         // decode: split-KV
       failures += !check({1, 8, 8, 3, 2500, 128, 128}, causal_cap);  // bottom-right? top-left
     }
     if (do_time) {

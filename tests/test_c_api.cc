@@ -27,8 +27,7 @@ TEST(CApi, ForwardFromC) {
 TEST(CApi, BadSoftcapNamesArgument) {
   float o = 0, lse = 0;
   EXPECT_EQ(dpa_c_forward_small(-1.0, DPA_SOFTMAX_VANILLA, &o, &lse), DPA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(dpa_last_error()).find("softcap"), std::string::npos)
-      << dpa_last_error();
+  EXPECT_NE(std::string(dpa_last_error()).find("softcap"), std::string::npos) << dpa_last_error();
 }
 
 TEST(CApi, BadOffsetWritesNothing) {

@@ -2,10 +2,9 @@
 // gradient of cpu_exact (q, k, v, bias, sink offsets) with each feature switched on.
 #include <gtest/gtest.h>
 
-#include <ostream>
-
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "support/attention_case.h"
@@ -151,8 +150,7 @@ TEST_P(ExactGradients, MatchFiniteDifferences) {
   check_tensor_gradient(spec, t, &CaseTensors::q, analytic.dq, "dq");
   check_tensor_gradient(spec, t, &CaseTensors::k, analytic.dk, "dk");
   check_tensor_gradient(spec, t, &CaseTensors::v, analytic.dv, "dv");
-  if (t.bias.defined())
-    check_tensor_gradient(spec, t, &CaseTensors::bias, analytic.dbias, "dbias");
+  if (t.bias.defined()) check_tensor_gradient(spec, t, &CaseTensors::bias, analytic.dbias, "dbias");
   if (t.softmax_offset.defined())
     check_tensor_gradient(spec, t, &CaseTensors::softmax_offset, analytic.dsoftmax_offset,
                           "dsoftmax_offset");
@@ -160,72 +158,72 @@ TEST_P(ExactGradients, MatchFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Features, ExactGradients,
-    ::testing::Values(
-        GradientCheck{"plain", [](CaseSpec&) {}},
-        GradientCheck{"softcap",
-                      [](CaseSpec& s) {
-                        s.config.softcap = 0.7;
-                        s.qk_stddev = 2.5;
-                      }},
-        GradientCheck{"learnable_sink_softcap",
-                      [](CaseSpec& s) {
-                        s.config.softmax_type = SoftmaxType::kLearnable;
-                        s.config.softcap = 2.0;
-                        s.sink_stddev = 1.0;
-                      }},
-        GradientCheck{"off_by_one_causal",
-                      [](CaseSpec& s) {
-                        s.config.softmax_type = SoftmaxType::kOffByOne;
-                        s.config.mask_type = MaskType::kCausal;
-                      }},
-        GradientCheck{"pre_scale_bias_broadcast",
-                      [](CaseSpec& s) {
-                        s.config.bias_type = BiasType::kPreScale;
-                        s.config.softcap = 1.5;
-                        s.bias_shape = {1, 4, 1, 6};
-                      }},
-        GradientCheck{"post_scale_bias_full",
-                      [](CaseSpec& s) {
-                        s.config.bias_type = BiasType::kPostScale;
-                        s.config.softcap = 1.5;
-                        s.bias_shape = {2, 4, 4, 6};
-                      }},
-        GradientCheck{"alibi_sink_window",
-                      [](CaseSpec& s) {
-                        s.alibi = true;
-                        s.config.softmax_type = SoftmaxType::kLearnable;
-                        s.sink_stddev = 1.0;
-                        s.config.window_left = 2;
-                        s.config.window_right = 1;
-                      }},
-        GradientCheck{"causal_bottom_right_window",
-                      [](CaseSpec& s) {
-                        s.config.mask_type = MaskType::kCausalBottomRight;
-                        s.config.window_left = 2;
-                      }},
-        GradientCheck{"dropout_softcap_sink",
-                      [](CaseSpec& s) {
-                        s.config.dropout = 0.3;
-                        s.config.seed = 1234;
-                        s.config.softcap = 1.0;
-                        s.config.softmax_type = SoftmaxType::kLearnable;
-                        s.sink_stddev = 1.0;
-                      }},
-        GradientCheck{"thd_padded_gqa",
-                      [](CaseSpec& s) {
-                        s.config.format = Format::kTHD;
-                        s.config.mask_type = MaskType::kPaddingCausalBottomRight;
-                        s.lengths_q = {3, 0, 2};
-                        s.lengths_kv = {4, 2, 5};
-                        s.gaps_q = {1, 0, 2};
-                        s.gaps_kv = {0, 1, 1};
-                        s.config.softcap = 1.0;
-                      }},
-        GradientCheck{"arbitrary_mask_sbhd", [](CaseSpec& s) {
-                        s.config.format = Format::kSBHD;
-                        s.config.mask_type = MaskType::kArbitrary;
-                        s.config.softmax_type = SoftmaxType::kOffByOne;
-                      }}),
+    ::testing::Values(GradientCheck{"plain", [](CaseSpec&) {}},
+                      GradientCheck{"softcap",
+                                    [](CaseSpec& s) {
+                                      s.config.softcap = 0.7;
+                                      s.qk_stddev = 2.5;
+                                    }},
+                      GradientCheck{"learnable_sink_softcap",
+                                    [](CaseSpec& s) {
+                                      s.config.softmax_type = SoftmaxType::kLearnable;
+                                      s.config.softcap = 2.0;
+                                      s.sink_stddev = 1.0;
+                                    }},
+                      GradientCheck{"off_by_one_causal",
+                                    [](CaseSpec& s) {
+                                      s.config.softmax_type = SoftmaxType::kOffByOne;
+                                      s.config.mask_type = MaskType::kCausal;
+                                    }},
+                      GradientCheck{"pre_scale_bias_broadcast",
+                                    [](CaseSpec& s) {
+                                      s.config.bias_type = BiasType::kPreScale;
+                                      s.config.softcap = 1.5;
+                                      s.bias_shape = {1, 4, 1, 6};
+                                    }},
+                      GradientCheck{"post_scale_bias_full",
+                                    [](CaseSpec& s) {
+                                      s.config.bias_type = BiasType::kPostScale;
+                                      s.config.softcap = 1.5;
+                                      s.bias_shape = {2, 4, 4, 6};
+                                    }},
+                      GradientCheck{"alibi_sink_window",
+                                    [](CaseSpec& s) {
+                                      s.alibi = true;
+                                      s.config.softmax_type = SoftmaxType::kLearnable;
+                                      s.sink_stddev = 1.0;
+                                      s.config.window_left = 2;
+                                      s.config.window_right = 1;
+                                    }},
+                      GradientCheck{"causal_bottom_right_window",
+                                    [](CaseSpec& s) {
+                                      s.config.mask_type = MaskType::kCausalBottomRight;
+                                      s.config.window_left = 2;
+                                    }},
+                      GradientCheck{"dropout_softcap_sink",
+                                    [](CaseSpec& s) {
+                                      s.config.dropout = 0.3;
+                                      s.config.seed = 1234;
+                                      s.config.softcap = 1.0;
+                                      s.config.softmax_type = SoftmaxType::kLearnable;
+                                      s.sink_stddev = 1.0;
+                                    }},
+                      GradientCheck{"thd_padded_gqa",
+                                    [](CaseSpec& s) {
+                                      s.config.format = Format::kTHD;
+                                      s.config.mask_type = MaskType::kPaddingCausalBottomRight;
+                                      s.lengths_q = {3, 0, 2};
+                                      s.lengths_kv = {4, 2, 5};
+                                      s.gaps_q = {1, 0, 2};
+                                      s.gaps_kv = {0, 1, 1};
+                                      s.config.softcap = 1.0;
+                                    }},
+                      GradientCheck{"arbitrary_mask_sbhd",
+                                    [](CaseSpec& s) {
+                                      s.config.format = Format::kSBHD;
+                                      s.config.mask_type = MaskType::kArbitrary;
+                                      s.config.softmax_type = SoftmaxType::kOffByOne;
+                                    }}),
     [](const ::testing::TestParamInfo<GradientCheck>& info) { return info.param.name; });
 
 }  // namespace

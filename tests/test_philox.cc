@@ -26,7 +26,7 @@ TEST(Philox, KnownAnswerAllOnes) {
 TEST(Philox, DropoutThresholdRounding) {
   EXPECT_EQ(dropout_threshold(0.0), 0u);
   EXPECT_EQ(dropout_threshold(0.5), 32768u);
-  EXPECT_EQ(dropout_threshold(0.1), 6554u);  // 6553.6 rounds to 6554
+  EXPECT_EQ(dropout_threshold(0.1), 6554u);       // 6553.6 rounds to 6554
   EXPECT_EQ(dropout_threshold(0.99999), 65535u);  // clamped
   EXPECT_DOUBLE_EQ(dropout_keep_prob(32768u), 0.5);
 }
@@ -38,8 +38,8 @@ TEST(Philox, KeepMappingMatchesSpec) {
   const int64_t heads = 3, batch = 2, head = 1, row = 11;
   const uint32_t threshold = dropout_threshold(0.3);
   for (int64_t col = 0; col < 40; ++col) {
-    Philox4 counter{{uint32_t(col >> 3), uint32_t(row), uint32_t(head + heads * batch),
-                     uint32_t(offset)}};
+    Philox4 counter{
+        {uint32_t(col >> 3), uint32_t(row), uint32_t(head + heads * batch), uint32_t(offset)}};
     Philox4 block = philox4x32_10(counter, 0x89abcdefu, 0x01234567u);
     const int k = int(col & 7);
     const uint32_t word = block.x[k / 2];

@@ -1,9 +1,8 @@
 // The fail-closed selector (DESIGN.md §6) on synthetic capability sets and on the real registry.
 #include <gtest/gtest.h>
 
-#include <ostream>
-
 #include <cstdlib>
+#include <ostream>
 
 #include "core/selector.h"
 #include "support/attention_case.h"
@@ -18,10 +17,10 @@ Capabilities everything(BackendKind kind) {
   c.device = Device::kCPU;
   c.dtypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
   c.formats = {Format::kBSHD, Format::kSBHD, Format::kTHD};
-  c.mask_types = {MaskType::kNoMask,        MaskType::kPadding,
-                  MaskType::kCausal,        MaskType::kPaddingCausal,
-                  MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight,
-                  MaskType::kArbitrary};
+  c.mask_types = {
+      MaskType::kNoMask,        MaskType::kPadding,           MaskType::kCausal,
+      MaskType::kPaddingCausal, MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight,
+      MaskType::kArbitrary};
   c.window = c.padded_offsets = c.bias_grad = c.alibi = c.softcap = c.sink_grad = true;
   c.dropout = c.backward = c.deterministic = true;
   c.bias_types = {BiasType::kNoBias, BiasType::kPreScale, BiasType::kPostScale};
@@ -31,7 +30,7 @@ Capabilities everything(BackendKind kind) {
 
 struct CapabilityCase {
   const char* name;
-  void (*remove)(Capabilities&);    // switch the capability off
+  void (*remove)(Capabilities&);     // switch the capability off
   void (*request)(FeatureRequest&);  // ask for the feature
 };
 
@@ -98,8 +97,7 @@ INSTANTIATE_TEST_SUITE_P(
                          c.bias_types = {BiasType::kNoBias, BiasType::kPostScale};
                        },
                        [](FeatureRequest& r) { r.bias_type = BiasType::kPreScale; }},
-        CapabilityCase{"arbitrary_mask",
-                       [](Capabilities& c) { c.mask_types.pop_back(); },
+        CapabilityCase{"arbitrary_mask", [](Capabilities& c) { c.mask_types.pop_back(); },
                        [](FeatureRequest& r) { r.mask_type = MaskType::kArbitrary; }},
         CapabilityCase{"window", [](Capabilities& c) { c.window = false; },
                        [](FeatureRequest& r) { r.window = true; }},
@@ -115,7 +113,9 @@ INSTANTIATE_TEST_SUITE_P(
                          r.padded_offsets = true;
                        }},
         CapabilityCase{"head_dim",
-                       [](Capabilities& c) { c.head_dims_qk = c.head_dims_v = {64, 128}; },
+                       [](Capabilities& c) {
+                         c.head_dims_qk = c.head_dims_v = {64, 128};
+                       },
                        [](FeatureRequest& r) { r.head_dim_qk = r.head_dim_v = 96; }},
         CapabilityCase{"mla_dims", [](Capabilities& c) { c.different_head_dims = false; },
                        [](FeatureRequest& r) { r.head_dim_v = 32; }},
@@ -177,9 +177,7 @@ TEST(Selector, DeviceMismatchRejects) {
 
 class EnvironmentVariable {
  public:
-  EnvironmentVariable(const char* name, const char* value) : name_(name) {
-    setenv(name, value, 1);
-  }
+  EnvironmentVariable(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
   ~EnvironmentVariable() { unsetenv(name_); }
 
  private:

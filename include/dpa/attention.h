@@ -44,9 +44,9 @@ struct ForwardArgs {
 
 struct BackwardArgs {
   AttentionInputs in;
-  TensorView o;    // the forward output
-  TensorView lse;  // the forward LSE
-  TensorView d_o;  // like o
+  TensorView o;                // the forward output
+  TensorView lse;              // the forward LSE
+  TensorView d_o;              // like o
   TensorView dq, dk, dv;       // like q, k, v
   TensorView dbias;            // like bias; requests the bias gradient when defined
   TensorView dsoftmax_offset;  // fp32 [H]; requests dalpha when defined (learnable only)
@@ -72,7 +72,7 @@ struct Selection {
   std::optional<BackendKind> chosen;  // nullopt: nothing eligible
   bool forced = false;                // DPA_BACKEND or config.backend named it
   std::vector<BackendVerdict> verdicts;
-  std::string to_string() const;      // human-readable, one backend per block
+  std::string to_string() const;  // human-readable, one backend per block
 };
 
 enum class Pass : int { kForward = 0, kBackward = 1 };

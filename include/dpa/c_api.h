@@ -40,7 +40,11 @@ typedef enum {
   DPA_MASK_PADDING_CAUSAL_BOTTOM_RIGHT = 5,
   DPA_MASK_ARBITRARY = 6
 } dpa_mask_type_t;
-typedef enum { DPA_SOFTMAX_VANILLA = 0, DPA_SOFTMAX_OFF_BY_ONE = 1, DPA_SOFTMAX_LEARNABLE = 2 } dpa_softmax_type_t;
+typedef enum {
+  DPA_SOFTMAX_VANILLA = 0,
+  DPA_SOFTMAX_OFF_BY_ONE = 1,
+  DPA_SOFTMAX_LEARNABLE = 2
+} dpa_softmax_type_t;
 typedef enum { DPA_BIAS_NONE = 0, DPA_BIAS_PRE_SCALE = 1, DPA_BIAS_POST_SCALE = 2 } dpa_bias_type_t;
 typedef enum {
   DPA_BACKEND_AUTO = -1,
@@ -83,10 +87,10 @@ typedef struct {
   int32_t backend; /* dpa_backend_t */
 } dpa_config_t;
 
-#define DPA_CONFIG_INITIALIZER                                                               \
-  {                                                                                          \
+#define DPA_CONFIG_INITIALIZER                                                                 \
+  {                                                                                            \
     sizeof(dpa_config_t), DPA_CONFIG_VERSION, DPA_BSHD, DPA_MASK_NO_MASK, -1, -1, 1, 0.0, 0.0, \
-        DPA_SOFTMAX_VANILLA, DPA_BIAS_NONE, 0.0, 0, 0, 0, DPA_BACKEND_AUTO                   \
+        DPA_SOFTMAX_VANILLA, DPA_BIAS_NONE, 0.0, 0, 0, 0, DPA_BACKEND_AUTO                     \
   }
 
 typedef struct {

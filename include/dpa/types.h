@@ -8,7 +8,14 @@
 
 namespace dpa {
 
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3, kInt32 = 4, kBool = 5 };
+enum class DType : int {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat64 = 3,
+  kInt32 = 4,
+  kBool = 5
+};
 enum class Device : int { kCPU = 0, kCUDA = 1 };
 enum class Format : int { kBSHD = 0, kSBHD = 1, kTHD = 2 };
 

@@ -13,7 +13,8 @@ Selection select_for(const AttentionConfig& config, const AttentionProblem& prob
                      FeatureRequest* request_out = nullptr) {
   FeatureRequest request = make_feature_request(problem);
   std::vector<const Capabilities*> candidates;
-  for (const Backend* backend : registered_backends()) candidates.push_back(&backend->capabilities());
+  for (const Backend* backend : registered_backends())
+    candidates.push_back(&backend->capabilities());
   Selection selection = select_backend(request, candidates, forced_backend(config.backend));
   if (request_out) *request_out = request;
   return selection;

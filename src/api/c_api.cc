@@ -17,11 +17,16 @@ thread_local std::string last_error;
 
 dpa_status_t status_of(dpa::ErrorCode code) {
   switch (code) {
-    case dpa::ErrorCode::kInvalidArgument: return DPA_INVALID_ARGUMENT;
-    case dpa::ErrorCode::kNotSupported: return DPA_NOT_SUPPORTED;
-    case dpa::ErrorCode::kBackendFailure: return DPA_BACKEND_FAILURE;
-    case dpa::ErrorCode::kInternal: return DPA_INTERNAL_ERROR;
-    case dpa::ErrorCode::kIo: return DPA_IO_ERROR;
+    case dpa::ErrorCode::kInvalidArgument:
+      return DPA_INVALID_ARGUMENT;
+    case dpa::ErrorCode::kNotSupported:
+      return DPA_NOT_SUPPORTED;
+    case dpa::ErrorCode::kBackendFailure:
+      return DPA_BACKEND_FAILURE;
+    case dpa::ErrorCode::kInternal:
+      return DPA_INTERNAL_ERROR;
+    case dpa::ErrorCode::kIo:
+      return DPA_IO_ERROR;
   }
   return DPA_INTERNAL_ERROR;
 }
@@ -178,12 +183,18 @@ const char* dpa_last_error(void) { return last_error.c_str(); }
 
 const char* dpa_status_string(dpa_status_t status) {
   switch (status) {
-    case DPA_SUCCESS: return "success";
-    case DPA_INVALID_ARGUMENT: return "invalid argument";
-    case DPA_NOT_SUPPORTED: return "not supported";
-    case DPA_BACKEND_FAILURE: return "backend failure";
-    case DPA_INTERNAL_ERROR: return "internal error";
-    case DPA_IO_ERROR: return "i/o error";
+    case DPA_SUCCESS:
+      return "success";
+    case DPA_INVALID_ARGUMENT:
+      return "invalid argument";
+    case DPA_NOT_SUPPORTED:
+      return "not supported";
+    case DPA_BACKEND_FAILURE:
+      return "backend failure";
+    case DPA_INTERNAL_ERROR:
+      return "internal error";
+    case DPA_IO_ERROR:
+      return "i/o error";
   }
   return "unknown status";
 }

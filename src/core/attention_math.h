@@ -56,8 +56,7 @@ inline double alibi_slope(const AttentionProblem& p, int64_t b, int64_t h) {
 }
 
 // Post-cap additive terms: the post-scale bias and ALiBi (-slope * |i + delta - j|).
-inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
-                            int64_t j) {
+inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   double total = 0.0;
   if (p.bias_type == BiasType::kPostScale) total += load(p.bias, p.bias_layout.offset(b, h, i, j));
   if (p.has_alibi) {
@@ -72,9 +71,12 @@ inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int
 inline double sink_logit(const AttentionProblem& p, int64_t h) {
   if (p.cp_exclude_sink) return -std::numeric_limits<double>::infinity();
   switch (p.softmax_type) {
-    case SoftmaxType::kVanilla: return -std::numeric_limits<double>::infinity();
-    case SoftmaxType::kOffByOne: return 0.0;
-    case SoftmaxType::kLearnable: return load(p.softmax_offset, h);
+    case SoftmaxType::kVanilla:
+      return -std::numeric_limits<double>::infinity();
+    case SoftmaxType::kOffByOne:
+      return 0.0;
+    case SoftmaxType::kLearnable:
+      return load(p.softmax_offset, h);
   }
   return -std::numeric_limits<double>::infinity();
 }
@@ -85,8 +87,7 @@ inline bool has_sink(const AttentionProblem& p) {
 
 // Dropout multiplier keep_ij / keep_prob for element (b, h, i, j); i, j are positions within
 // sequence b (DESIGN.md §5). A CP tile draws at its global head, row and column.
-inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
-                            int64_t j) {
+inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (p.dropout_threshold == 0) return 1.0;
   const int64_t heads = p.cp_heads_total > 0 ? p.cp_heads_total : p.heads_q;
   const int64_t row = p.cp_q_position.empty() ? i : i + p.cp_q_position[b];

@@ -21,8 +21,8 @@ struct FeatureRequest {
   int64_t max_seqlen_q = 1, max_seqlen_kv = 1;
   int64_t head_dim_qk = 64, head_dim_v = 64;
   MaskType mask_type = MaskType::kNoMask;
-  bool window = false;             // a finite left or right bound beyond what the mask implies
-  bool padded_offsets = false;     // thd with cu_seqlens_*_padded
+  bool window = false;          // a finite left or right bound beyond what the mask implies
+  bool padded_offsets = false;  // thd with cu_seqlens_*_padded
   BiasType bias_type = BiasType::kNoBias;
   bool bias_grad = false;
   bool alibi = false;
@@ -65,7 +65,7 @@ struct Capabilities {
   bool deterministic = false;  // can produce bit-identical results run to run
   // Honours the CP tile fields of AttentionProblem (cp_q_position, cp_exclude_sink, ...).
   bool cp_tiles = false;
-  int min_arch = 0;            // minimal sm for GPU backends
+  int min_arch = 0;  // minimal sm for GPU backends
   // Optional extra limit, e.g. memory for O(s^2) backends: a reason, or nullopt when it fits.
   std::function<std::optional<std::string>(const FeatureRequest&)> size_limit;
   // Further backend-specific requirements (e.g. which head-dim pairs have kernels), each a

@@ -45,7 +45,7 @@ inline uint16_t float_to_half(float f) {
   uint32_t bits = float_to_bits(f);
   uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
   uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (abs_bits > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
   if (abs_bits >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
   if (abs_bits < 0x38800000u) {
     // Result is subnormal (or zero) in fp16: quantise to multiples of 2^-24 with RNE.

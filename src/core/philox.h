@@ -47,10 +47,10 @@ DPA_HOST_DEVICE double dropout_keep_prob(uint32_t threshold) {
 }
 
 // The eight 16-bit draws for key columns 8*(j>>3) .. 8*(j>>3)+7 of (batch, head, row).
-DPA_HOST_DEVICE Philox4 dropout_block(uint64_t seed, uint64_t offset, int64_t batch,
-                                      int64_t heads, int64_t head, int64_t row, int64_t col) {
-  Philox4 counter{{uint32_t(col >> 3), uint32_t(row), uint32_t(head + heads * batch),
-                   uint32_t(offset)}};
+DPA_HOST_DEVICE Philox4 dropout_block(uint64_t seed, uint64_t offset, int64_t batch, int64_t heads,
+                                      int64_t head, int64_t row, int64_t col) {
+  Philox4 counter{
+      {uint32_t(col >> 3), uint32_t(row), uint32_t(head + heads * batch), uint32_t(offset)}};
   return philox4x32_10(counter, uint32_t(seed), uint32_t(seed >> 32));
 }
 

@@ -39,20 +39,20 @@ struct AttentionProblem {
   DType dtype = DType::kFloat32;  // of q, k, v, o, dO, dq, dk, dv
   Device device = Device::kCPU;
   int device_index = 0;
-  int device_arch = 0;      // sm version (e.g. 90) of the device; 0 on the host
-  void* stream = nullptr;   // cudaStream_t
+  int device_arch = 0;     // sm version (e.g. 90) of the device; 0 on the host
+  void* stream = nullptr;  // cudaStream_t
 
   int64_t batch = 0;
   int64_t heads_q = 0;   // H
   int64_t heads_kv = 0;  // G; query head h reads KV head h / (H / G)
   int64_t head_dim_qk = 0;
   int64_t head_dim_v = 0;
-  int64_t max_seqlen_q = 0;   // the s axis of bshd/sbhd; the longest sequence for thd
+  int64_t max_seqlen_q = 0;  // the s axis of bshd/sbhd; the longest sequence for thd
   int64_t max_seqlen_kv = 0;
-  int64_t total_q = 0;   // thd: rows of the packed q tensor
-  int64_t total_kv = 0;  // thd: rows of the packed k/v tensors
-  std::vector<int64_t> seqlen_q;   // [b] each sequence's own length
-  std::vector<int64_t> seqlen_kv;  // [b]
+  int64_t total_q = 0;                // thd: rows of the packed q tensor
+  int64_t total_kv = 0;               // thd: rows of the packed k/v tensors
+  std::vector<int64_t> seqlen_q;      // [b] each sequence's own length
+  std::vector<int64_t> seqlen_kv;     // [b]
   std::vector<int64_t> seq_start_q;   // [b] thd only (empty otherwise)
   std::vector<int64_t> seq_start_kv;  // [b] thd only
   bool has_padded_offsets = false;    // thd with cu_seqlens_*_padded (gaps between sequences)

@@ -162,8 +162,9 @@ std::vector<int64_t> thd_starts(const std::vector<int64_t>& cu, const std::vecto
             "must leave room for each sequence (sequence " + str(int64_t(b)) + " has length " +
                 str(lengths[b]) + " but its slot is " + str(offsets[b + 1] - offsets[b]) + ")");
   }
-  require(offsets.back() <= total, padded_name,
-          "ends at row " + str(offsets.back()) + " beyond the " + str(total) + " rows of the tensor");
+  require(
+      offsets.back() <= total, padded_name,
+      "ends at row " + str(offsets.back()) + " beyond the " + str(total) + " rows of the tensor");
   return starts;
 }
 
@@ -171,11 +172,13 @@ std::vector<int64_t> thd_starts(const std::vector<int64_t>& cu, const std::vecto
 BroadcastLayout broadcast_layout(const TensorView& t, const char* name, int64_t batch,
                                  int64_t heads, int64_t sq, int64_t skv, bool allow_row_broadcast,
                                  bool allow_col_broadcast) {
-  require(t.ndim == 4, name, "must have 4 dimensions [b|1, H|1, sq|1, skv], got " + t.shape_string());
+  require(t.ndim == 4, name,
+          "must have 4 dimensions [b|1, H|1, sq|1, skv], got " + t.shape_string());
   auto check_dim = [&](int d, int64_t full, bool allow_one, const char* what) {
     require(t.shape[d] == full || (allow_one && t.shape[d] == 1), name,
             std::string("dimension ") + str(d) + " (" + what + ") must be " + str(full) +
-                (allow_one ? " or 1" : "") + ", got " + str(t.shape[d]) + " in " + t.shape_string());
+                (allow_one ? " or 1" : "") + ", got " + str(t.shape[d]) + " in " +
+                t.shape_string());
   };
   check_dim(0, batch, true, "batch");
   check_dim(1, heads, true, "heads");
@@ -219,13 +222,17 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   const QkvShape q = qkv_shape(in.q, config.format, "q");
   const QkvShape k = qkv_shape(in.k, config.format, "k");
   const QkvShape v = qkv_shape(in.v, config.format, "v");
-  require(k.batch == q.batch, "k", "batch size " + str(k.batch) + " differs from q's " + str(q.batch));
-  require(v.batch == q.batch, "v", "batch size " + str(v.batch) + " differs from q's " + str(q.batch));
+  require(k.batch == q.batch, "k",
+          "batch size " + str(k.batch) + " differs from q's " + str(q.batch));
+  require(v.batch == q.batch, "v",
+          "batch size " + str(v.batch) + " differs from q's " + str(q.batch));
   require(v.seq == k.seq, "v", "sequence length " + str(v.seq) + " differs from k's " + str(k.seq));
-  require(v.heads == k.heads, "v", "head count " + str(v.heads) + " differs from k's " + str(k.heads));
+  require(v.heads == k.heads, "v",
+          "head count " + str(v.heads) + " differs from k's " + str(k.heads));
   require(k.dim == q.dim, "k", "head dim " + str(k.dim) + " differs from q's " + str(q.dim));
-  require(q.heads % k.heads == 0, "k",
-          "query heads H = " + str(q.heads) + " must be a multiple of KV heads G = " + str(k.heads));
+  require(
+      q.heads % k.heads == 0, "k",
+      "query heads H = " + str(q.heads) + " must be a multiple of KV heads G = " + str(k.heads));
 
   p.heads_q = q.heads;
   p.heads_kv = k.heads;
@@ -268,23 +275,28 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   }
 
   if (read_contents) {
-    auto lengths = [&](const TensorView& cu, const char* name, int64_t full) {
-      if (cu.ndim == 0) return std::vector<int64_t>(size_t(p.batch), full);
-      std::vector<int64_t> lens = lengths_from_cu(read_int32_vector(cu, stream), name);
+    // Each table is read once: for device tensors every read is a copy and a stream sync.
+    const std::vector<int64_t> cu_q =
+        in.cu_seqlens_q.ndim ? read_int32_vector(in.cu_seqlens_q, stream) : std::vector<int64_t>{};
+    const std::vector<int64_t> cu_kv = in.cu_seqlens_kv.ndim
+                                           ? read_int32_vector(in.cu_seqlens_kv, stream)
+                                           : std::vector<int64_t>{};
+    auto lengths = [&](const std::vector<int64_t>& cu, const char* name, int64_t full) {
+      if (cu.empty()) return std::vector<int64_t>(size_t(p.batch), full);
+      std::vector<int64_t> lens = lengths_from_cu(cu, name);
       if (!thd)
         for (int64_t len : lens)
           require(len <= full, name,
                   "gives a sequence length " + str(len) + " beyond the tensor's " + str(full));
       return lens;
     };
-    p.seqlen_q = lengths(in.cu_seqlens_q, "cu_seqlens_q", q.seq);
-    p.seqlen_kv = lengths(in.cu_seqlens_kv, "cu_seqlens_kv", k.seq);
+    p.seqlen_q = lengths(cu_q, "cu_seqlens_q", q.seq);
+    p.seqlen_kv = lengths(cu_kv, "cu_seqlens_kv", k.seq);
     if (thd) {
-      p.seq_start_q = thd_starts(read_int32_vector(in.cu_seqlens_q, stream), p.seqlen_q,
-                                 in.cu_seqlens_q_padded, "cu_seqlens_q_padded", p.total_q, "q", stream);
-      p.seq_start_kv = thd_starts(read_int32_vector(in.cu_seqlens_kv, stream), p.seqlen_kv,
-                                  in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded", p.total_kv, "k",
-                                  stream);
+      p.seq_start_q = thd_starts(cu_q, p.seqlen_q, in.cu_seqlens_q_padded, "cu_seqlens_q_padded",
+                                 p.total_q, "q", stream);
+      p.seq_start_kv = thd_starts(cu_kv, p.seqlen_kv, in.cu_seqlens_kv_padded,
+                                  "cu_seqlens_kv_padded", p.total_kv, "k", stream);
       for (int64_t len : p.seqlen_q) p.max_seqlen_q = std::max(p.max_seqlen_q, len);
       for (int64_t len : p.seqlen_kv) p.max_seqlen_kv = std::max(p.max_seqlen_kv, len);
     }
@@ -379,8 +391,8 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     require(in.attn_mask.ndim > 0, "attn_mask", "is required with mask_type arbitrary");
     require_aux(in.attn_mask, "attn_mask");
     require_dtype(in.attn_mask, "attn_mask", DType::kBool);
-    p.mask_layout = broadcast_layout(in.attn_mask, "attn_mask", p.batch, p.heads_q,
-                                     p.max_seqlen_q, p.max_seqlen_kv, false, false);
+    p.mask_layout = broadcast_layout(in.attn_mask, "attn_mask", p.batch, p.heads_q, p.max_seqlen_q,
+                                     p.max_seqlen_kv, false, false);
     p.has_attn_mask = true;
     p.attn_mask = in.attn_mask;
   } else {
@@ -425,8 +437,8 @@ void check_like(const AttentionProblem& p, const TensorView& t, const char* name
 void validate_config(const AttentionConfig& config) {
   require(std::isfinite(config.softcap) && config.softcap >= 0.0, "softcap",
           "must be finite and >= 0 (0 disables it), got " + std::to_string(config.softcap));
-  require(std::isfinite(config.dropout) && config.dropout >= 0.0 && config.dropout < 1.0,
-          "dropout", "must be in [0, 1), got " + std::to_string(config.dropout));
+  require(std::isfinite(config.dropout) && config.dropout >= 0.0 && config.dropout < 1.0, "dropout",
+          "must be in [0, 1), got " + std::to_string(config.dropout));
   if (config.scale)
     require(std::isfinite(*config.scale) && *config.scale > 0.0, "scale",
             "must be finite and > 0, got " + std::to_string(*config.scale));

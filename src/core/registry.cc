@@ -12,13 +12,10 @@ Capabilities full_feature_capabilities(BackendKind kind, Device device) {
   caps.kind = kind;
   caps.device = device;
   caps.formats = {Format::kBSHD, Format::kSBHD, Format::kTHD};
-  caps.mask_types = {MaskType::kNoMask,
-                     MaskType::kPadding,
-                     MaskType::kCausal,
-                     MaskType::kPaddingCausal,
-                     MaskType::kCausalBottomRight,
-                     MaskType::kPaddingCausalBottomRight,
-                     MaskType::kArbitrary};
+  caps.mask_types = {
+      MaskType::kNoMask,        MaskType::kPadding,           MaskType::kCausal,
+      MaskType::kPaddingCausal, MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight,
+      MaskType::kArbitrary};
   caps.window = true;
   caps.padded_offsets = true;
   caps.bias_types = {BiasType::kNoBias, BiasType::kPreScale, BiasType::kPostScale};
@@ -37,11 +34,11 @@ const std::vector<const Backend*>& registered_backends() {
   // Fastest first: the selector takes the first eligible one (DESIGN.md §6).
   static const std::vector<const Backend*> backends = {
 #if defined(DPA_WITH_CUDA)
-      &cuda_flash_backend(),
-      &cuda_unfused_backend(),
+    &cuda_flash_backend(),
+    &cuda_unfused_backend(),
 #endif
-      &cpu_tiled_backend(),
-      &cpu_exact_backend(),
+    &cpu_tiled_backend(),
+    &cpu_exact_backend(),
   };
   return backends;
 }

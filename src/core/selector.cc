@@ -52,9 +52,9 @@ const std::vector<Rule>& rules() {
                                                  std::string(to_string(r.device)));
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(r.device_arch < c.min_arch,
-                       "needs sm_" + std::to_string(c.min_arch) + " or newer, device is sm_" +
-                           std::to_string(r.device_arch));
+        return fail_if(r.device_arch < c.min_arch, "needs sm_" + std::to_string(c.min_arch) +
+                                                       " or newer, device is sm_" +
+                                                       std::to_string(r.device_arch));
       },
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(!contains(c.dtypes, r.dtype), "dtype " + std::string(to_string(r.dtype)) +
@@ -67,7 +67,8 @@ const std::vector<Rule>& rules() {
       },
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(!head_dim_ok(r.head_dim_qk, c.head_dims_qk, c.max_head_dim),
-                       "head dim qk " + std::to_string(r.head_dim_qk) + " not supported (supports " +
+                       "head dim qk " + std::to_string(r.head_dim_qk) +
+                           " not supported (supports " +
                            (c.head_dims_qk.empty() ? "up to " + std::to_string(c.max_head_dim)
                                                    : list(c.head_dims_qk)) +
                            ")");
@@ -236,15 +237,15 @@ void require_chosen(const Selection& selection) {
 std::string describe_request(const FeatureRequest& r) {
   std::ostringstream text;
   text << (r.pass == Pass::kForward ? "forward" : "backward") << " " << to_string(r.device) << " "
-       << to_string(r.dtype) << " " << to_string(r.format) << " b=" << r.batch
-       << " H=" << r.heads_q << " G=" << r.heads_kv << " sq=" << r.max_seqlen_q
-       << " skv=" << r.max_seqlen_kv << " d=" << r.head_dim_qk << "/" << r.head_dim_v
-       << " mask=" << to_string(r.mask_type) << (r.window ? " window" : "")
-       << (r.padded_offsets ? " padded_offsets" : "") << " bias=" << to_string(r.bias_type)
-       << (r.bias_grad ? "+grad" : "") << (r.alibi ? " alibi" : "")
-       << (r.softcap ? " softcap" : "") << " softmax=" << to_string(r.softmax_type)
-       << (r.sink_grad ? "+grad" : "") << (r.dropout ? " dropout" : "")
-       << (r.deterministic ? " deterministic" : "") << (r.cp_tile ? " cp_tile" : "");
+       << to_string(r.dtype) << " " << to_string(r.format) << " b=" << r.batch << " H=" << r.heads_q
+       << " G=" << r.heads_kv << " sq=" << r.max_seqlen_q << " skv=" << r.max_seqlen_kv
+       << " d=" << r.head_dim_qk << "/" << r.head_dim_v << " mask=" << to_string(r.mask_type)
+       << (r.window ? " window" : "") << (r.padded_offsets ? " padded_offsets" : "")
+       << " bias=" << to_string(r.bias_type) << (r.bias_grad ? "+grad" : "")
+       << (r.alibi ? " alibi" : "") << (r.softcap ? " softcap" : "")
+       << " softmax=" << to_string(r.softmax_type) << (r.sink_grad ? "+grad" : "")
+       << (r.dropout ? " dropout" : "") << (r.deterministic ? " deterministic" : "")
+       << (r.cp_tile ? " cp_tile" : "");
   return text.str();
 }
 

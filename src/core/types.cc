@@ -1,9 +1,10 @@
+#include "dpa/types.h"
+
 #include <array>
 #include <utility>
 
 #include "dpa/error.h"
 #include "dpa/tensor.h"
-#include "dpa/types.h"
 
 namespace dpa {
 namespace {
@@ -58,11 +59,15 @@ std::optional<Enum> parse_name(const NameTable<Enum, N>& table, std::string_view
 size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:
-    case DType::kBFloat16: return 2;
+    case DType::kBFloat16:
+      return 2;
     case DType::kFloat32:
-    case DType::kInt32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kBool: return 1;
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -116,20 +121,28 @@ bool mask_is_padding(MaskType m) {
 bool mask_bottom_right(MaskType m, bool bottom_right_diagonal) {
   switch (m) {
     case MaskType::kCausal:
-    case MaskType::kPaddingCausal: return false;
+    case MaskType::kPaddingCausal:
+      return false;
     case MaskType::kCausalBottomRight:
-    case MaskType::kPaddingCausalBottomRight: return true;
-    default: return bottom_right_diagonal;
+    case MaskType::kPaddingCausalBottomRight:
+      return true;
+    default:
+      return bottom_right_diagonal;
   }
 }
 
 const char* to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kNotSupported: return "not supported";
-    case ErrorCode::kBackendFailure: return "backend failure";
-    case ErrorCode::kInternal: return "internal error";
-    case ErrorCode::kIo: return "i/o error";
+    case ErrorCode::kInvalidArgument:
+      return "invalid argument";
+    case ErrorCode::kNotSupported:
+      return "not supported";
+    case ErrorCode::kBackendFailure:
+      return "backend failure";
+    case ErrorCode::kInternal:
+      return "internal error";
+    case ErrorCode::kIo:
+      return "i/o error";
   }
   return "error";
 }

@@ -52,7 +52,7 @@ RowSoftmax row_softmax(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
   const double sigma = sink_logit(p, h);
   double m = sigma;
   for (double s : logits) m = std::max(m, s);
-  if (m == kNegInf) return row;  // no visible key and no sink
+  if (m == kNegInf) return row;    // no visible key and no sink
   double z = std::exp(sigma - m);  // exp(-inf) = 0 without a sink
   for (double s : logits) z += std::exp(s - m);
   for (double s : logits) row.probs.push_back(std::exp(s - m) / z);
@@ -121,8 +121,7 @@ class CpuExactBackend final : public Backend {
           const int64_t g = p.kv_head(h);
           const int64_t do_offset = p.do_rows.offset(b, i, h);
           const int64_t q_offset = p.q_rows.offset(b, i, h);
-          const double d_row =
-              dot(p.d_o, do_offset, p.o, p.o_rows.offset(b, i, h), p.head_dim_v);
+          const double d_row = dot(p.d_o, do_offset, p.o, p.o_rows.offset(b, i, h), p.head_dim_v);
           if (p.softmax_type == SoftmaxType::kLearnable && row.lse != kNegInf)
             dalpha[size_t(h)] -= std::exp(sink_logit(p, h) - row.lse) * d_row;
           std::fill(dq_row.begin(), dq_row.end(), 0.0);

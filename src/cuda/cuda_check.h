@@ -19,11 +19,11 @@ namespace dpa::cuda {
 
 }  // namespace dpa::cuda
 
-#define DPA_CUDA_CHECK(call)                                                            \
-  do {                                                                                  \
-    cudaError_t dpa_cuda_status_ = (call);                                              \
-    if (dpa_cuda_status_ != cudaSuccess)                                                \
-      ::dpa::cuda::throw_cuda_error(dpa_cuda_status_, #call, __FILE__, __LINE__);       \
+#define DPA_CUDA_CHECK(call)                                                      \
+  do {                                                                            \
+    cudaError_t dpa_cuda_status_ = (call);                                        \
+    if (dpa_cuda_status_ != cudaSuccess)                                          \
+      ::dpa::cuda::throw_cuda_error(dpa_cuda_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After every kernel launch: launch-configuration errors surface here, not later.

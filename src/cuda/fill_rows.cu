@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/device_common.cuh"
 #include "cuda/fill_rows.h"
 
 namespace dpa::cuda {
@@ -33,16 +34,8 @@ __global__ void fill_lse_kernel(float* lse, int64_t batches, int64_t heads, int6
   for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < total;
        n += int64_t(gridDim.x) * blockDim.x) {
     const int64_t h = (n / rows) % heads;
-    float value = -INFINITY;
-    if (softmax_type == 1) value = 0.f;
-    if (softmax_type == 2) value = softmax_offset[h];
-    lse[n] = value;
+    lse[n] = sink_logit(softmax_type, softmax_offset, h);
   }
-}
-
-unsigned grid_for(int64_t total) {
-  const int64_t blocks = (total + 255) / 256;
-  return unsigned(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
 }
 
 }  // namespace
@@ -60,11 +53,11 @@ void zero_stored_rows(const AttentionProblem& p, const TensorView& tensor, const
                       bool query_side, int64_t heads, int64_t width, cudaStream_t stream) {
   const bool thd = p.format == Format::kTHD;
   const int64_t batches = thd ? 1 : p.batch;
-  const int64_t rows = thd ? (query_side ? p.total_q : p.total_kv)
-                           : (query_side ? p.max_seqlen_q : p.max_seqlen_kv);
+  const int64_t rows =
+      thd ? (query_side ? p.total_q : p.total_kv) : (query_side ? p.max_seqlen_q : p.max_seqlen_kv);
   const int64_t total = batches * rows * heads * width;
   if (total == 0) return;
-  zero_rows_kernel<<<grid_for(total), 256, 0, stream>>>(
+  zero_rows_kernel<<<elementwise_grid(total), kElementwiseThreads, 0, stream>>>(
       static_cast<char*>(tensor.data), int(dtype_size(tensor.dtype)), batches, rows, heads, width,
       thd ? 0 : layout.stride_batch, layout.stride_seq, layout.stride_head);
   DPA_CUDA_CHECK_LAUNCH();
@@ -77,7 +70,7 @@ void fill_empty_forward_rows(const AttentionProblem& p, cudaStream_t stream) {
   const int64_t rows = thd ? p.total_q : p.max_seqlen_q;
   const int64_t total = batches * p.heads_q * rows;
   if (total == 0) return;
-  fill_lse_kernel<<<grid_for(total), 256, 0, stream>>>(
+  fill_lse_kernel<<<elementwise_grid(total), kElementwiseThreads, 0, stream>>>(
       static_cast<float*>(p.lse.data), batches, p.heads_q, rows, int(p.softmax_type),
       static_cast<const float*>(p.softmax_offset.data));
   DPA_CUDA_CHECK_LAUNCH();

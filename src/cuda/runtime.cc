@@ -47,8 +47,8 @@ size_t free_device_memory(int device_index) {
 
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream) {
   auto cuda_stream = static_cast<cudaStream_t>(stream);
-  DPA_CUDA_CHECK(cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost,
-                                 cuda_stream));
+  DPA_CUDA_CHECK(
+      cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost, cuda_stream));
   DPA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));
 }
 

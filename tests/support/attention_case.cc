@@ -76,15 +76,16 @@ CaseTensors make_case(const CaseSpec& spec) {
     if (!spec.lengths_q.empty()) t.cu_seqlens_q = cumulative(spec.lengths_q, nullptr);
     if (!spec.lengths_kv.empty()) t.cu_seqlens_kv = cumulative(spec.lengths_kv, nullptr);
   }
-  t.q = HostTensor::randn(spec.dtype, qkv_shape(format, batch, rows_q, spec.heads_q, spec.head_dim_qk),
-                          rng, spec.qk_stddev);
+  t.q = HostTensor::randn(spec.dtype,
+                          qkv_shape(format, batch, rows_q, spec.heads_q, spec.head_dim_qk), rng,
+                          spec.qk_stddev);
   t.k = HostTensor::randn(spec.dtype,
                           qkv_shape(format, batch, rows_kv, spec.heads_kv, spec.head_dim_qk), rng,
                           spec.qk_stddev);
-  t.v = HostTensor::randn(spec.dtype, qkv_shape(format, batch, rows_kv, spec.heads_kv, spec.head_dim_v),
-                          rng);
-  t.d_o = HostTensor::randn(spec.dtype, qkv_shape(format, batch, rows_q, spec.heads_q, spec.head_dim_v),
-                            rng);
+  t.v = HostTensor::randn(spec.dtype,
+                          qkv_shape(format, batch, rows_kv, spec.heads_kv, spec.head_dim_v), rng);
+  t.d_o = HostTensor::randn(spec.dtype,
+                            qkv_shape(format, batch, rows_q, spec.heads_q, spec.head_dim_v), rng);
   if (spec.config.bias_type != BiasType::kNoBias) {
     std::vector<int64_t> shape = spec.bias_shape;
     if (shape.empty()) shape = {batch, spec.heads_q, max_q, max_kv};
@@ -120,9 +121,9 @@ CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& t, BackendKind bac
   if (thd)
     out.lse = HostTensor(DType::kFloat32, {heads, t.q.shape()[0]});
   else
-    out.lse = HostTensor(DType::kFloat32,
-                         {spec.batch, heads, config.format == Format::kBSHD ? t.q.shape()[1]
-                                                                            : t.q.shape()[0]});
+    out.lse = HostTensor(
+        DType::kFloat32,
+        {spec.batch, heads, config.format == Format::kBSHD ? t.q.shape()[1] : t.q.shape()[0]});
   ForwardArgs fwd;
   fwd.in = t.inputs();
   fwd.o = out.o.view();

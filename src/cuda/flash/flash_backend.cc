@@ -19,8 +19,7 @@ class CudaFlashBackend final : public Backend {
     caps_.device = Device::kCUDA;
     const cuda::DeviceInfo& device = cuda::device_info(0);
     caps_.available = device.present && device.arch >= 80;
-    caps_.unavailable_reason =
-        device.present ? "needs sm_80 or newer" : "no CUDA device";
+    caps_.unavailable_reason = device.present ? "needs sm_80 or newer" : "no CUDA device";
     caps_.min_arch = 80;
     caps_.dtypes = {DType::kFloat16, DType::kBFloat16};
     caps_.head_dims_qk = {64, 96, 128, 192, 256};
@@ -34,9 +33,12 @@ class CudaFlashBackend final : public Backend {
              std::to_string(r.head_dim_v);
     });
     caps_.formats = {Format::kBSHD, Format::kSBHD, Format::kTHD};
-    caps_.mask_types = {MaskType::kNoMask,        MaskType::kPadding,
-                        MaskType::kCausal,        MaskType::kPaddingCausal,
-                        MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight};
+    caps_.mask_types = {MaskType::kNoMask,
+                        MaskType::kPadding,
+                        MaskType::kCausal,
+                        MaskType::kPaddingCausal,
+                        MaskType::kCausalBottomRight,
+                        MaskType::kPaddingCausalBottomRight};
     caps_.window = true;
     caps_.padded_offsets = true;
     caps_.bias_types = {BiasType::kNoBias};
@@ -58,12 +60,12 @@ class CudaFlashBackend final : public Backend {
     // Rows outside every sequence (bshd padding, thd gaps) get o = 0 and the empty-row LSE;
     // the kernel then overwrites every real row.
     if (cuda::has_rows_outside_sequences(p)) cuda::fill_empty_forward_rows(p, stream);
-    cuda::launch_flash_forward(plan.params, p.dtype, int(p.head_dim_qk), int(p.head_dim_v),
-                               stream);
+    cuda::launch_flash_forward(plan.params, p.dtype, int(p.head_dim_qk), int(p.head_dim_v), stream);
   }
 
   void backward(const AttentionProblem&) const override {
-    throw Error(ErrorCode::kInternal, "", "cuda_flash has no backward (the selector must not pick it)");
+    throw Error(ErrorCode::kInternal, "",
+                "cuda_flash has no backward (the selector must not pick it)");
   }
 
  private:

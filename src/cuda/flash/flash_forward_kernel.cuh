@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "core/philox.h"
+#include "cuda/device_common.cuh"
 #include "cuda/flash/flash_params.h"
 #include "cuda/flash/flash_traits.h"
 #include "cuda/ptx/cp_async.cuh"
@@ -80,8 +81,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   constexpr int kSlabs = Traits::kSlabs;
-  constexpr int kNTiles = kBlockN / 8;     // n8 tiles of S per slab
-  constexpr int kVTiles = kDimV / 8;       // n8 tiles of O per slab
+  constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per slab
+  constexpr int kVTiles = kDimV / 8;    // n8 tiles of O per slab
   constexpr int kQStride = Traits::kQStride, kKStride = Traits::kKStride;
   constexpr int kVStride = Traits::kVStride;
 
@@ -129,9 +130,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Running statistics for the two rows (quad_row, quad_row + 8) of each slab, in log2 units.
   // The sink starts the running max and (once per row: quad lane 0) the running sum.
   const bool split_partial = p.num_splits > 1;
-  float sink_log2 = -INFINITY;
-  if (!split_partial && p.softmax_type != 0)
-    sink_log2 = p.softmax_type == 1 ? 0.f : p.softmax_offset[head] * kLog2e;
+  // Split-KV partials leave the sink out: the merge adds it once.
+  const float sink_log2 =
+      split_partial ? -INFINITY : sink_logit(p.softmax_type, p.softmax_offset, head) * kLog2e;
   float row_max[kSlabs][2], row_sum[kSlabs][2];
 #pragma unroll
   for (int s = 0; s < kSlabs; ++s)
@@ -152,17 +153,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
   const int diagonal = p.bottom_right ? seqlen_kv - seqlen_q : 0;
 
-  const uint32_t q_lane = ptx::shared_address(q_shared + (warp_row0 + lane % 16) * kQStride +
-                                              (lane / 16) * 8);
-  const uint32_t k_lane = ptx::shared_address(
-      k_shared + ((lane / 16) * 8 + lane % 8) * kKStride + ((lane / 8) % 2) * 8);
-  const uint32_t v_lane =
-      ptx::shared_address(v_shared + (lane % 16) * kVStride + (lane / 16) * 8);
+  const uint32_t q_lane =
+      ptx::shared_address(q_shared + (warp_row0 + lane % 16) * kQStride + (lane / 16) * 8);
+  const uint32_t k_lane = ptx::shared_address(k_shared + ((lane / 16) * 8 + lane % 8) * kKStride +
+                                              ((lane / 8) % 2) * 8);
+  const uint32_t v_lane = ptx::shared_address(v_shared + (lane % 16) * kVStride + (lane / 16) * 8);
   constexpr int kBytes = int(sizeof(Element));
 
   // Prologue: Q and the first K tile.
-  load_tile_async<Traits, kBlockM, kDimQK, kQStride>(q_shared, q_global, p.q_row_stride,
-                                                     rows_here);
+  load_tile_async<Traits, kBlockM, kDimQK, kQStride>(q_shared, q_global, p.q_row_stride, rows_here);
   if (n_block_begin < n_block_end)
     load_tile_async<Traits, kBlockN, kDimQK, kKStride>(
         k_shared, k_global + int64_t(n_block_begin) * kBlockN * p.k_row_stride, p.k_row_stride,
@@ -191,8 +190,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int i = m0 + warp_row0 + s * 16 + quad_row + 8 * half;
 #pragma unroll 1
           for (int t = 0; t < kNTiles; ++t) {
-            const Philox4 block = dropout_block(p.seed, p.offset, batch, p.heads_q, head, i,
-                                                n0 + 8 * t);
+            const Philox4 block =
+                dropout_block(p.seed, p.offset, batch, p.heads_q, head, i, n0 + 8 * t);
             const uint32_t word = quad_col == 0   ? block.x[0]
                                   : quad_col == 1 ? block.x[1]
                                   : quad_col == 2 ? block.x[2]
@@ -291,7 +290,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
         for (int t = 0; t < kNTiles; ++t)
           partial_max[t] = fmaxf(s_acc[s][t][2 * half], s_acc[s][t][2 * half + 1]);
-        // Tree reductions keep dependency chains short: two warps per scheduler hide little.
+          // Tree reductions keep dependency chains short: two warps per scheduler hide little.
 #pragma unroll
         for (int stride = kNTiles / 2; stride > 0; stride /= 2)
 #pragma unroll

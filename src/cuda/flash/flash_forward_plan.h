@@ -14,8 +14,8 @@ namespace dpa::cuda {
 
 struct FlashForwardPlan {
   FlashForwardParams params;
-  SequenceTables tables;   // params point into these
-  DeviceBuffer partials;   // split-KV partial o / lse, when params.num_splits > 1
+  SequenceTables tables;  // params point into these
+  DeviceBuffer partials;  // split-KV partial o / lse, when params.num_splits > 1
 };
 
 // `shape` is the tile shape the launch will use (it decides the split count).

@@ -11,7 +11,7 @@ struct FlashTileShape {
   int block_m = 0;  // query rows per block: 16 * warps * slabs
   int block_n = 0;  // keys per KV tile
   int warps = 0;
-  int slabs = 0;    // 16-row slabs per warp
+  int slabs = 0;  // 16-row slabs per warp
   int shared_bytes = 0;
   int blocks_per_sm = 0;  // expected resident blocks per SM (for split-KV sizing)
 };
@@ -23,12 +23,12 @@ constexpr int kFlashDecodeMaxQueries = 16;
 // Q, K and V tiles with rows padded by 8 elements (16 bytes).
 constexpr int flash_forward_shared_bytes(int block_m, int block_n, int head_dim_qk,
                                          int head_dim_v) {
-  return 2 * (block_m * (head_dim_qk + 8) + block_n * (head_dim_qk + 8) +
-              block_n * (head_dim_v + 8));
+  return 2 *
+         (block_m * (head_dim_qk + 8) + block_n * (head_dim_qk + 8) + block_n * (head_dim_v + 8));
 }
 
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
-                                                 bool decode = false) {
+                                                  bool decode = false) {
   // Wide heads use 8 warps of 16 rows to keep the O accumulator in registers; narrow heads
   // 4 warps of 32 rows (half the shared-memory traffic per MMA). Rows are padded by 8
   // elements to keep ldmatrix free of bank conflicts. Decode uses one warp of 16 rows.
@@ -41,8 +41,8 @@ constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_
   // Normal tiles use all 255 registers per thread: two blocks fit an SM. One-warp decode
   // blocks are limited by shared memory; four is a conservative count for the widest head.
   shape.blocks_per_sm = decode ? 4 : 2;
-  shape.shared_bytes = flash_forward_shared_bytes(shape.block_m, shape.block_n, head_dim_qk,
-                                                  head_dim_v);
+  shape.shared_bytes =
+      flash_forward_shared_bytes(shape.block_m, shape.block_n, head_dim_qk, head_dim_v);
   return shape;
 }
 

@@ -2,21 +2,11 @@
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/device_common.cuh"
 #include "cuda/flash/merge_partials.cuh"
 
 namespace dpa::cuda {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // One warp per query row (b, h, i); lanes stride over the head dim.
 template <typename Element>
@@ -32,14 +22,14 @@ __global__ void merge_partials_kernel(const FlashForwardParams p, int head_dim_v
   if (i >= p.seqlen_q[batch]) return;
 
   const int64_t split_stride = rows;  // partial_lse rows per split
-  float sink = -INFINITY;
-  if (p.softmax_type == 1) sink = 0.f;
-  if (p.softmax_type == 2) sink = p.softmax_offset[head];
+  const float sink = sink_logit(p.softmax_type, p.softmax_offset, head);
   float max_lse = sink;
-  for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[s * split_stride + row]);
+  for (int s = 0; s < p.num_splits; ++s)
+    max_lse = fmaxf(max_lse, p.partial_lse[s * split_stride + row]);
   const float shift = max_lse == -INFINITY ? 0.f : max_lse;
   float total = expf(sink - shift);
-  for (int s = 0; s < p.num_splits; ++s) total += expf(p.partial_lse[s * split_stride + row] - shift);
+  for (int s = 0; s < p.num_splits; ++s)
+    total += expf(p.partial_lse[s * split_stride + row] - shift);
   const float lse = total > 0.f ? shift + logf(total) : -INFINITY;
 
   const int64_t q_row = (p.start_q ? p.start_q[batch] : 0) + i;

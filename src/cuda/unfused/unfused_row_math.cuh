@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/philox.h"
+#include "cuda/device_common.cuh"
 #include "cuda/unfused/unfused_kernels.h"
 
 namespace dpa::cuda::unfused {
@@ -18,25 +19,6 @@ namespace dpa::cuda::unfused {
 // memory-bound, four warps keep enough loads in flight without idling on short rows.
 constexpr int kRowThreads = 128;
 constexpr int kRowWarps = kRowThreads / 32;
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(float x) { return x; }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
 
 // A bias element of any floating dtype (the bias need not have q's dtype).
 __device__ __forceinline__ float load_any_float(const void* base, DType dtype, int64_t offset) {
@@ -85,8 +67,7 @@ __device__ __forceinline__ RowContext make_row_context(const ScoreGrid& grid,
     r.key_end = end;
   }
   if (lt.alibi_slopes) r.alibi_slope = lt.alibi_slopes[r.b * lt.alibi_stride_batch + r.h];
-  if (lt.softmax_type == int(SoftmaxType::kOffByOne)) r.sink = 0.f;
-  if (lt.softmax_type == int(SoftmaxType::kLearnable)) r.sink = lt.softmax_offset[r.h];
+  r.sink = sink_logit(lt.softmax_type, lt.softmax_offset, r.h);
   r.bias_row = r.b * lt.bias_strides.batch + r.h * lt.bias_strides.head + r.i * lt.bias_strides.q;
   r.mask_row = r.b * lt.mask_strides.batch + r.h * lt.mask_strides.head + r.i * lt.mask_strides.q;
   return r;

@@ -11,13 +11,7 @@ namespace dpa::cuda {
 namespace unfused {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned elementwise_grid(int64_t total) {
-  // Grid-stride loops; 2^16 blocks of 256 threads saturate any current GPU.
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  return unsigned(blocks < 65536 ? blocks : 65536);
-}
+constexpr int kThreads = kElementwiseThreads;
 
 // destination: contiguous [batches, rows, heads, width]; source: the same with strides.
 template <typename Element>
@@ -61,7 +55,7 @@ void launch_pack_rows(const void* source, RowStrides source_strides, void* desti
                       size_t element_bytes, cudaStream_t stream) {
   const int64_t total = batches * rows * heads * width;
   if (total == 0) return;
-  const unsigned grid = unfused::elementwise_grid(total);
+  const unsigned grid = elementwise_grid(total);
   if (element_bytes == 2) {
     unfused::pack_rows_kernel<uint16_t><<<grid, unfused::kThreads, 0, stream>>>(
         static_cast<const uint16_t*>(source), source_strides, static_cast<uint16_t*>(destination),
@@ -81,7 +75,7 @@ void launch_store_rows(const float* workspace, int64_t batch, int64_t heads, int
                        RowStrides output_strides, DType dtype, cudaStream_t stream) {
   const int64_t total = batch * heads * max_rows * width;
   if (total == 0) return;
-  const unsigned grid = unfused::elementwise_grid(total);
+  const unsigned grid = elementwise_grid(total);
   switch (dtype) {
     case DType::kFloat16:
       unfused::store_rows_kernel<<<grid, unfused::kThreads, 0, stream>>>(
