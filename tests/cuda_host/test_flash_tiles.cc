@@ -23,6 +23,30 @@ TEST(FlashTiles, ShapesFitSm80SharedMemoryAndTileTheRows) {
   EXPECT_EQ(flash_forward_tile_shape(192, 128).warps, 8);
 }
 
+TEST(FlashTiles, HopperUsesWarpgroupTilesThatFitSm90SharedMemory) {
+  const int pairs[][2] = {{64, 64}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+  for (const auto& pair : pairs) {
+    const FlashTileShape shape = flash_forward_tile_shape(pair[0], pair[1], false, true);
+    EXPECT_TRUE(shape.wgmma) << pair[0] << "/" << pair[1];
+    EXPECT_EQ(shape.block_m, 128);  // two warpgroups of 64 rows
+    EXPECT_EQ(shape.warps, 8);
+    EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
+    // Q + two stages of K and V + the 1 KB alignment slack.
+    EXPECT_EQ(shape.shared_bytes,
+              2 * (128 * pair[0] + 2 * shape.block_n * (pair[0] + pair[1])) + 1024);
+    // Each thread copies whole 16-byte chunks: tiles divide evenly over 256 threads.
+    EXPECT_EQ(shape.block_n * pair[0] / 8 % 256, 0);
+  }
+  EXPECT_EQ(flash_forward_tile_shape(128, 128, false, true).block_n, 128);
+  EXPECT_EQ(flash_forward_tile_shape(256, 256, false, true).block_n, 64);
+  // Head dims that are not multiples of 64 (the swizzle block) and decode shapes keep the
+  // mma.sync tiles on Hopper.
+  EXPECT_FALSE(flash_forward_tile_shape(96, 96, false, true).wgmma);
+  EXPECT_FALSE(flash_forward_tile_shape(128, 128, true, true).wgmma);
+  EXPECT_EQ(flash_forward_tile_shape(128, 128, true, true).block_m, 16);
+  EXPECT_FALSE(flash_forward_tile_shape(128, 128).wgmma);
+}
+
 TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {
   EXPECT_TRUE(flash_forward_has_head_dims(128, 128));
   EXPECT_FALSE(flash_forward_has_head_dims(128, 64));

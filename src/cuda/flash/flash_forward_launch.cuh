@@ -7,13 +7,13 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_forward_kernel.cuh"
 #include "cuda/flash/flash_forward_launch.h"
+#include "cuda/flash/flash_forward_sm90.cuh"
 #include "cuda/flash/merge_partials.cuh"
 
 namespace dpa::cuda {
 
-template <typename Traits>
-void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t stream) {
-  auto kernel = flash_forward_kernel<Traits>;
+template <typename Traits, typename Kernel>
+void launch_flash_forward_kernel(Kernel kernel, const FlashForwardParams& p, cudaStream_t stream) {
   // Opting in to more than 48 KB of dynamic shared memory is per function and per device;
   // setting it on every launch is cheap and stays right when the current device changes.
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -24,15 +24,26 @@ void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t strea
   DPA_CUDA_CHECK_LAUNCH();
 }
 
+template <typename Traits>
+void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t stream) {
+  launch_flash_forward_kernel<Traits>(flash_forward_kernel<Traits>, p, stream);
+}
+
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cudaStream_t stream) {
+  if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
+    if (p.wgmma) {
+      using Traits = FlashSm90Traits<Element, kHeadDimQK, kHeadDimV>;
+      return launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, p, stream);
+    }
+  }
   if (decode)
     launch_flash_forward_traits<FlashDecodeTraits<Element, kHeadDimQK, kHeadDimV>>(p, stream);
   else
     launch_flash_forward_traits<FlashForwardTraits<Element, kHeadDimQK, kHeadDimV>>(p, stream);
 }
 
-// Runs the tile shape the plan was made for (p.decode) and merges split-KV partials.
+// Runs the kernel and tile shape the plan was made for (p.wgmma, p.decode) and merges split-KV partials.
 template <int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_dims(const FlashForwardParams& p, DType dtype, cudaStream_t stream) {
   if (dtype == DType::kBFloat16)

@@ -14,6 +14,7 @@ struct FlashTileShape {
   int slabs = 0;  // 16-row slabs per warp
   int shared_bytes = 0;
   int blocks_per_sm = 0;  // expected resident blocks per SM (for split-KV sizing)
+  bool wgmma = false;     // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
 };
 
 // Decode-like problems (at most this many query rows) use one-warp blocks of 16 rows so that
@@ -27,8 +28,34 @@ constexpr int flash_forward_shared_bytes(int block_m, int block_n, int head_dim_
          (block_m * (head_dim_qk + 8) + block_n * (head_dim_qk + 8) + block_n * (head_dim_v + 8));
 }
 
+// The sm_90a warpgroup kernel: two warpgroups of 64 rows, K and V double-buffered in
+// 128-byte-swizzled shared memory (blocks of 64 columns, so head dims must be multiples of 64).
+constexpr bool flash_forward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk % 64 == 0 && head_dim_v % 64 == 0 && head_dim_qk <= 256 && head_dim_v <= 256;
+}
+
+constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int head_dim_v) {
+  FlashTileShape shape;
+  shape.wgmma = true;
+  shape.warps = 8;
+  shape.slabs = 1;
+  shape.block_m = 128;
+  // 128 keys per tile while S (64 fp32 per thread) and O fit the register file together;
+  // wider heads take 64 keys (O alone is 128 fp32 per thread at dv = 256).
+  shape.block_n = (head_dim_qk <= 128 && head_dim_v <= 128) ? 128 : 64;
+  constexpr int kStages = 2;
+  // Q, two stages of K and V, and 1 KB to align the base to the swizzle pattern.
+  shape.shared_bytes =
+      2 * (shape.block_m * head_dim_qk + kStages * shape.block_n * (head_dim_qk + head_dim_v)) +
+      1024;
+  shape.blocks_per_sm = 1;
+  return shape;
+}
+
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
-                                                  bool decode = false) {
+                                                  bool decode = false, bool hopper = false) {
+  if (hopper && !decode && flash_forward_wgmma_eligible(head_dim_qk, head_dim_v))
+    return flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
   // Wide heads use 8 warps of 16 rows to keep the O accumulator in registers; narrow heads
   // 4 warps of 32 rows (half the shared-memory traffic per MMA). Rows are padded by 8
   // elements to keep ldmatrix free of bank conflicts. Decode uses one warp of 16 rows.

@@ -1,0 +1,328 @@
+// The per-tile math both flash forward kernel families share (mma.sync for sm_80+, wgmma for
+// sm_90a): block setup, dropout keep bits, the logit transform and mask, the online-softmax
+// update and the epilogue. Both families hold S and O in the same per-warp fragment layout
+// (mma.sync's C layout: a thread owns rows g and g + 8 of a 16-row slab, and columns
+// 8t + 2q + {0, 1} of each n8 tile t, g = lane / 4, q = lane % 4), so one slab's math is one
+// set of functions over `float (&)[tiles][4]` fragments.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/philox.h"
+#include "cuda/device_common.cuh"
+#include "cuda/flash/flash_params.h"
+#include "cuda/ptx/mma.cuh"
+
+namespace dpa::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// exp2 on the special-function unit (MUFU.EX2, ~2 ulp; flushes denormals, which softmax
+// weights below 2^-126 of the row max never need). exp2f() adds range handling around it.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Accurate tanh from one ex2 and one reciprocal: tanh(x) = 1 - 2 / (exp(2x) + 1). Saturates
+// to +-1 without NaN (exp overflow gives inf and 2/inf = 0). tanh.approx.f32 would save one
+// MUFU op but its ~5e-4 relative error moves capped logits by up to cap * 5e-4.
+__device__ __forceinline__ float accurate_tanh(float x) {
+  const float e = fast_exp2(x * (2.f * kLog2e));
+  return 1.f - __fdividef(2.f, e + 1.f);
+}
+
+// Key range [begin, end) visible to query row i of a sequence (DESIGN.md §3).
+struct VisibleRange {
+  int begin, end;
+};
+
+__device__ __forceinline__ VisibleRange visible_range(const FlashForwardParams& p, int i,
+                                                      int seqlen_q, int seqlen_kv) {
+  if (i >= seqlen_q) return {0, 0};
+  const int center = i + (p.bottom_right ? seqlen_kv - seqlen_q : 0);
+  int begin = p.window_left < 0 ? 0 : max(0, center - p.window_left);
+  int end = p.window_right < 0 ? seqlen_kv : min(seqlen_kv, center + p.window_right + 1);
+  return {begin, max(begin, end)};
+}
+
+// What one block of kBlockM query rows of one (batch, head, split) works on.
+template <typename Element>
+struct FlashBlock {
+  int batch, head, split, seqlen_q, seqlen_kv, m0, rows_here;
+  VisibleRange first_row, last_row;  // visible keys of the block's first and last real rows
+  int n_block_begin, n_block_end;    // KV tiles to visit
+  int diagonal;                      // key index of query 0's diagonal
+  float alibi_slope;                 // log2 units
+  const Element *q, *k, *v;          // first row of the block's Q tile; row 0 of K and V
+};
+
+// Returns false when the block has no rows (nothing to do).
+template <typename Element>
+__device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, int block_m,
+                                                 int block_n, FlashBlock<Element>& b) {
+  b.batch = blockIdx.z / p.num_splits;
+  b.split = blockIdx.z % p.num_splits;
+  b.head = blockIdx.y;
+  b.seqlen_q = p.seqlen_q[b.batch];
+  b.seqlen_kv = p.seqlen_kv[b.batch];
+  b.m0 = blockIdx.x * block_m;
+  if (b.m0 >= b.seqlen_q) return false;
+  b.rows_here = min(block_m, b.seqlen_q - b.m0);
+
+  // KV tiles this block visits: the union of its rows' visible ranges, cut to its split.
+  b.first_row = visible_range(p, b.m0, b.seqlen_q, b.seqlen_kv);
+  b.last_row = visible_range(p, b.m0 + b.rows_here - 1, b.seqlen_q, b.seqlen_kv);
+  b.n_block_begin = b.first_row.begin / block_n;
+  b.n_block_end = (b.last_row.end + block_n - 1) / block_n;
+  if (b.last_row.end <= b.first_row.begin) b.n_block_end = b.n_block_begin;
+  if (p.num_splits > 1) {
+    const int split_begin = b.split * p.blocks_per_split;
+    b.n_block_begin = max(b.n_block_begin, split_begin);
+    b.n_block_end = min(b.n_block_end, split_begin + p.blocks_per_split);
+  }
+  b.diagonal = p.bottom_right ? b.seqlen_kv - b.seqlen_q : 0;
+  b.alibi_slope =
+      p.alibi_slopes ? p.alibi_slopes[b.batch * p.alibi_batch_stride + b.head] * kLog2e : 0.f;
+
+  const int kv_head = b.head / p.group_size;
+  const int64_t q_row0 = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
+  const int64_t kv_row0 = p.start_kv ? p.start_kv[b.batch] : 0;
+  b.q = static_cast<const Element*>(p.q) + b.batch * p.q_batch_stride + q_row0 * p.q_row_stride +
+        b.head * p.q_head_stride;
+  b.k = static_cast<const Element*>(p.k) + b.batch * p.k_batch_stride +
+        kv_row0 * p.k_row_stride + kv_head * p.k_head_stride;
+  b.v = static_cast<const Element*>(p.v) + b.batch * p.v_batch_stride +
+        kv_row0 * p.v_row_stride + kv_head * p.v_head_stride;
+  return true;
+}
+
+// The sink's logit in log2 units, or -inf where it does not join (none, or a split-KV
+// partial: the merge adds it once).
+__device__ __forceinline__ float block_sink_log2(const FlashForwardParams& p, int head) {
+  return p.num_splits > 1 ? -INFINITY
+                          : sink_logit(p.softmax_type, p.softmax_offset, head) * kLog2e;
+}
+
+// Running max and sum of one thread's two rows of a slab. The sink starts the max and (once
+// per row: quad lane 0) the sum.
+struct RowStats {
+  float max[2], sum[2];
+};
+
+__device__ __forceinline__ RowStats initial_row_stats(float sink_log2, int quad_col) {
+  RowStats r;
+  for (int half = 0; half < 2; ++half) {
+    r.max[half] = sink_log2;
+    r.sum[half] = (sink_log2 != -INFINITY && quad_col == 0) ? 1.f : 0.f;
+  }
+  return r;
+}
+
+// Dropout keep bits of one slab's tile, drawn before S exists so Philox's registers never
+// compete with the S accumulators. A thread's keys 2q + {0, 1} of each 8-key Philox block are
+// the low and high halves of word q (selected by compares so the block stays in registers);
+// bit 2t (+1) of bits[half] is key 8t + 2q (+1). `row0` is the slab's row g (half 0).
+template <int kNTiles>
+__device__ __forceinline__ void draw_keep_bits(const FlashForwardParams& p, int batch, int head,
+                                               int row0, int n0, int quad_col,
+                                               uint32_t (&bits)[2]) {
+  static_assert(2 * kNTiles <= 32, "keep bits of one row must fit a 32-bit word");
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    bits[half] = 0;
+#pragma unroll 1
+    for (int t = 0; t < kNTiles; ++t) {
+      const Philox4 block =
+          dropout_block(p.seed, p.offset, batch, p.heads_q, head, row0 + 8 * half, n0 + 8 * t);
+      const uint32_t word = quad_col == 0   ? block.x[0]
+                            : quad_col == 1 ? block.x[1]
+                            : quad_col == 2 ? block.x[2]
+                                            : block.x[3];
+      const uint32_t keep_low = (word & 0xffffu) >= p.dropout_threshold ? 1u : 0u;
+      const uint32_t keep_high = (word >> 16) >= p.dropout_threshold ? 2u : 0u;
+      bits[half] |= (keep_low | keep_high) << (2 * t);
+    }
+  }
+}
+
+// Raw scores -> logits in log2 units (scale or softcap, ALiBi), then the mask. Each feature
+// is one branch around a whole loop: a test per element compiles to a branch per element.
+// `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
+// row of the block sees every key of the tile.
+template <typename Element, int kNTiles>
+__device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
+                                                 const FlashBlock<Element>& b,
+                                                 float (&s)[kNTiles][4], int row0, int n0,
+                                                 int quad_col, bool fully_visible) {
+  if (p.use_softcap) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[t][e] = p.softcap_log2 * accurate_tanh(s[t][e] * p.softcap_arg_scale);
+  } else {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] *= p.scale_log2;
+  }
+  if (p.alibi_slopes) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + 8 * (e / 2);
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t) {
+        const int j = n0 + 8 * t + 2 * quad_col + (e & 1);
+        s[t][e] -= b.alibi_slope * fabsf(float(i + b.diagonal - j));
+      }
+    }
+  }
+  if (!fully_visible) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const VisibleRange range = visible_range(p, row0 + 8 * half, b.seqlen_q, b.seqlen_kv);
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = n0 + 8 * t + 2 * quad_col + e;
+          if (j < range.begin || j >= range.end) s[t][2 * half + e] = -INFINITY;
+        }
+    }
+  }
+}
+
+// Tree reductions over a fragment's values (short dependency chains), written as template
+// recursion so every step unrolls: nvcc leaves a `stride /= 2` loop rolled at 16 values and
+// the array then lives in local memory.
+template <int kStride, int kCount>
+__device__ __forceinline__ float tree_max(float (&v)[kCount]) {
+  if constexpr (kStride == 0) {
+    return v[0];
+  } else {
+#pragma unroll
+    for (int t = 0; t < kStride; ++t) v[t] = fmaxf(v[t], v[t + kStride]);
+    return tree_max<kStride / 2>(v);
+  }
+}
+
+template <int kStride, int kCount>
+__device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
+  if constexpr (kStride == 0) {
+    return v[0];
+  } else {
+#pragma unroll
+    for (int t = 0; t < kStride; ++t) v[t] += v[t + kStride];
+    return tree_sum<kStride / 2>(v);
+  }
+}
+
+// Online-softmax update of one slab: S (logits, log2 units) becomes P = exp2(S - max), the
+// row statistics absorb the tile and O is rescaled to the new max.
+template <int kNTiles, int kVTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o)[kVTiles][4],
+                                               RowStats& stats) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float partial_max[kNTiles];
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) partial_max[t] = fmaxf(s[t][2 * half], s[t][2 * half + 1]);
+    float tile_max = tree_max<kNTiles / 2>(partial_max);
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float new_max = fmaxf(stats.max[half], tile_max);
+    // A row that has seen only masked keys (and no sink) keeps max -inf: shift by 0 so
+    // exp2(-inf - shift) = 0 instead of NaN.
+    const float shift = new_max == -INFINITY ? 0.f : new_max;
+    const float correction = fast_exp2(stats.max[half] - shift);
+    stats.max[half] = new_max;
+    float partial_sum[kNTiles];
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+      const float p0 = fast_exp2(s[t][2 * half] - shift);
+      const float p1 = fast_exp2(s[t][2 * half + 1] - shift);
+      s[t][2 * half] = p0;
+      s[t][2 * half + 1] = p1;
+      partial_sum[t] = p0 + p1;
+    }
+    stats.sum[half] = stats.sum[half] * correction + tree_sum<kNTiles / 2>(partial_sum);
+#pragma unroll
+    for (int t = 0; t < kVTiles; ++t) {
+      o[t][2 * half] *= correction;
+      o[t][2 * half + 1] *= correction;
+    }
+  }
+}
+
+// Dropout scales what multiplies V, not the normaliser (DESIGN.md §3.7).
+template <int kNTiles>
+__device__ __forceinline__ void apply_dropout(const FlashForwardParams& p, float (&s)[kNTiles][4],
+                                              const uint32_t (&bits)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+      const uint32_t pair = bits[half] >> (2 * t);
+      s[t][2 * half] *= pair & 1u ? p.dropout_scale : 0.f;
+      s[t][2 * half + 1] *= pair & 2u ? p.dropout_scale : 0.f;
+    }
+}
+
+// P's 16 keys 16kk..16kk+15 as an m16n8k16 A operand (S tiles 2kk and 2kk + 1).
+template <typename Element, int kNTiles>
+__device__ __forceinline__ void pack_p_operand(const float (&s)[kNTiles][4], int kk,
+                                               uint32_t (&a)[4]) {
+  a[0] = ptx::pack2<Element>(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = ptx::pack2<Element>(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = ptx::pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = ptx::pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// Epilogue of one slab: finish the row sums across the quad, normalise, store O and LSE (or
+// the split-KV partials).
+template <typename Element, int kVTiles>
+__device__ __forceinline__ void store_slab(const FlashForwardParams& p,
+                                           const FlashBlock<Element>& b,
+                                           const float (&o)[kVTiles][4], const RowStats& stats,
+                                           int row0, int quad_col) {
+  constexpr int kDimV = 8 * kVTiles;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = stats.sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int i = row0 + 8 * half;
+    if (i >= b.seqlen_q) continue;
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+    const float lse = sum > 0.f ? (stats.max[half] + __log2f(sum)) * kLn2 : -INFINITY;
+    if (p.num_splits == 1) {
+      const int64_t row = (p.start_q ? p.start_q[b.batch] : 0) + i;
+      Element* o_row = static_cast<Element*>(p.o) + b.batch * p.o_batch_stride +
+                       row * p.o_row_stride + b.head * p.o_head_stride;
+#pragma unroll
+      for (int t = 0; t < kVTiles; ++t) {
+        const uint32_t pair =
+            ptx::pack2<Element>(o[t][2 * half] * inverse, o[t][2 * half + 1] * inverse);
+        *reinterpret_cast<uint32_t*>(o_row + 8 * t + 2 * quad_col) = pair;
+      }
+      if (quad_col == 0) p.lse[b.batch * p.lse_batch_stride + b.head * p.lse_head_stride + row] = lse;
+    } else {
+      const int64_t row =
+          ((int64_t(b.split) * p.batch + b.batch) * p.heads_q + b.head) * p.max_seqlen_q + i;
+      float* o_row = p.partial_o + row * kDimV;
+#pragma unroll
+      for (int t = 0; t < kVTiles; ++t)
+        *reinterpret_cast<float2*>(o_row + 8 * t + 2 * quad_col) =
+            make_float2(o[t][2 * half] * inverse, o[t][2 * half + 1] * inverse);
+      if (quad_col == 0) p.partial_lse[row] = lse;
+    }
+  }
+}
+
+}  // namespace dpa::cuda
