@@ -183,8 +183,10 @@ class NcclState {
     return handle(std::move(self), queued_launch_, what);
   }
 
-  // Launches the queued point-to-point operations as one group.
-  void flush() {
+  // Launches the queued point-to-point operations as one group; NCCL must have enqueued them
+  // by `deadline`.
+  void flush() { flush(Clock::now() + timeout_); }
+  void flush(Clock::time_point deadline) {
     if (queued_.empty()) return;
     const std::vector<P2pOp> ops = std::move(queued_);
     queued_.clear();
@@ -213,19 +215,20 @@ class NcclState {
     const ncclResult_t end = ncclGroupEnd();
     if (first_error != ncclSuccess) fail(what, failed_call + ": " + nccl_text(first_error));
     check_nccl(end, what, "ncclGroupEnd");
-    record(*launch, what);
+    record(*launch, what, deadline);
   }
 
   // Runs `enqueue` (NCCL calls on the stream) as one operation and returns its handle.
   template <typename Enqueue>
   CommHandle post(std::shared_ptr<NcclState> self, const std::string& what, Enqueue enqueue) {
     ensure_healthy(what);
-    flush();  // point-to-point operations posted earlier keep their place in the order
+    const auto deadline = Clock::now() + timeout_;
+    flush(deadline);  // point-to-point operations posted earlier keep their place in the order
     DeviceGuard guard(device_);
     enter(guard, what);
     enqueue();
     auto launch = std::make_shared<Launch>();
-    record(*launch, what);
+    record(*launch, what, deadline);
     return handle(std::move(self), std::move(launch), what);
   }
 
@@ -245,12 +248,13 @@ class NcclState {
   void wait(Launch& launch, const std::string& what) {
     if (launch.done) return;
     ensure_healthy(what);
-    if (!launch.launched) flush();  // the handle belongs to the queued group
+    // One deadline for launching (when the handle belongs to the queued group) and completing.
+    const auto deadline = Clock::now() + timeout_;
+    if (!launch.launched) flush(deadline);
     if (!launch.launched) throw comm_error(what + " on " + where() + ": internal: never launched");
     DeviceGuard guard(device_);
     if (guard.status() != cudaSuccess)
       fail(what, "cannot select CUDA device: " + cuda_text(guard.status()));
-    const auto deadline = Clock::now() + timeout_;
     Backoff backoff;
     for (;;) {
       const cudaError_t status = cudaEventQuery(launch.event);
@@ -318,8 +322,8 @@ class NcclState {
 
   // After the NCCL calls of one operation: wait until NCCL has really enqueued them, then mark
   // their completion with an event.
-  void record(Launch& launch, const std::string& what) {
-    settle(what, Clock::now() + timeout_,
+  void record(Launch& launch, const std::string& what, Clock::time_point deadline) {
+    settle(what, deadline,
            "NCCL did not finish enqueueing (connection setup with a peer that never came?)");
     check_cuda(cudaEventCreateWithFlags(&launch.event, cudaEventDisableTiming), what,
                "cudaEventCreateWithFlags");
