@@ -49,6 +49,11 @@ using CommHandle = std::unique_ptr<CommRequest>;
 // Point-to-point and collective communication among `size()` ranks. Buffers must stay valid
 // (and unmodified, for inputs) until the returned handle's wait() returns. Collectives are
 // called by every rank in the same order. Reductions sum; they take fp32 or fp64 data.
+// Portable use (the NCCL communicator, dpa/nccl.h, has no tags and unbuffered sends): a send
+// may not complete before the peer posts the matching recv, so post every send and recv of an
+// exchange before waiting on any; for each pair of ranks, post the receives in the order the
+// peer posts the sends (then per-peer order and tags match alike); and receive every send
+// before the next collective.
 class Communicator {
  public:
   virtual ~Communicator() = default;

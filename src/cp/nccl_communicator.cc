@@ -250,7 +250,14 @@ class NcclState {
     ensure_healthy(what);
     // One deadline for launching (when the handle belongs to the queued group) and completing.
     const auto deadline = Clock::now() + timeout_;
-    if (!launch.launched) flush(deadline);
+    if (!launch.launched) {
+      try {
+        flush(deadline);
+      } catch (const Error& error) {
+        throw comm_error(what + " on " + where() +
+                         ": launching its point-to-point group failed: " + error.what());
+      }
+    }
     if (!launch.launched) throw comm_error(what + " on " + where() + ": internal: never launched");
     DeviceGuard guard(device_);
     if (guard.status() != cudaSuccess)
