@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -457,6 +459,39 @@ int launch(int nproc, int deadline_s, bool dead_peer) {
   const std::string id_file = dir + "/id";
   const std::string key = "dpa-nccl-test-" + std::to_string(::getpid());
 
+  // Everything the child needs is built before fork: between fork and exec a child of a
+  // process with threads (the CUDA runtime's) may only make async-signal-safe calls.
+  const char* const overridden[] = {
+      "RANK=",           "WORLD_SIZE=", "LOCAL_RANK=", "DPA_NCCL_ID_FILE=", "DPA_NCCL_ID_KEY=",
+      "DPA_NCCL_DEVICE="};
+  std::vector<std::string> inherited;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    bool keep = true;
+    for (const char* prefix : overridden)
+      if (std::strncmp(*entry, prefix, std::strlen(prefix)) == 0) keep = false;
+    if (keep) inherited.push_back(*entry);
+  }
+  std::vector<std::vector<std::string>> environments;
+  for (int rank = 0; rank < nproc; ++rank) {
+    std::vector<std::string> env = inherited;
+    env.push_back("RANK=" + std::to_string(rank));
+    env.push_back("WORLD_SIZE=" + std::to_string(nproc));
+    env.push_back("LOCAL_RANK=" + std::to_string(rank));
+    env.push_back("DPA_NCCL_ID_FILE=" + id_file);
+    env.push_back("DPA_NCCL_ID_KEY=" + key);
+    environments.push_back(std::move(env));
+  }
+  std::vector<std::vector<char*>> envps;
+  for (std::vector<std::string>& env : environments) {
+    std::vector<char*> envp;
+    for (std::string& entry : env) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    envps.push_back(std::move(envp));
+  }
+  char worker_flag[] = "--worker";
+  char no_dead_peer[] = "--no-dead-peer";
+  char* argv[] = {self, worker_flag, dead_peer ? nullptr : no_dead_peer, nullptr};
+
   std::vector<pid_t> children;
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
@@ -465,18 +500,8 @@ int launch(int nproc, int deadline_s, bool dead_peer) {
       break;
     }
     if (pid == 0) {
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("DPA_NCCL_ID_FILE", id_file.c_str(), 1);
-      ::setenv("DPA_NCCL_ID_KEY", key.c_str(), 1);
-      ::unsetenv("DPA_NCCL_DEVICE");
-      char worker_flag[] = "--worker";
-      char no_dead_peer[] = "--no-dead-peer";
-      char* argv[] = {self, worker_flag, dead_peer ? nullptr : no_dead_peer, nullptr};
-      ::execv(self, argv);
-      std::perror("execv");
-      std::_Exit(127);
+      ::execve(self, argv, envps[size_t(rank)].data());
+      ::_exit(127);
     }
     children.push_back(pid);
   }
