@@ -51,6 +51,8 @@ std::optional<LaunchEnv> launch_env();  // from this process's environment
 // left by an earlier job would hand out a dead id. `key`, when not empty, is written with the
 // id and a reader accepts only a file with the same key (use the job id), which rejects such
 // stale files. Rank 0 removes the file once the communicator is up (every rank has read it).
+// make_nccl_communicator numbers the communicators a process creates through one path and
+// appends "#n" to the key, so consecutive communicators may share a path.
 
 // Writes atomically: a temporary file in the same directory, flushed, then renamed over
 // `path`, so a reader sees either no file or the whole id. Throws kIo on failure.

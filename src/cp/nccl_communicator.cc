@@ -19,7 +19,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -552,6 +554,16 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   std::shared_ptr<NcclState> state_;
 };
 
+// The n-th communicator this process bootstraps through one path uses key "<key>#n". Every
+// rank creates the same sequence, so the numbers agree, and a rank that comes for the next
+// communicator before rank 0 has removed the previous id file skips that file.
+int next_generation(const NcclBootstrap& bootstrap) {
+  static std::mutex mutex;
+  static std::map<std::string, int> generations;
+  std::lock_guard<std::mutex> lock(mutex);
+  return generations[bootstrap.id_file]++;
+}
+
 }  // namespace
 
 std::vector<uint8_t> nccl_unique_id() {
@@ -586,11 +598,12 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
   const auto deadline = Clock::now() + timeout;
   std::vector<uint8_t> id_bytes = bootstrap.unique_id;
   if (id_bytes.empty()) {
+    const std::string key = bootstrap.id_key + "#" + std::to_string(next_generation(bootstrap));
     if (rank == 0) {
       id_bytes = nccl_unique_id();
-      write_nccl_id_file(bootstrap.id_file, id_bytes, bootstrap.id_key);
+      write_nccl_id_file(bootstrap.id_file, id_bytes, key);
     } else {
-      id_bytes = read_nccl_id_file(bootstrap.id_file, timeout, bootstrap.id_key);
+      id_bytes = read_nccl_id_file(bootstrap.id_file, timeout, key);
     }
   }
   ncclUniqueId id;
