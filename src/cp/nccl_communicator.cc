@@ -79,10 +79,13 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) status_ = cudaSetDevice(device);
+    if (previous_ != device) {
+      status_ = cudaSetDevice(device);
+      restore_ = previous_ >= 0 && status_ == cudaSuccess;
+    }
   }
   ~DeviceGuard() {
-    if (previous_ >= 0 && status_ == cudaSuccess) cudaSetDevice(previous_);
+    if (restore_) cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -90,6 +93,7 @@ class DeviceGuard {
 
  private:
   int previous_ = -1;
+  bool restore_ = false;
   cudaError_t status_ = cudaSuccess;
 };
 
