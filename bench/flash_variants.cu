@@ -1,5 +1,5 @@
-// Tile-shape variants of the flash forward kernel for the dev bench: same kernel body, other
-// (warps, block_n) choices, so a single device call can compare them.
+// Kernel variants of the flash forward for the dev bench (bf16, head dim 128), so a single
+// device call can compare them: the library's wgmma kernel and the mma.sync family.
 #include "bench/flash_variants.h"
 #include "cuda/flash/flash_forward_launch.cuh"
 #include "cuda/flash/flash_forward_plan.h"
@@ -7,8 +7,21 @@
 namespace dpa::cuda {
 namespace {
 
+template <typename Traits>
+FlashTileShape shape_of(bool wgmma) {
+  return FlashTileShape{Traits::kBlockM, Traits::kBlockN, Traits::kThreads / 32, 1,
+                        Traits::kSharedBytes, 1, wgmma};
+}
+
+void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
+  using Traits = FlashSm90Traits<__nv_bfloat16, 128, 128>;
+  FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
+  launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, plan.params, stream);
+  if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
+}
+
 template <int kWarps, int kBlockN, int kSlabs>
-void run_shape(const AttentionProblem& p, cudaStream_t stream) {
+void run_mma_sync(const AttentionProblem& p, cudaStream_t stream) {
   using Traits = FlashForwardTraits<__nv_bfloat16, 128, 128, kWarps, kBlockN, kSlabs>;
   FlashTileShape shape{Traits::kBlockM, Traits::kBlockN,      Traits::kWarps,
                        Traits::kSlabs,  Traits::kSharedBytes, 2};
@@ -23,13 +36,9 @@ void run_shape(const AttentionProblem& p, cudaStream_t stream) {
 const char* flash_variant_name(int variant) {
   switch (variant) {
     case 0:
-      return "4 warps x 32 rows, block_n 64";
+      return "wgmma (library on sm_90)";
     case 1:
-      return "8 warps x 16 rows, block_n 64";
-    case 2:
-      return "4 warps x 32 rows, block_n 32";
-    case 3:
-      return "8 warps x 16 rows, block_n 128";
+      return "mma.sync 4 warps x 32 rows, block_n 64";
     default:
       return nullptr;
   }
@@ -39,13 +48,9 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   switch (variant) {
     case 0:
-      return run_shape<4, 64, 2>(p, stream);
+      return run_wgmma(p, stream);
     case 1:
-      return run_shape<8, 64, 1>(p, stream);
-    case 2:
-      return run_shape<4, 32, 2>(p, stream);
-    case 3:
-      return run_shape<8, 128, 1>(p, stream);
+      return run_mma_sync<4, 64, 2>(p, stream);
     default:
       return;
   }

@@ -4,10 +4,15 @@
 //
 // A block owns 128 query rows: two warpgroups of 64 rows. S = Q K^T is one wgmma chain per
 // warpgroup (both operands K-major in shared memory); O += P V takes P from registers (the S
-// accumulators rounded in place) and V as an MN-major operand. K and V tiles are double-
-// buffered: tile n+1 is copied in with cp.async while the block computes on tile n, so each
-// tile costs one barrier. Shared tiles use the 128-byte swizzle (ptx/wgmma.cuh), written by
-// cp.async at the swizzled addresses.
+// accumulators rounded in place) and V as an MN-major operand. Shared tiles use the 128-byte
+// swizzle (ptx/wgmma.cuh), written by cp.async at the swizzled addresses.
+//
+// Software pipeline (FlashAttention-3's intra-warpgroup overlap): iteration n issues
+// S(n) = Q K(n)^T and O += P(n-1) V(n-1) back to back, waits for S(n) only, and runs the
+// softmax of tile n on the special-function and FMA pipes while the tensor cores still work on
+// P(n-1) V(n-1); O is rescaled once that MMA has landed. K and V have two shared stages each,
+// V one tile behind K: the top of iteration n copies in K(n+1) and V(n), which overwrite K(n-1)
+// and V(n-2), both finished before the barrier there. One barrier per tile.
 #pragma once
 
 #include "cuda/flash/flash_tile_math.cuh"
@@ -44,6 +49,17 @@ __device__ __forceinline__ void load_swizzled_tile_async(uint32_t shared_tile,
   constexpr int kChunksPerRow = kDim / 8;
   constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+  if (valid_rows >= kRows) {  // whole tile in range: no per-chunk bounds test
+#pragma unroll
+    for (int i = 0; i < kChunks / kThreads; ++i) {
+      const int chunk = int(threadIdx.x) + i * kThreads;
+      const int row = chunk / kChunksPerRow;
+      const int column = (chunk % kChunksPerRow) * 8;
+      ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column),
+                       global_tile + row * row_stride + column, true);
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kChunks / kThreads; ++i) {
     const int chunk = int(threadIdx.x) + i * kThreads;
@@ -95,18 +111,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
 
-  auto load_kv = [&](int n_block, int stage) {
+  auto load_k = [&](int n_block, int stage) {
     const int n0 = n_block * kBlockN;
     load_swizzled_tile_async<Element, kBlockN, kDimQK, kThreads>(
         k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, b.seqlen_kv - n0);
+  };
+  auto load_v = [&](int n_block, int stage) {
+    const int n0 = n_block * kBlockN;
     load_swizzled_tile_async<Element, kBlockN, kDimV, kThreads>(
         v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, b.seqlen_kv - n0);
   };
 
-  // Prologue: Q and the first K/V tile in one group.
+  // Q and the first K tile. Stages are indexed by tile parity (n_block % 2).
   load_swizzled_tile_async<Element, kBlockM, kDimQK, kThreads>(q_shared, b.q, p.q_row_stride,
                                                                b.rows_here);
-  if (b.n_block_begin < b.n_block_end) load_kv(b.n_block_begin, 0);
+  if (b.n_block_begin < b.n_block_end) load_k(b.n_block_begin, b.n_block_begin % 2);
   ptx::cp_async_commit();
 
   // K-major descriptors advance 32 bytes per 16 columns inside a 64-column block and one
@@ -124,46 +143,99 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return ptx::smem_descriptor(v_shared(stage) + kk * 16 * 128, kBlockN * 128, 1024);
   };
 
-  int stage = 0;
-  for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, stage ^= 1) {
+  // Tile n_block's logits, mask, softmax update and dropout: S becomes P (fp32, in place) and
+  // `correction` the factor that rescales O to the new row max.
+  float correction[2];
+  auto logits_to_probabilities = [&](float (&s_acc)[kNTiles][4], int n_block,
+                                     const uint32_t (&keep)[2]) {
     const int n0 = n_block * kBlockN;
-    ptx::cp_async_wait<0>();
-    ptx::fence_proxy_async_shared();
-    // Tile n landed for every thread, and every warpgroup's MMAs on tile n-1 are complete
-    // (waited below), so the other stage is free for tile n+1.
-    __syncthreads();
-    if (n_block + 1 < b.n_block_end) load_kv(n_block + 1, stage ^ 1);
-    ptx::cp_async_commit();
-
-    uint32_t keep_bits[2] = {};
-    if (p.dropout_threshold != 0)
-      draw_keep_bits<kNTiles>(p, b.batch, b.head, row0, n0, quad_col, keep_bits);
-
-    float s_acc[kNTiles][4];
-    ptx::wgmma_fence();
+    const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
+    transform_logits(p, b, s_acc, row0, n0, quad_col, fully_visible);
+    softmax_update(s_acc, stats, correction);
+    if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
+  };
+  // P rounded to Element: the A operand of the next O += P V.
+  uint32_t p_operand[kBlockN / 16][4];
+  auto pack_probabilities = [&](const float (&s_acc)[kNTiles][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p_operand<Element>(s_acc, kk, p_operand[kk]);
+  };
+  auto issue_qk = [&](float (&s_acc)[kNTiles][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < kDimQK / 16; ++kk)
       ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::fence_accumulators(s_acc);
-
-    const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-    transform_logits(p, b, s_acc, row0, n0, quad_col, fully_visible);
-    online_softmax(s_acc, o_acc, stats);
-    if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep_bits);
-
-    uint32_t p_operand[kBlockN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p_operand<Element>(s_acc, kk, p_operand[kk]);
-    ptx::fence_accumulators(o_acc);
-    ptx::wgmma_fence();
+  };
+  auto issue_pv = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
     ptx::wgmma_commit();
+  };
+  auto draw_keep = [&](int n_block, uint32_t (&keep)[2]) {
+    keep[0] = keep[1] = 0;
+    if (p.dropout_threshold != 0)
+      draw_keep_bits<kNTiles>(p, b.batch, b.head, row0, n_block * kBlockN, quad_col, keep);
+  };
+  // Waits for this thread's copies, publishes them to the async proxy and the block.
+  auto tiles_landed = [&] {
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+  };
+
+  if (b.n_block_begin < b.n_block_end) {
+    // Prologue: S and P of the first tile (nothing to overlap with yet).
+    const int first = b.n_block_begin;
+    tiles_landed();  // Q and K(first)
+    load_v(first, first % 2);
+    if (first + 1 < b.n_block_end) load_k(first + 1, (first + 1) % 2);
+    ptx::cp_async_commit();
+    uint32_t keep[2];
+    draw_keep(first, keep);
+    float s_acc[kNTiles][4];
+    ptx::wgmma_fence();
+    issue_qk(s_acc, first % 2);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(s_acc);
+    logits_to_probabilities(s_acc, first, keep);  // O is still zero: no rescale
+    pack_probabilities(s_acc);
+
+    for (int n_block = first + 1; n_block < b.n_block_end; ++n_block) {
+      const int stage = n_block % 2;
+      // K(n) and V(n-1) landed; every warpgroup is done with tile n-1's MMAs, so K(n-1)'s and
+      // V(n-2)'s stages are free.
+      tiles_landed();
+      load_v(n_block, stage);
+      if (n_block + 1 < b.n_block_end) load_k(n_block + 1, stage ^ 1);
+      ptx::cp_async_commit();
+      draw_keep(n_block, keep);
+
+      ptx::fence_accumulators(o_acc);
+      ptx::wgmma_fence();
+      issue_qk(s_acc, stage);
+      issue_pv(stage ^ 1);     // P(n-1) V(n-1)
+      ptx::wgmma_wait<1>();    // S(n) is ready; P(n-1) V(n-1) may still run
+      ptx::fence_accumulators(s_acc);
+      // The MMA in flight still reads p_operand and o_acc: S stays in its own registers until
+      // it lands, then O is rescaled and P overwritten.
+      logits_to_probabilities(s_acc, n_block, keep);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(o_acc);
+      ptx::fence_registers(p_operand);
+      rescale_rows(o_acc, correction);
+      pack_probabilities(s_acc);
+    }
+
+    // Epilogue of the pipeline: O += P(last) V(last).
+    tiles_landed();
+    ptx::fence_accumulators(o_acc);
+    ptx::wgmma_fence();
+    issue_pv((b.n_block_end - 1) % 2);
     ptx::wgmma_wait<0>();
     ptx::fence_accumulators(o_acc);
+  } else {
+    ptx::cp_async_wait<0>();  // no visible keys: only Q was copied
   }
 
   store_slab(p, b, o_acc, stats, row0, quad_col);

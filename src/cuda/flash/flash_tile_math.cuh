@@ -29,14 +29,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Accurate tanh from one ex2 and one reciprocal: tanh(x) = 1 - 2 / (exp(2x) + 1). Saturates
-// to +-1 without NaN (exp overflow gives inf and 2/inf = 0). tanh.approx.f32 would save one
-// MUFU op but its ~5e-4 relative error moves capped logits by up to cap * 5e-4.
-__device__ __forceinline__ float accurate_tanh(float x) {
-  const float e = fast_exp2(x * (2.f * kLog2e));
-  return 1.f - __fdividef(2.f, e + 1.f);
-}
-
 // Key range [begin, end) visible to query row i of a sequence (DESIGN.md §3).
 struct VisibleRange {
   int begin, end;
@@ -151,6 +143,25 @@ __device__ __forceinline__ void draw_keep_bits(const FlashForwardParams& p, int 
   }
 }
 
+// Sets the scores of keys a row does not see to -inf.
+template <typename Element, int kNTiles>
+__device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
+                                                    const FlashBlock<Element>& b,
+                                                    float (&s)[kNTiles][4], int row0, int n0,
+                                                    int quad_col) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const VisibleRange range = visible_range(p, row0 + 8 * half, b.seqlen_q, b.seqlen_kv);
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = n0 + 8 * t + 2 * quad_col + e;
+        if (j < range.begin || j >= range.end) s[t][2 * half + e] = -INFINITY;
+      }
+  }
+}
+
 // Raw scores -> logits in log2 units (scale or softcap, ALiBi), then the mask. Each feature
 // is one branch around a whole loop: a test per element compiles to a branch per element.
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
@@ -161,11 +172,21 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
                                                  float (&s)[kNTiles][4], int row0, int n0,
                                                  int quad_col, bool fully_visible) {
   if (p.use_softcap) {
+    // Accurate tanh from one exp2 and one reciprocal, tanh(y) = 1 - 2 / (exp(2y) + 1), with the
+    // cap folded into the last FFMA: c' tanh(u a) = c' - 2c' r, r = 1 / (exp2(2 u a log2 e) + 1)
+    // (c' = c log2 e, a = scale / c). An element costs FMUL, MUFU.EX2, FADD, MUFU.RCP, FFMA.
+    // r is 0 when the exp2 overflows and 1 when it underflows: the logit saturates at +-c'
+    // without NaN. (tanh.approx.f32 would save the reciprocal, but its ~5e-4 relative error
+    // moves capped logits by up to c * 5e-4.)
+    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float slope = -2.f * p.softcap_log2;
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[t][e] = p.softcap_log2 * accurate_tanh(s[t][e] * p.softcap_arg_scale);
+      for (int e = 0; e < 4; ++e) {
+        const float r = __fdividef(1.f, fast_exp2(s[t][e] * exp_scale) + 1.f);
+        s[t][e] = fmaf(r, slope, p.softcap_log2);
+      }
   } else {
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
@@ -183,19 +204,7 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
       }
     }
   }
-  if (!fully_visible) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const VisibleRange range = visible_range(p, row0 + 8 * half, b.seqlen_q, b.seqlen_kv);
-#pragma unroll
-      for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = n0 + 8 * t + 2 * quad_col + e;
-          if (j < range.begin || j >= range.end) s[t][2 * half + e] = -INFINITY;
-        }
-    }
-  }
+  if (!fully_visible) mask_invisible_keys(p, b, s, row0, n0, quad_col);
 }
 
 // Tree reductions over a fragment's values (short dependency chains), written as template
@@ -223,11 +232,12 @@ __device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
   }
 }
 
-// Online-softmax update of one slab: S (logits, log2 units) becomes P = exp2(S - max), the
-// row statistics absorb the tile and O is rescaled to the new max.
-template <int kNTiles, int kVTiles>
-__device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o)[kVTiles][4],
-                                               RowStats& stats) {
+// Online-softmax update of one slab's statistics: S (logits, log2 units) becomes
+// P = exp2(S - max) and the row statistics absorb the tile. Returns, per row, the factor that
+// rescales everything accumulated so far (O) to the new max.
+template <int kNTiles>
+__device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
+                                               float (&correction)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float partial_max[kNTiles];
@@ -240,7 +250,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o
     // A row that has seen only masked keys (and no sink) keeps max -inf: shift by 0 so
     // exp2(-inf - shift) = 0 instead of NaN.
     const float shift = new_max == -INFINITY ? 0.f : new_max;
-    const float correction = fast_exp2(stats.max[half] - shift);
+    correction[half] = fast_exp2(stats.max[half] - shift);
     stats.max[half] = new_max;
     float partial_sum[kNTiles];
 #pragma unroll
@@ -251,13 +261,30 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o
       s[t][2 * half + 1] = p1;
       partial_sum[t] = p0 + p1;
     }
-    stats.sum[half] = stats.sum[half] * correction + tree_sum<kNTiles / 2>(partial_sum);
+    stats.sum[half] = stats.sum[half] * correction[half] + tree_sum<kNTiles / 2>(partial_sum);
+  }
+}
+
+// Skipped when no row of the warp moved its max (the common case once the first tiles set
+// it): one vote instead of an FMUL per O element.
+template <int kVTiles>
+__device__ __forceinline__ void rescale_rows(float (&o)[kVTiles][4], const float (&correction)[2]) {
+  if (__all_sync(0xffffffffu, correction[0] == 1.f && correction[1] == 1.f)) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
 #pragma unroll
     for (int t = 0; t < kVTiles; ++t) {
-      o[t][2 * half] *= correction;
-      o[t][2 * half + 1] *= correction;
+      o[t][2 * half] *= correction[half];
+      o[t][2 * half + 1] *= correction[half];
     }
-  }
+}
+
+template <int kNTiles, int kVTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o)[kVTiles][4],
+                                               RowStats& stats) {
+  float correction[2];
+  softmax_update(s, stats, correction);
+  rescale_rows(o, correction);
 }
 
 // Dropout scales what multiplies V, not the normaliser (DESIGN.md §3.7).

@@ -68,6 +68,15 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[t][e])::"memory");
 }
 
+// The same for A-operand registers that an in-flight wgmma still reads.
+template <int kSteps>
+__device__ __forceinline__ void fence_registers(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[k][e])::"memory");
+}
+
 template <typename Element, int kN>
 struct WgmmaSharedShared;
 template <typename Element, int kN>
