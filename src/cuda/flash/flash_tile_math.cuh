@@ -265,11 +265,8 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
   }
 }
 
-// Skipped when no row of the warp moved its max (the common case once the first tiles set
-// it): one vote instead of an FMUL per O element.
 template <int kVTiles>
 __device__ __forceinline__ void rescale_rows(float (&o)[kVTiles][4], const float (&correction)[2]) {
-  if (__all_sync(0xffffffffu, correction[0] == 1.f && correction[1] == 1.f)) return;
 #pragma unroll
   for (int half = 0; half < 2; ++half)
 #pragma unroll
