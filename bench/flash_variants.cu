@@ -1,5 +1,5 @@
 // Kernel variants of the flash forward for the dev bench (bf16, head dim 128), so a single
-// device call can compare them: the library's wgmma kernel and the mma.sync family.
+// device call can compare them: wgmma tile shapes and the mma.sync family.
 #include "bench/flash_variants.h"
 #include "cuda/flash/flash_forward_launch.cuh"
 #include "cuda/flash/flash_forward_plan.h"
@@ -13,8 +13,15 @@ FlashTileShape shape_of(bool wgmma) {
                         Traits::kSharedBytes, 1, wgmma};
 }
 
+template <typename Traits>
+void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream) {
+  FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
+  launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, plan.params, stream);
+  if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
+}
+
+template <typename Traits>
 void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
-  using Traits = FlashSm90Traits<__nv_bfloat16, 128, 128>;
   FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
   launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, plan.params, stream);
   if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
@@ -36,9 +43,15 @@ void run_mma_sync(const AttentionProblem& p, cudaStream_t stream) {
 const char* flash_variant_name(int variant) {
   switch (variant) {
     case 0:
-      return "wgmma (library on sm_90)";
+      return "wgmma 2 warpgroups, block_n 128 (library on sm_90)";
     case 1:
+      return "wgmma 3 warpgroups, block_n 64";
+    case 2:
+      return "wgmma 2 warpgroups, block_n 64";
+    case 3:
       return "mma.sync 4 warps x 32 rows, block_n 64";
+    case 4:
+      return "wgmma warp-specialised ping-pong, block_n 128";
     default:
       return nullptr;
   }
@@ -48,9 +61,15 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   switch (variant) {
     case 0:
-      return run_wgmma(p, stream);
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128>>(p, stream);
     case 1:
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 3, 64>>(p, stream);
+    case 2:
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 64>>(p, stream);
+    case 3:
       return run_mma_sync<4, 64, 2>(p, stream);
+    case 4:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream);
     default:
       return;
   }

@@ -2,7 +2,7 @@
 // the mma.sync family (flash_forward_kernel.cuh, shared per-tile math in flash_tile_math.cuh)
 // on warpgroup MMAs, which read Q, K and V straight from shared memory.
 //
-// A block owns 128 query rows: two warpgroups of 64 rows. S = Q K^T is one wgmma chain per
+// A block owns 64 query rows per warpgroup (two warpgroups in the library's tiles). S = Q K^T is one wgmma chain per
 // warpgroup (both operands K-major in shared memory); O += P V takes P from registers (the S
 // accumulators rounded in place) and V as an MN-major operand. Shared tiles use the 128-byte
 // swizzle (ptx/wgmma.cuh), written by cp.async at the swizzled addresses.
@@ -23,21 +23,26 @@
 
 namespace dpa::cuda {
 
-template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+// kWarpgroupsT and kBlockNT default to flash_forward_wgmma_tile_shape's choice (what the
+// library runs); dev benches instantiate others to compare.
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
+          int kWarpgroupsT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).warps / 4,
+          int kBlockNT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).block_n>
 struct FlashSm90Traits {
   using Element = ElementT;
-  static constexpr FlashTileShape kShape = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT);
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
-  static constexpr int kBlockM = kShape.block_m, kBlockN = kShape.block_n;
-  static constexpr int kThreads = 32 * kShape.warps;
+  static constexpr int kWarpgroups = kWarpgroupsT;
+  static constexpr int kBlockM = 64 * kWarpgroups, kBlockN = kBlockNT;
+  static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kStages = 2;
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
   static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
-  static constexpr int kSharedBytes = kShape.shared_bytes;
+  // Q, two stages of K and V, and 1 KB to align the base to the swizzle pattern.
+  static constexpr int kSharedBytes = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(kBlockM == 128 && kThreads == 256, "two warpgroups of 64 rows");
-  static_assert(kQBytes + kStages * (kKBytes + kVBytes) + 1024 <= kSharedBytes, "shared layout");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "PV consumes 16 keys per MMA");
+  static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
 };
 
 // Copies a kRows x kDim tile into 128-byte-swizzled shared memory (rows beyond `valid_rows`
@@ -48,11 +53,13 @@ __device__ __forceinline__ void load_swizzled_tile_async(uint32_t shared_tile,
                                                          int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = kDim / 8;
   constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+  constexpr int kPerThread = (kChunks + kThreads - 1) / kThreads;
+  constexpr bool kEven = kChunks % kThreads == 0;  // else the last round is partial
   if (valid_rows >= kRows) {  // whole tile in range: no per-chunk bounds test
 #pragma unroll
-    for (int i = 0; i < kChunks / kThreads; ++i) {
+    for (int i = 0; i < kPerThread; ++i) {
       const int chunk = int(threadIdx.x) + i * kThreads;
+      if (!kEven && chunk >= kChunks) break;
       const int row = chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 8;
       ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column),
@@ -61,8 +68,9 @@ __device__ __forceinline__ void load_swizzled_tile_async(uint32_t shared_tile,
     return;
   }
 #pragma unroll
-  for (int i = 0; i < kChunks / kThreads; ++i) {
+  for (int i = 0; i < kPerThread; ++i) {
     const int chunk = int(threadIdx.x) + i * kThreads;
+    if (!kEven && chunk >= kChunks) break;
     const int row = chunk / kChunksPerRow;
     const int column = (chunk % kChunksPerRow) * 8;
     const bool valid = row < valid_rows;
