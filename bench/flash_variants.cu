@@ -14,13 +14,6 @@ FlashTileShape shape_of(bool wgmma) {
 }
 
 template <typename Traits>
-void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream) {
-  FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
-  launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, plan.params, stream);
-  if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
-}
-
-template <typename Traits>
 void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
   FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
   launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, plan.params, stream);
@@ -50,8 +43,7 @@ const char* flash_variant_name(int variant) {
       return "wgmma 2 warpgroups, block_n 64";
     case 3:
       return "mma.sync 4 warps x 32 rows, block_n 64";
-    case 4:
-      return "wgmma warp-specialised ping-pong, block_n 128";
+
     default:
       return nullptr;
   }
@@ -68,8 +60,7 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 64>>(p, stream);
     case 3:
       return run_mma_sync<4, 64, 2>(p, stream);
-    case 4:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream);
+
     default:
       return;
   }

@@ -9,8 +9,8 @@
 #   steps: build test sanitize bench (default: all four, in that order); also `host` (the host
 #   suite through ctest, not run by default).
 #
-# OUTDIR receives at most 10 files: build.log, gpu_tests.log, gpu_tests.xml (JUnit),
-# gpu_tests_mma_sync.log, gpu_tests_wgmma_ws.log, sanitizer.log,
+# OUTDIR receives at most 9 files: build.log, gpu_tests.log, gpu_tests.xml (JUnit),
+# gpu_tests_mma_sync.log, sanitizer.log,
 # bench.log, bench.md, bench.png, bench.json.
 #
 # Environment:
@@ -157,10 +157,10 @@ step_test() {
   if [ "$rc" -ne 0 ]; then
     grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
   fi
-  # On Hopper the library runs the wgmma kernels; the mma.sync family (what sm_80 runs) and the
-  # warp-specialised wgmma form get the same forward cases through DPA_FLASH_FORWARD_KERNEL.
+  # On Hopper the library runs the wgmma kernels; the mma.sync family (what sm_80 runs) gets the
+  # same forward cases through DPA_FLASH_FORWARD_KERNEL.
   local kernel
-  for kernel in mma_sync wgmma_ws; do
+  for kernel in mma_sync; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)

@@ -69,9 +69,6 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
   params.wgmma = shape.wgmma;
-  // DPA_FLASH_FORWARD_KERNEL=wgmma_ws runs the warp-specialised ping-pong form on Hopper.
-  const char* kernel = std::getenv("DPA_FLASH_FORWARD_KERNEL");
-  params.warp_specialized = shape.wgmma && kernel && std::string_view(kernel) == "wgmma_ws";
   params.decode = shape.warps == 1;
   params.num_splits = choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
                                         device_info(p.device_index).sm_count, shape.blocks_per_sm);
