@@ -15,6 +15,8 @@
 // and V(n-2), both finished before the barrier there. One barrier per tile.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/flash/flash_tile_math.cuh"
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/ptx/cp_async.cuh"
@@ -55,28 +57,23 @@ __device__ __forceinline__ void load_swizzled_tile_async(uint32_t shared_tile,
   constexpr int kChunks = kRows * kChunksPerRow;
   constexpr int kPerThread = (kChunks + kThreads - 1) / kThreads;
   constexpr bool kEven = kChunks % kThreads == 0;  // else the last round is partial
-  if (valid_rows >= kRows) {  // whole tile in range: no per-chunk bounds test
+  // A whole tile in range (the common case) skips the per-chunk bounds test and select.
+  auto copy = [&](auto whole_tile) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int chunk = int(threadIdx.x) + i * kThreads;
       if (!kEven && chunk >= kChunks) break;
       const int row = chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 8;
-      ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column),
-                       global_tile + row * row_stride + column, true);
+      const bool valid = decltype(whole_tile)::value || row < valid_rows;
+      const Element* source = valid ? global_tile + row * row_stride + column : global_tile;
+      ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column), source, valid);
     }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int chunk = int(threadIdx.x) + i * kThreads;
-    if (!kEven && chunk >= kChunks) break;
-    const int row = chunk / kChunksPerRow;
-    const int column = (chunk % kChunksPerRow) * 8;
-    const bool valid = row < valid_rows;
-    const Element* source = valid ? global_tile + row * row_stride + column : global_tile;
-    ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column), source, valid);
-  }
+  };
+  if (valid_rows >= kRows)
+    copy(std::true_type{});
+  else
+    copy(std::false_type{});
 }
 
 template <typename Traits>
