@@ -409,5 +409,30 @@ TEST(Cli, DemoRunsAndChecksItself) {
   EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << r.err;
 }
 
+// cp-check prints one row per output and gradient; with a bias and an arbitrary mask every
+// relative error (dbias included) is at fp32-merge level.
+TEST(Cli, CpCheckWithBiasAndArbitraryMask) {
+  ScratchDir scratch;
+  CliResult r = run_cli(
+      "cp-check --cp 2 --comm p2p --seqlen 16 --heads 4 --kv-heads 2 --head-dim 8 --bias "
+      "--mask arbitrary --window 4,4",
+      scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  int rows = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string name, extra;
+    double max_abs = 0, relative = 0;
+    fields >> name;
+    if (name == "dbias") fields >> extra;  // "dbias (sum)"
+    if (!(fields >> max_abs >> relative)) continue;
+    EXPECT_LT(relative, 1e-5) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 6) << r.out;  // o, lse, dq, dk, dv, dbias
+  EXPECT_NE(r.out.find("dbias (sum)"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace dpa::test

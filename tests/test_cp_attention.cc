@@ -22,10 +22,22 @@ using test::HostTensor;
 constexpr double kTolerance = 2e-5;
 
 struct CpRun {
-  CaseOutputs out;  // unsharded o, lse, dq, dk, dv; dsoftmax_offset = sum of rank partials
+  CaseOutputs out;  // unsharded o, lse, dq, dk, dv; dsoftmax_offset, dbias = sums of partials
   HostTensor dalpha_reduced;  // rank 0's output with reduce_dalpha (when requested)
   std::vector<HostTensor> dalpha_partials;
+  std::vector<HostTensor> dbias_partials;
 };
+
+// The sum of the ranks' partial gradients (the dalpha and dbias contracts).
+HostTensor sum_of(const std::vector<HostTensor>& partials) {
+  HostTensor sum(partials[0].dtype(), partials[0].shape());
+  for (int64_t n = 0; n < sum.numel(); ++n) {
+    double total = 0;
+    for (const HostTensor& partial : partials) total += partial.get(n);
+    sum.set(n, total);
+  }
+  return sum;
+}
 
 std::vector<int64_t> local_shape(const std::vector<int64_t>& full, Format format, int cp,
                                  const ThdCpPartition& part) {
@@ -55,6 +67,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
           : std::vector<int64_t>{spec.batch, spec.heads_q, spec.seqlen_q};
   run.out.lse = HostTensor(DType::kFloat32, lse_shape);
   run.dalpha_partials.resize(size_t(cp));
+  run.dbias_partials.resize(size_t(cp));
+  const bool wants_dbias = t.bias.defined() && spec.want_dbias;
   std::mutex mutex;
 
   run_in_process(cp, [&](int rank, Communicator& comm) {
@@ -85,7 +99,7 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
     cp::forward(spec.config, cp_config, comm, fwd, spec.config.dropout, rng, debug);
 
     HostTensor dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()), dv(spec.dtype, v.shape());
-    HostTensor dalpha;
+    HostTensor dalpha, dbias;
     BackwardArgs bwd;
     bwd.in = in;
     bwd.o = o.view();
@@ -99,6 +113,10 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
       dalpha = HostTensor(DType::kFloat32, {spec.heads_q});
       bwd.dsoftmax_offset = dalpha.view();
     }
+    if (wants_dbias) {
+      dbias = HostTensor(t.bias.dtype(), t.bias.shape());
+      bwd.dbias = dbias.view();
+    }
     cp::backward(spec.config, cp_config, comm, bwd, spec.config.dropout);
 
     std::lock_guard<std::mutex> lock(mutex);
@@ -108,15 +126,10 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
     unshard_sequence(dk.view(), run.out.dk.view(), format, cp, rank, cu_padded);
     unshard_sequence(dv.view(), run.out.dv.view(), format, cp, rank, cu_padded);
     run.dalpha_partials[size_t(rank)] = dalpha;
+    run.dbias_partials[size_t(rank)] = dbias;
   });
-  if (t.softmax_offset.defined()) {
-    run.out.dsoftmax_offset = HostTensor(DType::kFloat32, {spec.heads_q});
-    for (int64_t h = 0; h < spec.heads_q; ++h) {
-      double sum = 0;
-      for (const HostTensor& partial : run.dalpha_partials) sum += partial.get(h);
-      run.out.dsoftmax_offset.set(h, sum);
-    }
-  }
+  if (t.softmax_offset.defined()) run.out.dsoftmax_offset = sum_of(run.dalpha_partials);
+  if (wants_dbias) run.out.dbias = sum_of(run.dbias_partials);
   return run;
 }
 
@@ -197,6 +210,30 @@ std::vector<CpCase> feature_cases() {
     cases.push_back({"padding_alibi", s});
   }
   {
+    CaseSpec s = base();  // post-scale bias broadcast over the batch, with its gradient
+    s.config.mask_type = MaskType::kCausal;
+    s.config.bias_type = BiasType::kPostScale;
+    s.bias_shape = {1, s.heads_q, s.seqlen_q, s.seqlen_kv};
+    cases.push_back({"post_bias", s});
+  }
+  {
+    CaseSpec s = base();  // thd, pre-scale bias broadcast over the heads, learnable sink
+    s.config.format = Format::kTHD;
+    s.config.mask_type = MaskType::kPaddingCausalBottomRight;
+    s.config.bias_type = BiasType::kPreScale;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    s.lengths_q = s.lengths_kv = {37, 5, 64, 18};
+    s.bias_shape = {4, 1, 64, 64};
+    cases.push_back({"thd_pre_bias", s});
+  }
+  {
+    CaseSpec s = base();  // arbitrary mask, per batch and head, with a window on top
+    s.config.mask_type = MaskType::kArbitrary;
+    s.config.window_left = 24;
+    s.config.window_right = 24;
+    cases.push_back({"arbitrary_mask", s});
+  }
+  {
     CaseSpec s = base();
     s.config.mask_type = MaskType::kCausal;
     s.config.dropout = 0.2;
@@ -264,6 +301,10 @@ TEST_P(CpMatchesExact, EveryOutputAndGradient) {
   EXPECT_LT(c.dk, kTolerance);
   EXPECT_LT(c.dv, kTolerance);
   EXPECT_LT(c.dsoftmax_offset, kTolerance) << "sum of the ranks' partial dalpha";
+  EXPECT_LT(c.dbias, kTolerance) << "sum of the ranks' partial dbias";
+  if (tensors.bias.defined()) {
+    EXPECT_TRUE(run.out.dbias.defined());
+  }
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
@@ -339,6 +380,69 @@ TEST(CpFeatures, DalphaContract) {
     CpRun reduced = run_cp(spec, tensors, config, 4);
     for (const HostTensor& rank_dalpha : reduced.dalpha_partials)
       EXPECT_LT(test::relative_error(rank_dalpha, reference.dsoftmax_offset), kTolerance);
+  }
+}
+
+CaseSpec feature_spec(const std::string& name) {
+  for (const CpCase& c : feature_cases())
+    if (c.name == name) return c.spec;
+  ADD_FAILURE() << "no feature case " << name;
+  return {};
+}
+
+// Bias and arbitrary masks are read at global positions: without them (or read at local
+// positions) the outputs would differ by far more than the tolerance.
+TEST(CpFeatures, BiasAndMaskMoveTheReference) {
+  for (const char* name : {"post_bias", "thd_pre_bias", "arbitrary_mask"}) {
+    CaseSpec spec = feature_spec(name);
+    pad_thd(spec, 4);
+    const CaseTensors tensors = test::make_case(spec);
+    const CaseOutputs with = test::run_case(spec, tensors, BackendKind::kCpuExact);
+    CaseSpec without = spec;
+    CaseTensors plain = tensors;
+    without.config.bias_type = BiasType::kNoBias;
+    plain.bias = HostTensor();
+    if (spec.config.mask_type == MaskType::kArbitrary) {
+      without.config.mask_type = MaskType::kNoMask;
+      plain.attn_mask = HostTensor();
+    }
+    EXPECT_GT(test::relative_error(test::run_case(without, plain, BackendKind::kCpuExact).o, with.o),
+              10 * kTolerance)
+        << name;
+  }
+}
+
+// dbias contract: partials sum to the unsharded gradient, no rank's partial is all of it, and
+// reduce_dbias returns the sum on every rank.
+TEST(CpFeatures, DbiasContract) {
+  const CaseSpec spec = feature_spec("post_bias");
+  const CaseTensors tensors = test::make_case(spec);
+  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
+  for (CpCommType type : {CpCommType::kP2P, CpCommType::kA2A}) {
+    CpConfig config;
+    config.comm_type = type;
+    CpRun partial = run_cp(spec, tensors, config, 4);
+    EXPECT_LT(test::relative_error(partial.out.dbias, reference.dbias), kTolerance);
+    EXPECT_GT(test::relative_error(partial.dbias_partials[0], reference.dbias), 0.05);
+    config.reduce_dbias = true;
+    CpRun reduced = run_cp(spec, tensors, config, 4);
+    for (const HostTensor& rank_dbias : reduced.dbias_partials)
+      EXPECT_LT(test::relative_error(rank_dbias, reference.dbias), kTolerance);
+  }
+}
+
+// A bias of the local shard's shape (instead of the unsharded one) is refused with a reason.
+TEST(CpFeatures, RefusesAShardedBias) {
+  CaseSpec spec = feature_spec("post_bias");
+  spec.bias_shape = {1, spec.heads_q, spec.seqlen_q / 2, spec.seqlen_kv};
+  const CaseTensors tensors = test::make_case(spec);
+  CpConfig config;
+  try {
+    run_cp(spec, tensors, config, 2);
+    FAIL() << "expected a refusal";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.argument(), "bias") << error.what();
+    EXPECT_NE(std::string(error.what()).find("unsharded"), std::string::npos) << error.what();
   }
 }
 

@@ -21,6 +21,9 @@ std::vector<FlagSpec> cp_check_flag_specs() {
       {"comm", "TYPE", "p2p (default), all_gather, a2a or a2a_p2p"},
       {"a2a-group", "A", "a2a_p2p: ranks per all-to-all group (default 2)"},
       {"reduce-dalpha", "", "return the CP-reduced dsoftmax_offset on every rank"},
+      {"bias", "", "add a random [1, H, S, S] bias (type from --bias-type) and check dbias"},
+      {"reduce-dbias", "", "return the CP-reduced dbias on every rank"},
+      {"mask-density", "X", "--mask arbitrary: fraction of masked pairs (default 0.2)"},
       {"batch", "B", "batch size (default 2)"},
       {"seqlen", "S", "sequence length, a multiple of 2*cp (default 128)"},
       {"heads", "H", "query heads (default 8)"},
@@ -67,7 +70,8 @@ int run_cp_check(const std::vector<std::string>& words) {
     std::cout << "usage: dpa cp-check [flags]\n\n" << format_flags(specs);
     return kExitOk;
   }
-  AttentionConfig config = parse_config(args, false, false);
+  const bool with_bias = args.has("bias");
+  AttentionConfig config = parse_config(args, false, with_bias);
   if (config.format == Format::kTHD)
     throw UsageError("format", "--format: cp-check generates bshd or sbhd inputs");
   const int cp = int(args.get_int("cp").value_or(4));
@@ -78,6 +82,7 @@ int run_cp_check(const std::vector<std::string>& words) {
   cp_config.comm_type = *comm;
   cp_config.a2a_group_size = int(args.get_int("a2a-group").value_or(2));
   cp_config.reduce_dalpha = args.has("reduce-dalpha");
+  cp_config.reduce_dbias = args.has("reduce-dbias");
   const int64_t b = args.get_int("batch").value_or(2), s = args.get_int("seqlen").value_or(128);
   const int64_t h = args.get_int("heads").value_or(8), g = args.get_int("kv-heads").value_or(2);
   const int64_t dqk = args.get_int("head-dim").value_or(32);
@@ -105,15 +110,27 @@ int run_cp_check(const std::vector<std::string>& words) {
   const bool learnable = config.softmax_type == SoftmaxType::kLearnable;
   TensorView sink_view = TensorView::contiguous(sink.data(), DType::kFloat32, {h});
   const RngState rng_state = parse_rng(args);
+  // Bias and arbitrary mask: unsharded tensors, the same on every rank (include/dpa/cp.h).
+  Buffer bias = with_bias ? random({1, h, s, s}) : Buffer{};
+  const bool arbitrary = config.mask_type == MaskType::kArbitrary;
+  std::vector<uint8_t> mask(arbitrary ? size_t(b * h * s * s) : 0);
+  std::bernoulli_distribution masked(args.get_double("mask-density").value_or(0.2));
+  for (uint8_t& m : mask) m = masked(rng) ? 1 : 0;
+  auto add_aux = [&](AttentionInputs& in) {
+    if (with_bias) in.bias = bias.view();
+    if (arbitrary) in.attn_mask = TensorView::contiguous(mask.data(), DType::kBool, {b, h, s, s});
+  };
 
   // The unsharded reference.
   struct Outputs {
     Buffer o, lse, dq, dk, dv;
     std::vector<float> dalpha;
+    Buffer dbias;
   };
   auto outputs = [&] {
     Outputs out{make(shape(s, h, dv)), make({b, h, s}), make(q.shape),
-                make(k.shape),         make(v.shape),   std::vector<float>(size_t(h), 0.0f)};
+                make(k.shape),         make(v.shape),   std::vector<float>(size_t(h), 0.0f),
+                make(with_bias ? std::vector<int64_t>{1, h, s, s} : std::vector<int64_t>{0})};
     return out;
   };
   Outputs ref = outputs();
@@ -127,6 +144,7 @@ int run_cp_check(const std::vector<std::string>& words) {
     fwd.in.k = k.view();
     fwd.in.v = v.view();
     if (learnable) fwd.in.softmax_offset = sink_view;
+    add_aux(fwd.in);
     fwd.o = ref.o.view();
     fwd.lse = TensorView::contiguous(ref_lse.data(), DType::kFloat32, {b, h, s});
     fwd.rng = rng_state;
@@ -142,6 +160,7 @@ int run_cp_check(const std::vector<std::string>& words) {
     bwd.rng = rng_state;
     if (learnable)
       bwd.dsoftmax_offset = TensorView::contiguous(ref.dalpha.data(), DType::kFloat32, {h});
+    if (with_bias) bwd.dbias = ref.dbias.view();
     attention.backward(bwd);
     for (size_t i = 0; i < ref_lse.size(); ++i) ref.lse.data[i] = ref_lse[i];
   }
@@ -149,6 +168,7 @@ int run_cp_check(const std::vector<std::string>& words) {
   // The CP run: shard, run on `cp` threads, unshard.
   Outputs got = outputs();
   std::vector<float> dalpha_sum(size_t(h), 0.0f), dalpha_rank0(size_t(h), 0.0f);
+  Buffer dbias_rank0 = got.dbias;  // got.dbias sums the ranks' partials
   std::vector<float> got_lse(static_cast<size_t>(b * h * s));
   std::mutex mutex;
   run_in_process(cp, [&](int rank, Communicator& communicator) {
@@ -163,6 +183,7 @@ int run_cp_check(const std::vector<std::string>& words) {
     Buffer lo = make(shape(s / cp, h, dv)), ldq = make(lq.shape), ldk = make(lk.shape),
            ldv = make(lv.shape);
     std::vector<float> lse(static_cast<size_t>(b * h * (s / cp))), dalpha(size_t(h), 0.0f);
+    Buffer dbias = make(got.dbias.shape);
     TensorView lse_view = TensorView::contiguous(lse.data(), DType::kFloat32, {b, h, s / cp});
     ContextParallelAttention attention(config, cp_config, communicator);
     ForwardArgs fwd;
@@ -170,6 +191,7 @@ int run_cp_check(const std::vector<std::string>& words) {
     fwd.in.k = lk.view();
     fwd.in.v = lv.view();
     if (learnable) fwd.in.softmax_offset = sink_view;
+    add_aux(fwd.in);
     fwd.o = lo.view();
     fwd.lse = lse_view;
     fwd.rng = rng_state;
@@ -185,8 +207,11 @@ int run_cp_check(const std::vector<std::string>& words) {
     bwd.rng = rng_state;
     if (learnable)
       bwd.dsoftmax_offset = TensorView::contiguous(dalpha.data(), DType::kFloat32, {h});
+    if (with_bias) bwd.dbias = dbias.view();
     attention.backward(bwd);
     std::lock_guard<std::mutex> lock(mutex);
+    for (size_t i = 0; i < dbias.data.size(); ++i) got.dbias.data[i] += dbias.data[i];
+    if (rank == 0) dbias_rank0 = dbias;
     unshard_sequence(lo.view(), got.o.view(), config.format, cp, rank);
     unshard_sequence(ldq.view(), got.dq.view(), config.format, cp, rank);
     unshard_sequence(ldk.view(), got.dk.view(), config.format, cp, rank);
@@ -198,9 +223,10 @@ int run_cp_check(const std::vector<std::string>& words) {
   });
   for (size_t i = 0; i < got_lse.size(); ++i) got.lse.data[i] = got_lse[i];
 
-  std::printf("cp-check: cp=%d comm=%s%s  b=%lld s=%lld H=%lld G=%lld d=%lld/%lld\n", cp,
+  std::printf("cp-check: cp=%d comm=%s%s%s  b=%lld s=%lld H=%lld G=%lld d=%lld/%lld\n", cp,
               std::string(to_string(cp_config.comm_type)).c_str(),
-              cp_config.reduce_dalpha ? " reduce_dalpha" : "", (long long)b, (long long)s,
+              cp_config.reduce_dalpha ? " reduce_dalpha" : "",
+              cp_config.reduce_dbias ? " reduce_dbias" : "", (long long)b, (long long)s,
               (long long)h, (long long)g, (long long)dqk, (long long)dv);
   std::printf("%-18s %14s %14s\n", "output", "max_abs_err", "rel_err");
   auto row = [](const char* name, std::pair<double, double> e) {
@@ -217,6 +243,9 @@ int run_cp_check(const std::vector<std::string>& words) {
     row(cp_config.reduce_dalpha ? "dalpha (rank 0)" : "dalpha (sum)",
         errors(std::vector<double>(mine.begin(), mine.end()), ref_dalpha));
   }
+  if (with_bias)
+    row(cp_config.reduce_dbias ? "dbias (rank 0)" : "dbias (sum)",
+        errors(cp_config.reduce_dbias ? dbias_rank0.data : got.dbias.data, ref.dbias.data));
   return kExitOk;
 }
 

@@ -35,6 +35,10 @@ struct CpConfig {
   // (its query rows, or its heads under a2a), and the sum over the CP ranks is the unsharded
   // gradient. true returns the CP-reduced (summed) gradient on every rank instead.
   bool reduce_dalpha = false;
+  // dbias contract, the same: by default each rank's dbias holds the gradient of the (query
+  // row, key) pairs its tiles computed, zero elsewhere, and the sum over the CP ranks is the
+  // unsharded dbias; true returns that sum on every rank.
+  bool reduce_dbias = false;
 };
 
 // Completion of one asynchronous communication. wait() blocks until it is done and throws
@@ -136,7 +140,10 @@ void unshard_lse(const TensorView& local, const TensorView& full, Format format,
 // padding lengths (optional); thd needs cu_seqlens_* (actual lengths) and, unless every
 // length is a multiple of 2*cp, cu_seqlens_*_padded from thd_cp_partition. softmax_offset
 // and alibi_slopes are the full [H] tensors on every rank; dsoftmax_offset follows
-// CpConfig::reduce_dalpha. bias tensors and arbitrary masks are refused (not sharded yet).
+// CpConfig::reduce_dalpha. bias and attn_mask (mask_type arbitrary) are the unsharded
+// [b|1, H|1, Sq|1, Skv] tensors on every rank (Sq, Skv: the padded length for bshd / sbhd, the
+// longest sequence for thd, as without CP); dbias has bias's shape and follows
+// CpConfig::reduce_dbias.
 class ContextParallelAttention {
  public:
   ContextParallelAttention(const AttentionConfig& config, const CpConfig& cp,

@@ -36,7 +36,7 @@ inline KeyRange visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
 inline bool masked_by_tensor(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
                              int64_t j) {
   if (!p.has_attn_mask) return false;
-  return load(p.attn_mask, p.mask_layout.offset(b, h, i, j)) != 0.0;
+  return load(p.attn_mask, p.aux_offset(p.mask_layout, b, h, i, j)) != 0.0;
 }
 
 inline bool visible(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -48,7 +48,7 @@ inline bool visible(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, 
 inline double pre_scale_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
                              int64_t j) {
   if (p.bias_type != BiasType::kPreScale) return 0.0;
-  return load(p.bias, p.bias_layout.offset(b, h, i, j));
+  return load(p.bias, p.aux_offset(p.bias_layout, b, h, i, j));
 }
 
 inline double alibi_slope(const AttentionProblem& p, int64_t b, int64_t h) {
@@ -58,7 +58,8 @@ inline double alibi_slope(const AttentionProblem& p, int64_t b, int64_t h) {
 // Post-cap additive terms: the post-scale bias and ALiBi (-slope * |i + delta - j|).
 inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   double total = 0.0;
-  if (p.bias_type == BiasType::kPostScale) total += load(p.bias, p.bias_layout.offset(b, h, i, j));
+  if (p.bias_type == BiasType::kPostScale)
+    total += load(p.bias, p.aux_offset(p.bias_layout, b, h, i, j));
   if (p.has_alibi) {
     double distance = std::fabs(double(i + p.diagonal_offset(b) - j));
     total -= alibi_slope(p, b, h) * distance;

@@ -94,6 +94,10 @@ struct AttentionProblem {
   // Backward: P = exp(s - LSE) with the given (final, merged, sink-included) lse instead of a
   // recomputed one; o is the final output, so D = rowsum(dO * o) is the final row's D.
   bool cp_use_given_lse = false;
+  // bias, attn_mask and dbias are the unsharded tensors: tile element (b, h, i, j) sits at
+  // (b, h + cp_head_offset, i + cp_q_position[b], j + cp_kv_position[b]) in them, and dbias
+  // (fp32) accumulates across tiles instead of being overwritten.
+  bool cp_aux_global = false;
 
   // Tensors. Layout objects locate rows; views carry the pointers and dtypes.
   TensorView q, k, v, o, lse, d_o, dq, dk, dv;
@@ -118,7 +122,13 @@ struct AttentionProblem {
   }
   bool is_cp_tile() const {
     return !cp_global_diagonal.empty() || cp_exclude_sink || cp_use_given_lse ||
-           cp_head_offset != 0 || cp_heads_total != 0;
+           cp_aux_global || cp_head_offset != 0 || cp_heads_total != 0;
+  }
+  // Offset of element (b, h, i, j) in a bias / mask / dbias tensor with layout `l`.
+  int64_t aux_offset(const BroadcastLayout& l, int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (!cp_aux_global) return l.offset(b, h, i, j);
+    return l.offset(b, h + cp_head_offset, i + cp_q_position[size_t(b)],
+                     j + cp_kv_position[size_t(b)]);
   }
 };
 

@@ -8,6 +8,7 @@
 // o = o_a exp(LSE_a - LSE) + o_b exp(LSE_b - LSE). The sink joins once per row after the
 // merge: LSE' = logaddexp(LSE, sigma), o' = o exp(LSE - LSE'). The backward tiles use the final
 // o and LSE; dalpha is computed once per row here, from the final LSE.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -168,15 +169,41 @@ struct Setup {
   Plan plan;
 };
 
+// Rows of the unsharded sequences along one side: the padded length (bshd / sbhd) or the
+// longest sequence (thd), as the non-CP problem's max_seqlen.
+int64_t unsharded_rows(const Geometry& g, const SideGeometry& side) {
+  int64_t rows = 0;
+  for (size_t b = 0; b < side.length.size(); ++b)
+    rows = std::max(rows, g.format == Format::kTHD ? side.length[b] : side.chunk[b] * 2 * g.cp);
+  return rows;
+}
+
+// A [b|1, H|1, Sq|1, Skv] host tensor of the unsharded sequences (bias, attn_mask, dbias).
+void require_unsharded(const TensorView& t, const char* name, const Geometry& g, int64_t heads,
+                       bool row_broadcast) {
+  const int64_t sq = unsharded_rows(g, g.q), skv = unsharded_rows(g, g.kv);
+  std::string expected = "[";  // appended piecewise: GCC 12 misreports a + chain (-Wrestrict)
+  expected += str(g.batch);
+  expected += "|1, ";
+  expected += str(heads);
+  expected += "|1, ";
+  expected += str(sq);
+  expected += row_broadcast ? "|1, " : ", ";
+  expected += str(skv);
+  expected += "]";
+  require(t.ndim == 4 && t.device == Device::kCPU, name,
+          "must be a host tensor " + expected +
+              " of the unsharded sequences (every rank passes the whole tensor)");
+  require((t.shape[0] == g.batch || t.shape[0] == 1) && (t.shape[1] == heads || t.shape[1] == 1) &&
+              (t.shape[2] == sq || (row_broadcast && t.shape[2] == 1)) && t.shape[3] == skv,
+          name, "must have the unsharded shape " + expected + ", got " + t.shape_string());
+}
+
 Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicator& comm,
             const AttentionInputs& in) {
   validate_config(config);
   require(comm.size() >= 1 && comm.rank() >= 0 && comm.rank() < comm.size(), "communicator",
           "has an invalid rank/size");
-  require(config.bias_type == BiasType::kNoBias && in.bias.ndim == 0, "bias",
-          "is not supported under context parallelism yet (the bias would need sharding)");
-  require(config.mask_type != MaskType::kArbitrary, "mask_type",
-          "arbitrary masks are not supported under context parallelism yet");
   const int expected_ndim = config.format == Format::kTHD ? 3 : 4;
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) {
     require(t->ndim == expected_ndim && t->device == Device::kCPU, name,
@@ -223,6 +250,24 @@ Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicato
   g.window_left = config.window_left;
   g.window_right = mask_is_causal(config.mask_type) ? 0 : config.window_right;
   s.plan = make_plan(cp, comm, heads_q, heads_kv);
+
+  // Bias and arbitrary mask: every rank passes the unsharded tensor; tiles read it at their
+  // global positions.
+  if (config.bias_type == BiasType::kNoBias) {
+    require(in.bias.ndim == 0, "bias", "is given but bias_type is no_bias");
+  } else {
+    require(in.bias.ndim > 0, "bias",
+            "is required with bias_type " + std::string(to_string(config.bias_type)));
+    require(is_floating(in.bias.dtype), "bias", "must be a floating-point tensor");
+    require_unsharded(in.bias, "bias", g, heads_q, true);
+  }
+  if (config.mask_type == MaskType::kArbitrary) {
+    require(in.attn_mask.ndim > 0 && in.attn_mask.dtype == DType::kBool, "attn_mask",
+            "must be a bool tensor with mask_type arbitrary");
+    require_unsharded(in.attn_mask, "attn_mask", g, heads_q, false);
+  } else {
+    require(in.attn_mask.ndim == 0, "attn_mask", "is only used with mask_type arbitrary");
+  }
   return s;
 }
 
@@ -310,6 +355,9 @@ TileContext tile_context(const AttentionConfig& config, const Setup& s, const At
   ctx.alibi_slopes = in.alibi_slopes;
   ctx.heads_total = s.plan.heads_q;
   ctx.head_offset = s.plan.member * s.plan.local_heads();
+  ctx.bias_type = config.bias_type;
+  ctx.bias = in.bias;
+  if (config.mask_type == MaskType::kArbitrary) ctx.attn_mask = in.attn_mask;
   ctx.dropout = dropout;
   ctx.rng = rng;
   return ctx;
@@ -457,7 +505,16 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   require_like(args.dv, args.in.v, dv_dim, "dv");
   require(dropout == 0.0 || args.rng.has_value(), "rng",
           "the forward's RNG state is required in backward when dropout > 0");
-  require(args.dbias.ndim == 0, "dbias", "is not supported under context parallelism yet");
+  const bool wants_dbias = args.dbias.ndim > 0;
+  if (wants_dbias) {
+    require(config.bias_type != BiasType::kNoBias, "dbias", "is requested but there is no bias");
+    require(args.dbias.dtype == args.in.bias.dtype && args.dbias.is_contiguous() &&
+                args.dbias.ndim == 4,
+            "dbias", "must be a contiguous tensor with bias's dtype");
+    for (int d = 0; d < 4; ++d)
+      require(args.dbias.shape[d] == args.in.bias.shape[d], "dbias",
+              "must have the shape of bias " + args.in.bias.shape_string());
+  }
   const bool wants_dalpha = args.dsoftmax_offset.ndim > 0;
   if (wants_dalpha)
     require(config.softmax_type == SoftmaxType::kLearnable &&
@@ -477,7 +534,13 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   const Packed lse = to_heads(comm, plan, pack_lse(g, args.lse, plan.heads_q));
   Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
 
-  const TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
+  TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
+  // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to.
+  std::vector<float> dbias_acc(wants_dbias ? size_t(args.dbias.numel()) : 0, 0.0f);
+  if (wants_dbias)
+    ctx.dbias = TensorView::contiguous(dbias_acc.data(), DType::kFloat32,
+                                       {args.dbias.shape[0], args.dbias.shape[1],
+                                        args.dbias.shape[2], args.dbias.shape[3]});
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim);
   BackendKind used = BackendKind::kAuto;
@@ -575,6 +638,11 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
     if (cp_config.reduce_dalpha)
       comm.all_reduce(dalpha.data(), int64_t(dalpha.size()), DType::kFloat32)->wait();
     for (int64_t h = 0; h < plan.heads_q; ++h) store(args.dsoftmax_offset, h, dalpha[size_t(h)]);
+  }
+  if (wants_dbias) {
+    if (cp_config.reduce_dbias)
+      comm.all_reduce(dbias_acc.data(), int64_t(dbias_acc.size()), DType::kFloat32)->wait();
+    for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
   }
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;
   return used;

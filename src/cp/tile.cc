@@ -87,10 +87,45 @@ const Backend& select_tile_backend(const AttentionConfig& config, const Attentio
   throw Error(ErrorCode::kInternal, "", "selected backend is not registered");
 }
 
+// The tiles' problems are built without bias and mask (their shapes are the unsharded ones,
+// which the builder would check against the tile's); attach_aux sets them afterwards.
 AttentionConfig tile_config(const TileContext& ctx) {
   AttentionConfig config = ctx.config;
   config.format = Format::kTHD;  // a chunk slot is a thd tensor (cp_layout.h)
+  config.bias_type = BiasType::kNoBias;
+  if (config.mask_type == MaskType::kArbitrary) config.mask_type = MaskType::kNoMask;
   return config;
+}
+
+// A [b|1, H|1, sq|1, skv|1] tensor's strides, 0 along its broadcast dims.
+BroadcastLayout unsharded_layout(const TensorView& t) {
+  BroadcastLayout layout;
+  layout.stride_batch = t.shape[0] == 1 ? 0 : t.strides[0];
+  layout.stride_head = t.shape[1] == 1 ? 0 : t.strides[1];
+  layout.stride_q = t.shape[2] == 1 ? 0 : t.strides[2];
+  layout.stride_kv = t.shape[3] == 1 ? 0 : t.strides[3];
+  return layout;
+}
+
+void attach_aux(const TileContext& ctx, AttentionProblem& p) {
+  if (ctx.bias.defined()) {
+    p.bias_type = ctx.bias_type;
+    p.bias = ctx.bias;
+    p.bias_layout = unsharded_layout(ctx.bias);
+    p.cp_aux_global = true;
+  }
+  if (ctx.attn_mask.defined()) {
+    p.mask_type = MaskType::kArbitrary;
+    p.has_attn_mask = true;
+    p.attn_mask = ctx.attn_mask;
+    p.mask_layout = unsharded_layout(ctx.attn_mask);
+    p.cp_aux_global = true;
+  }
+  if (p.pass == Pass::kBackward && ctx.dbias.defined()) {
+    p.dbias = ctx.dbias;
+    p.dbias_layout = unsharded_layout(ctx.dbias);
+    p.wants_dbias = true;
+  }
 }
 
 // [Hl, rows] (the backends' thd LSE) <-> Packed [rows, Hl, 1].
@@ -145,6 +180,7 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
   const AttentionConfig config = tile_config(ctx);
   AttentionProblem p = build_forward_problem(config, args, ctx.dropout, ctx.rng);
   set_tile_fields(ctx, q.chunk, k.chunk, p);
+  attach_aux(ctx, p);
   p.cp_exclude_sink = !ctx.sink_per_tile;
   const Backend& backend = select_tile_backend(config, p);
   backend.forward(p);
@@ -193,6 +229,7 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
   const AttentionConfig config = tile_config(ctx);
   AttentionProblem p = build_backward_problem(config, args, ctx.dropout);
   set_tile_fields(ctx, in.q.chunk, in.k.chunk, p);
+  attach_aux(ctx, p);
   p.cp_use_given_lse = true;
   const Backend& backend = select_tile_backend(config, p);
   backend.backward(p);

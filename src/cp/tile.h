@@ -15,6 +15,10 @@ struct TileContext {
   const Geometry* geometry = nullptr;
   TensorView softmax_offset;  // fp32 [H] (learnable), full
   TensorView alibi_slopes;    // fp32 [H] or [b, H], full
+  // Unsharded [b|1, H|1, Sq|1, Skv|1] tensors read (and dbias, fp32, accumulated) at the
+  // tiles' global positions (AttentionProblem::cp_aux_global).
+  BiasType bias_type = BiasType::kNoBias;
+  TensorView bias, attn_mask, dbias;
   int64_t heads_total = 0;    // H
   int64_t head_offset = 0;    // global index of local head 0
   double dropout = 0.0;

@@ -143,7 +143,7 @@ class CpuExactBackend final : public Backend {
             for (int64_t c = 0; c < p.head_dim_v; ++c) dv_row[c] += pd * load(p.d_o, do_offset + c);
             if (p.wants_dbias) {
               double grad = p.bias_type == BiasType::kPreScale ? p.scale * du : ds;
-              dbias[size_t(p.dbias_layout.offset(b, h, i, j))] += grad;
+              dbias[size_t(p.aux_offset(p.dbias_layout, b, h, i, j))] += grad;
             }
           }
           const int64_t dq_offset = p.dq_rows.offset(b, i, h);
@@ -161,8 +161,9 @@ class CpuExactBackend final : public Backend {
           for (int64_t c = 0; c < p.head_dim_v; ++c)
             store(p.dv, p.dv_rows.offset(b, j, g) + c, dv[row * p.head_dim_v + c]);
         }
-    if (p.wants_dbias)
-      for (int64_t n = 0; n < p.dbias.numel(); ++n) store(p.dbias, n, dbias[size_t(n)]);
+    if (p.wants_dbias)  // a CP tile adds its share to the unsharded dbias
+      for (int64_t n = 0; n < p.dbias.numel(); ++n)
+        store(p.dbias, n, (p.cp_aux_global ? load(p.dbias, n) : 0.0) + dbias[size_t(n)]);
     if (p.wants_dsoftmax_offset)
       for (int64_t h = 0; h < p.heads_q; ++h) store(p.dsoftmax_offset, h, dalpha[size_t(h)]);
   }
