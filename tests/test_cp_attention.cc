@@ -26,6 +26,7 @@ struct CpRun {
   HostTensor dalpha_reduced;  // rank 0's output with reduce_dalpha (when requested)
   std::vector<HostTensor> dalpha_partials;
   std::vector<HostTensor> dbias_partials;
+  BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
 };
 
 // The sum of the ranks' partial gradients (the dalpha and dbias contracts).
@@ -96,7 +97,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
     fwd.o = o.view();
     fwd.lse = lse.view();
     const RngState rng{spec.config.seed, 7};
-    cp::forward(spec.config, cp_config, comm, fwd, spec.config.dropout, rng, debug);
+    const ForwardResult forward_result =
+        cp::forward(spec.config, cp_config, comm, fwd, spec.config.dropout, rng, debug);
 
     HostTensor dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()), dv(spec.dtype, v.shape());
     HostTensor dalpha, dbias;
@@ -117,7 +119,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
       dbias = HostTensor(t.bias.dtype(), t.bias.shape());
       bwd.dbias = dbias.view();
     }
-    cp::backward(spec.config, cp_config, comm, bwd, spec.config.dropout);
+    const BackendKind backward_backend =
+        cp::backward(spec.config, cp_config, comm, bwd, spec.config.dropout);
 
     std::lock_guard<std::mutex> lock(mutex);
     unshard_sequence(o.view(), run.out.o.view(), format, cp, rank, cu_padded);
@@ -127,6 +130,10 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
     unshard_sequence(dv.view(), run.out.dv.view(), format, cp, rank, cu_padded);
     run.dalpha_partials[size_t(rank)] = dalpha;
     run.dbias_partials[size_t(rank)] = dbias;
+    if (rank == 0) {
+      run.forward_backend = forward_result.backend;
+      run.backward_backend = backward_backend;
+    }
   });
   if (t.softmax_offset.defined()) run.out.dsoftmax_offset = sum_of(run.dalpha_partials);
   if (wants_dbias) run.out.dbias = sum_of(run.dbias_partials);
@@ -277,14 +284,15 @@ std::vector<Layout> layouts() {
   return all;
 }
 
-using Param = std::tuple<CpCase, Layout>;
+using Param = std::tuple<CpCase, Layout, BackendKind>;
 
 class CpMatchesExact : public ::testing::TestWithParam<Param> {};
 
 TEST_P(CpMatchesExact, EveryOutputAndGradient) {
-  auto [cp_case, layout] = GetParam();
+  auto [cp_case, layout, tile_backend] = GetParam();
   CaseSpec spec = cp_case.spec;
   pad_thd(spec, layout.cp);
+  spec.config.backend = tile_backend;  // kAuto: the selector's choice for host tiles
   const CaseTensors tensors = test::make_case(spec);
   // A copy, never an alias of anything the CP run writes (DESIGN.md §9).
   const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
@@ -293,6 +301,11 @@ TEST_P(CpMatchesExact, EveryOutputAndGradient) {
   config.comm_type = layout.type;
   config.a2a_group_size = layout.group;
   CpRun run = run_cp(spec, tensors, config, layout.cp);
+  // Host tiles go to the tiled cpu backend unless cpu_exact is forced.
+  const BackendKind expected =
+      tile_backend == BackendKind::kAuto ? BackendKind::kCpu : BackendKind::kCpuExact;
+  EXPECT_EQ(run.forward_backend, expected);
+  EXPECT_EQ(run.backward_backend, expected);
   test::CaseComparison c = test::compare_outputs(run.out, reference);
   RecordProperty("worst_relative_error", ::testing::PrintToString(c.worst()));
   EXPECT_LT(c.o, kTolerance);
@@ -308,13 +321,16 @@ TEST_P(CpMatchesExact, EveryOutputAndGradient) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  return std::get<0>(info.param).name + "_" + layout_name(std::get<1>(info.param));
+  const bool exact = std::get<2>(info.param) == BackendKind::kCpuExact;
+  return std::get<0>(info.param).name + "_" + layout_name(std::get<1>(info.param)) +
+         (exact ? "_cpu_exact" : "_cpu");
 }
 
 std::vector<Param> all_params() {
   std::vector<Param> params;
-  for (const CpCase& c : feature_cases())
-    for (const Layout& l : layouts()) params.emplace_back(c, l);
+  for (BackendKind tiles : {BackendKind::kAuto, BackendKind::kCpuExact})
+    for (const CpCase& c : feature_cases())
+      for (const Layout& l : layouts()) params.emplace_back(c, l, tiles);
   return params;
 }
 
@@ -468,17 +484,13 @@ TEST(CpFeatures, RefusesWhatItCannotShard) {
   spec.heads_q = 8;
   // a2a needs H % cp == 0: 8 heads over 3 ranks is refused with a reason, on every rank.
   EXPECT_THROW(run_cp(spec, tensors, config, 3), Error);
-  // The tiled cpu backend does not implement tiles: forcing it is refused by the selector.
+  // A backend that cannot run these tensors' tiles (a CUDA backend for host tensors, or none
+  // in a CPU-only build) is refused when forced; the selector's cp_tiles rule itself is
+  // covered in test_selector.cc.
   CaseSpec forced = spec;
-  forced.config.backend = BackendKind::kCpu;
+  forced.config.backend = BackendKind::kCudaUnfused;
   config.comm_type = CpCommType::kP2P;
-  try {
-    run_cp(forced, tensors, config, 2);
-    FAIL() << "expected the selector to refuse";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("context-parallel tiles"), std::string::npos)
-        << error.what();
-  }
+  EXPECT_THROW(run_cp(forced, tensors, config, 2), Error);
 }
 
 }  // namespace

@@ -709,6 +709,23 @@ TEST(CpuTiled, ConcurrentCallersShareThePool) {
   cpu::set_num_threads(0);
 }
 
+// Many callers racing tiny jobs: a worker woken for a job whose last tasks another thread
+// claimed meanwhile must go back to waiting (an earlier pool dereferenced a null job here).
+TEST(CpuTiled, ConcurrentTinyJobsDoNotRace) {
+  cpu::set_num_threads(4);
+  std::vector<std::thread> callers;
+  std::atomic<int64_t> total{0};
+  for (int n = 0; n < 8; ++n) {
+    callers.emplace_back([&] {
+      for (int round = 0; round < 2000; ++round)
+        cpu::parallel_for(2, [&](int64_t) { total.fetch_add(1); });
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(total.load(), 8 * 2000 * 2);
+  cpu::set_num_threads(0);
+}
+
 // Host tensors pick the tiled backend when nothing is forced.
 TEST(CpuTiled, IsTheDefaultForHostTensors) {
   CaseSpec spec = base_spec(DType::kFloat32);

@@ -22,7 +22,7 @@ Capabilities everything(BackendKind kind) {
       MaskType::kPaddingCausal, MaskType::kCausalBottomRight, MaskType::kPaddingCausalBottomRight,
       MaskType::kArbitrary};
   c.window = c.padded_offsets = c.bias_grad = c.alibi = c.softcap = c.sink_grad = true;
-  c.dropout = c.backward = c.deterministic = true;
+  c.dropout = c.backward = c.deterministic = c.cp_tiles = true;
   c.bias_types = {BiasType::kNoBias, BiasType::kPreScale, BiasType::kPostScale};
   c.softmax_types = {SoftmaxType::kVanilla, SoftmaxType::kOffByOne, SoftmaxType::kLearnable};
   return c;
@@ -107,6 +107,8 @@ INSTANTIATE_TEST_SUITE_P(
                        [](FeatureRequest& r) { r.deterministic = true; }},
         CapabilityCase{"backward", [](Capabilities& c) { c.backward = false; },
                        [](FeatureRequest& r) { r.pass = Pass::kBackward; }},
+        CapabilityCase{"cp_tiles", [](Capabilities& c) { c.cp_tiles = false; },
+                       [](FeatureRequest& r) { r.cp_tile = true; }},
         CapabilityCase{"padded_offsets", [](Capabilities& c) { c.padded_offsets = false; },
                        [](FeatureRequest& r) {
                          r.format = Format::kTHD;

@@ -90,11 +90,8 @@ inline bool has_sink(const AttentionProblem& p) {
 // sequence b (DESIGN.md §5). A CP tile draws at its global head, row and column.
 inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (p.dropout_threshold == 0) return 1.0;
-  const int64_t heads = p.cp_heads_total > 0 ? p.cp_heads_total : p.heads_q;
-  const int64_t row = p.cp_q_position.empty() ? i : i + p.cp_q_position[b];
-  const int64_t col = p.cp_kv_position.empty() ? j : j + p.cp_kv_position[b];
-  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, heads, h + p.cp_head_offset, row, col,
-                           p.dropout_threshold);
+  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, p.global_heads(), h + p.cp_head_offset,
+                           p.global_row(b, i), p.global_col(b, j), p.dropout_threshold);
   return keep ? 1.0 / p.keep_prob : 0.0;
 }
 

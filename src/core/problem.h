@@ -124,6 +124,15 @@ struct AttentionProblem {
     return !cp_global_diagonal.empty() || cp_exclude_sink || cp_use_given_lse ||
            cp_aux_global || cp_head_offset != 0 || cp_heads_total != 0;
   }
+  // Where tile element (b, h, i, j) sits in the unsharded problem (identity outside CP): the
+  // coordinates dropout draws at.
+  int64_t global_row(int64_t b, int64_t i) const {
+    return cp_q_position.empty() ? i : i + cp_q_position[size_t(b)];
+  }
+  int64_t global_col(int64_t b, int64_t j) const {
+    return cp_kv_position.empty() ? j : j + cp_kv_position[size_t(b)];
+  }
+  int64_t global_heads() const { return cp_heads_total > 0 ? cp_heads_total : heads_q; }
   // Offset of element (b, h, i, j) in a bias / mask / dbias tensor with layout `l`.
   int64_t aux_offset(const BroadcastLayout& l, int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (!cp_aux_global) return l.offset(b, h, i, j);

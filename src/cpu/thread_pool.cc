@@ -111,9 +111,11 @@ class ThreadPool {
   void worker_loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
-      work_cv_.wait(lock, [&] { return stop_ || find_job() != nullptr; });
+      // Keep the job the wait found: `next` advances without the mutex, so a second
+      // find_job() can come back empty once other threads claimed the last tasks.
+      Job* job = nullptr;
+      work_cv_.wait(lock, [&] { return stop_ || (job = find_job()) != nullptr; });
       if (stop_) return;
-      Job* job = find_job();
       ++job->helpers;
       lock.unlock();
       std::exception_ptr error;

@@ -12,9 +12,11 @@ Capabilities tiled_capabilities() {
   caps.dtypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
   // Any head dim (tiles are sized at run time); deterministic because every output element
   // has one owner task (tiled_backward.cc).
-  // Context-parallel tiles (global positions, sink-free partials, backward from a given LSE)
-  // are not implemented in the tiled kernels; the selector sends them to cpu_exact.
-  caps.cp_tiles = false;
+  // Context-parallel tiles: global positions (diagonal, ALiBi, dropout, bias and mask reads)
+  // come from attention_math.h / AttentionProblem's global_* helpers, the sink-free partial
+  // from sink_logit, the backward always uses the given LSE, and dbias adds into the
+  // unsharded accumulator (write_bias_grad).
+  caps.cp_tiles = true;
   return caps;
 }
 

@@ -250,6 +250,20 @@ void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int6
 
 void write_bias_grad(const AttentionProblem& p, const BiasGradAccumulator& acc) {
   const BroadcastLayout& layout = p.dbias_layout;
+  if (p.cp_aux_global) {
+    // A CP tile adds its share to the unsharded fp32 dbias at its global positions. Serial:
+    // with a broadcast batch dim several of the tile's sequences add to the same elements.
+    for (int64_t b = 0; b < acc.batches; ++b)
+      for (int64_t h = 0; h < acc.heads; ++h)
+        for (int64_t i = 0; i < acc.rows; ++i) {
+          const float* row = acc.values.data() + acc.index(b, h, i, 0);
+          for (int64_t j = 0; j < acc.cols; ++j) {
+            const int64_t at = p.aux_offset(layout, b, h, i, j);
+            store(p.dbias, at, load(p.dbias, at) + row[j]);
+          }
+        }
+    return;
+  }
   parallel_for(acc.batches * acc.heads, [&](int64_t index) {
     const int64_t b = index / acc.heads, h = index % acc.heads;
     for (int64_t i = 0; i < acc.rows; ++i) {
@@ -308,7 +322,9 @@ void tiled_backward(const AttentionProblem& p) {
     st.dbias = true;
     st.dbias_pre = p.bias_type == BiasType::kPreScale;
     BiasGradAccumulator& acc = st.bias_grad;
-    acc.batches = p.dbias_layout.stride_batch != 0 ? p.batch : 1;
+    // A CP tile's sequences sit at different global rows: keep them apart even when dbias
+    // broadcasts over the batch (write_bias_grad then adds each at its own position).
+    acc.batches = p.dbias_layout.stride_batch != 0 || p.cp_aux_global ? p.batch : 1;
     acc.heads = p.dbias_layout.stride_head != 0 ? p.heads_q : 1;
     acc.rows = p.dbias_layout.stride_q != 0 ? p.max_seqlen_q : 1;
     acc.cols = p.max_seqlen_kv;

@@ -70,7 +70,7 @@ LogitTransform::LogitTransform(const AttentionProblem& problem) : p_(problem) {
 // Reads bias row (b, h, i), columns j0 .. j0+cols-1, as fp32.
 static void load_bias_segment(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,
                               int64_t j0, int64_t cols, float* out) {
-  const int64_t start = p.bias_layout.offset(b, h, i, j0);
+  const int64_t start = p.aux_offset(p.bias_layout, b, h, i, j0);
   if (p.bias_layout.stride_kv == 1) {
     load_row_f32(p.bias.data, p.bias.dtype, start, cols, out);
     return;
@@ -146,11 +146,13 @@ void dropout_multipliers(const AttentionProblem& p, int64_t b, int64_t h, int64_
     return;
   }
   const float kept = float(1.0 / p.keep_prob);
-  // One Philox call yields the draws of 8 consecutive columns (DESIGN.md §5).
+  // One Philox call yields the draws of 8 consecutive columns (DESIGN.md §5), at the global
+  // coordinates of a CP tile.
+  const int64_t heads = p.global_heads(), head = h + p.cp_head_offset, row = p.global_row(b, i);
   int64_t c = 0;
   while (c < cols) {
-    const int64_t j = j0 + c;
-    const Philox4 block = dropout_block(p.rng.seed, p.rng.offset, b, p.heads_q, h, i, j);
+    const int64_t j = p.global_col(b, j0 + c);
+    const Philox4 block = dropout_block(p.rng.seed, p.rng.offset, b, heads, head, row, j);
     for (int64_t k = j & 7; k < 8 && c < cols; ++k, ++c) {
       out[c] = dropout_u16(block, int(k)) >= p.dropout_threshold ? kept : 0.0f;
     }
