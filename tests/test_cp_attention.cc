@@ -2,6 +2,7 @@
 // output and gradient against the unsharded cpu_exact oracle (DESIGN.md §8-9).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
@@ -445,6 +446,100 @@ TEST(CpFeatures, DbiasContract) {
     for (const HostTensor& rank_dbias : reduced.dbias_partials)
       EXPECT_LT(test::relative_error(rank_dbias, reference.dbias), kTolerance);
   }
+}
+
+// Counts the bytes a rank sends, then forwards to the real communicator.
+class CountingCommunicator final : public Communicator {
+ public:
+  CountingCommunicator(Communicator& inner, std::atomic<size_t>& sent) : inner_(inner), sent_(sent) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
+    sent_ += bytes;
+    return inner_.send(data, bytes, peer, tag);
+  }
+  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
+    return inner_.recv(data, bytes, peer, tag);
+  }
+  CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
+    sent_ += size_t(count) * dtype_size(dtype);
+    return inner_.all_reduce(data, count, dtype);
+  }
+  CommHandle all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
+    sent_ += bytes_per_rank * size_t(size() - 1);
+    return inner_.all_gather(send, recv, bytes_per_rank);
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, int64_t count, DType dtype) override {
+    sent_ += size_t(count) * dtype_size(dtype) * size_t(size() - 1);
+    return inner_.reduce_scatter(send, recv, count, dtype);
+  }
+  CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) override {
+    sent_ += bytes_per_rank * size_t(size() - 1);
+    return inner_.all_to_all(send, recv, bytes_per_rank);
+  }
+
+ private:
+  Communicator& inner_;
+  std::atomic<size_t>& sent_;
+};
+
+// all_gather is window-aware: with a (4, 4) window over 16 chunks of 4 rows (cp = 8) a rank
+// fetches only the neighbours of its two chunks (at most 4 chunks, not 14) and returns only
+// their dK/dV, and the result still matches the unsharded reference.
+TEST(CpFeatures, AllGatherMovesOnlyTheChunksAWindowSees) {
+  const CaseSpec spec = feature_spec("window_gqa");  // bshd, s = 64, G = 2, d = 16, fp64
+  const CaseTensors t = test::make_case(spec);
+  const CaseOutputs reference = test::run_case(spec, t, BackendKind::kCpuExact);
+  constexpr int kCp = 8;
+  std::atomic<size_t> sent{0};
+  CaseOutputs got;
+  got.o = HostTensor(spec.dtype, t.d_o.shape());
+  got.dk = HostTensor(spec.dtype, t.k.shape());
+  std::mutex mutex;
+  run_in_process(kCp, [&](int rank, Communicator& inner) {
+    CountingCommunicator comm(inner, sent);
+    auto shard = [&](const HostTensor& full) {
+      HostTensor local(full.dtype(), local_shape(full.shape(), Format::kBSHD, kCp, {}));
+      shard_sequence(full.view(), local.view(), Format::kBSHD, kCp, rank);
+      return local;
+    };
+    HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
+    HostTensor o(spec.dtype, d_o.shape()), dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()),
+        dv(spec.dtype, v.shape());
+    HostTensor lse(DType::kFloat32, {spec.batch, spec.heads_q, spec.seqlen_q / kCp});
+    CpConfig config;
+    config.comm_type = CpCommType::kAllGather;
+    ContextParallelAttention attention(spec.config, config, comm);
+    ForwardArgs fwd;
+    fwd.in.q = q.view();
+    fwd.in.k = k.view();
+    fwd.in.v = v.view();
+    fwd.o = o.view();
+    fwd.lse = lse.view();
+    attention.forward(fwd);
+    BackwardArgs bwd;
+    bwd.in = fwd.in;
+    bwd.o = o.view();
+    bwd.lse = lse.view();
+    bwd.d_o = d_o.view();
+    bwd.dq = dq.view();
+    bwd.dk = dk.view();
+    bwd.dv = dv.view();
+    attention.backward(bwd);
+    std::lock_guard<std::mutex> lock(mutex);
+    unshard_sequence(o.view(), got.o.view(), Format::kBSHD, kCp, rank);
+    unshard_sequence(dk.view(), got.dk.view(), Format::kBSHD, kCp, rank);
+  });
+  EXPECT_LT(test::relative_error(got.o, reference.o), kTolerance);
+  EXPECT_LT(test::relative_error(got.dk, reference.dk), kTolerance);
+  // A chunk's K and V: 2 * rows * G * d fp64 elements. A full gather sends every rank's two
+  // chunks to the 7 others in the forward and again in the backward, plus dK/dV (fp32, half
+  // the bytes) back: 2.5 x 8 ranks x 14 chunks. The window needs at most 4 of the 14.
+  const size_t rows = size_t(spec.seqlen_kv / (2 * kCp) * spec.batch);
+  const size_t chunk_kv = 2 * rows * size_t(spec.heads_kv * spec.head_dim_qk) * sizeof(double);
+  const size_t full_gather = size_t(kCp) * 14 * chunk_kv * 5 / 2;
+  EXPECT_LE(sent.load(), full_gather * 4 / 14) << "bytes sent by all ranks, forward + backward";
+  EXPECT_GT(sent.load(), 0u);
 }
 
 // A bias of the local shard's shape (instead of the unsharded one) is refused with a reason.

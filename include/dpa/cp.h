@@ -18,7 +18,8 @@ namespace dpa {
 
 // How KV (and dKV) reach the queries that need them.
 //   p2p:        KV travels a ring of the cp ranks; dKV travels it in the backward.
-//   all_gather: every rank gathers the whole KV; the backward reduce-scatters dKV.
+//   all_gather: every rank fetches the KV chunks its queries can see (window-aware; all of
+//               them without a window or causal mask); the backward returns dKV to the owners.
 //   a2a:        Ulysses: all-to-all trades sequence shards for head shards.
 //   a2a_p2p:    a2a inside groups of `a2a_group_size` ranks, a p2p ring across the groups.
 enum class CpCommType : int { kP2P = 0, kAllGather = 1, kA2A = 2, kA2AP2P = 3 };
