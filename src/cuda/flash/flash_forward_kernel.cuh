@@ -131,10 +131,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Rows past seqlen_q are never stored, so only real rows decide whether to mask.
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
 #pragma unroll
-    for (int s = 0; s < kSlabs; ++s) {
+    for (int s = 0; s < kSlabs; ++s)
       transform_logits(p, b, s_acc[s], slab_row0(s), n0, quad_col, fully_visible);
-      online_softmax(s_acc[s], o_acc[s], stats[s]);
-      if (p.dropout_threshold != 0) apply_dropout(p, s_acc[s], keep_bits[s]);
+#pragma unroll
+    for (int s = 0; s < kSlabs; ++s) online_softmax(s_acc[s], o_acc[s], stats[s]);
+    if (p.dropout_threshold != 0) {
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s) apply_dropout(p, s_acc[s], keep_bits[s]);
     }
 
     ptx::cp_async_wait<0>();
