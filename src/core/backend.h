@@ -32,6 +32,10 @@ struct FeatureRequest {
   bool dropout = false;
   bool deterministic = false;
   bool cp_tile = false;  // a context-parallel tile (global positions, sink-free partial, given LSE)
+  // A CP tile whose first key of some sequence is not a multiple of 8 in the unsharded
+  // sequence (Philox draws come in blocks of 8 keys; kernels that draw a whole block per 8
+  // local keys need the blocks aligned).
+  bool cp_keys_unaligned = false;
   int device_arch = 0;   // e.g. 90 for sm_90; 0 on the CPU
   int device_index = 0;  // of q's device (size limits query its free memory)
 };

@@ -165,6 +165,7 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.dropout = p.dropout_threshold > 0;
   r.deterministic = p.deterministic;
   r.cp_tile = p.is_cp_tile();
+  for (int64_t position : p.cp_kv_position) r.cp_keys_unaligned |= position % 8 != 0;
   r.device_arch = p.device_arch;
   r.device_index = p.device_index;
   return r;

@@ -12,12 +12,19 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
+#include <utility>
+#include <deque>
 
 #include "core/element_access.h"
 #include "core/problem_builder.h"
 #include "cp/cp_internal.h"
 #include "cp/cp_layout.h"
 #include "cp/tile.h"
+
+#if defined(DPA_WITH_CUDA)
+#include "cuda/runtime.h"
+#endif
 
 namespace dpa::cp {
 namespace {
@@ -539,9 +546,15 @@ void add_sink(const AttentionConfig& config, const TensorView& offsets, int64_t 
 
 }  // namespace
 
-ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
-                      const ForwardArgs& args, double dropout, const RngState& rng,
-                      const DebugOptions& debug) {
+// Where the tiles of one CP call run (the CP algorithm itself moves host buffers).
+struct TileDevice {
+  Device device = Device::kCPU;
+  int index = 0;
+};
+
+ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_config,
+                             Communicator& comm, const ForwardArgs& args, double dropout,
+                             const RngState& rng, const DebugOptions& debug, TileDevice tiles) {
   Setup s = setup(config, cp_config, comm, args.in);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
@@ -559,6 +572,8 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
 
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
   ctx.sink_per_tile = debug.sink_per_tile;
+  ctx.device = tiles.device;
+  ctx.device_index = tiles.index;
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   Packed o_acc = zeros_f32(q.rows, q.heads, v.dim);
   Packed lse_acc(DType::kFloat32, q.rows, q.heads, 1);
@@ -605,8 +620,9 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
   return {used, rng};
 }
 
-BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
-                     const BackwardArgs& args, double dropout) {
+BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_config,
+                            Communicator& comm, const BackwardArgs& args, double dropout,
+                            TileDevice tiles) {
   Setup s = setup(config, cp_config, comm, args.in);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
@@ -649,6 +665,8 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
 
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
+  ctx.device = tiles.device;
+  ctx.device_index = tiles.index;
   // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to.
   std::vector<float> dbias_acc(wants_dbias ? size_t(args.dbias.numel()) : 0, 0.0f);
   if (wants_dbias)
@@ -748,6 +766,108 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
     for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
   }
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;
+  return used;
+}
+
+// ---- CUDA tensors: virtual ranks on one GPU ----
+// The CP algorithm moves host buffers between ranks (in-process ranks are threads), so a call
+// with CUDA tensors copies its inputs to the host, runs every tile on the device
+// (tile.cc, device_stage.h) and copies its outputs back. Correct and simple, not fast: it is
+// the single-GPU check of the GPU tiles, not the NCCL path.
+class HostStaging {
+ public:
+  explicit HostStaging(const TensorView& q) : device_index_(q.device_index) {}
+
+  // A host copy of an input on q's device (a host tensor passes through unchanged).
+  TensorView in(const TensorView& t, const char* name) { return stage(t, name, true); }
+  // Host memory for an output on q's device, copied back by copy_outputs_back().
+  TensorView out(const TensorView& t, const char* name) {
+    TensorView host = stage(t, name, false);
+    if (t.defined() && t.device == Device::kCUDA) outputs_.push_back({t, host});
+    return host;
+  }
+  void copy_outputs_back() {
+#if defined(DPA_WITH_CUDA)
+    for (const auto& [device, host] : outputs_)
+      cuda::copy_host_to_device(device.data, host.data, bytes(device), device_index_);
+#endif
+  }
+
+ private:
+  static size_t bytes(const TensorView& t) { return size_t(t.numel()) * dtype_size(t.dtype); }
+
+  TensorView stage(const TensorView& t, const char* name, bool copy_in) {
+    if (!t.defined() || t.device == Device::kCPU) return t;
+    require(t.device_index == device_index_, name, "must be on q's device");
+    require(t.is_contiguous(), name,
+            "must be contiguous under context parallelism with CUDA tensors (it is staged "
+            "through the host)");
+    buffers_.emplace_back(bytes(t));
+    TensorView host = t;
+    host.data = buffers_.back().data();
+    host.device = Device::kCPU;
+    host.device_index = 0;
+#if defined(DPA_WITH_CUDA)
+    if (copy_in) cuda::copy_device_to_host(host.data, t.data, bytes(t), device_index_);
+#else
+    (void)copy_in;
+    throw Error(ErrorCode::kNotSupported, name, "CUDA tensors need a build with CUDA");
+#endif
+    return host;
+  }
+
+  int device_index_;
+  std::deque<std::vector<unsigned char>> buffers_;  // stable addresses
+  std::vector<std::pair<TensorView, TensorView>> outputs_;
+};
+
+void stage_inputs(HostStaging& staging, AttentionInputs& in) {
+  for (auto [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"},
+                         {&in.softmax_offset, "softmax_offset"},
+                         {&in.alibi_slopes, "alibi_slopes"}, {&in.bias, "bias"},
+                         {&in.attn_mask, "attn_mask"}, {&in.cu_seqlens_q, "cu_seqlens_q"},
+                         {&in.cu_seqlens_kv, "cu_seqlens_kv"},
+                         {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
+                         {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"}})
+    *t = staging.in(*t, name);
+}
+
+ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
+                      const ForwardArgs& args, double dropout, const RngState& rng,
+                      const DebugOptions& debug) {
+  if (args.in.q.device != Device::kCUDA)
+    return forward_staged(config, cp_config, comm, args, dropout, rng, debug, {});
+  HostStaging staging(args.in.q);
+  ForwardArgs host = args;
+  stage_inputs(staging, host.in);
+  host.o = staging.out(args.o, "o");
+  host.lse = staging.out(args.lse, "lse");
+  const ForwardResult result = forward_staged(config, cp_config, comm, host, dropout, rng, debug,
+                                              {Device::kCUDA, args.in.q.device_index});
+  staging.copy_outputs_back();
+  return result;
+}
+
+BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
+                     const BackwardArgs& args, double dropout) {
+  if (args.in.q.device != Device::kCUDA)
+    return backward_staged(config, cp_config, comm, args, dropout, {});
+  require(args.dbias.ndim == 0, "dbias",
+          "is not supported under context parallelism with CUDA tensors yet (the GPU tiles do "
+          "not write the unsharded bias gradient)");
+  HostStaging staging(args.in.q);
+  BackwardArgs host = args;
+  stage_inputs(staging, host.in);
+  host.o = staging.in(args.o, "o");
+  host.d_o = staging.in(args.d_o, "d_o");
+  host.lse = staging.in(args.lse, "lse");
+  host.dq = staging.out(args.dq, "dq");
+  host.dk = staging.out(args.dk, "dk");
+  host.dv = staging.out(args.dv, "dv");
+  host.dsoftmax_offset = staging.out(args.dsoftmax_offset, "dsoftmax_offset");
+  const BackendKind used = backward_staged(config, cp_config, comm, host, dropout,
+                                           {Device::kCUDA, args.in.q.device_index});
+  staging.copy_outputs_back();
   return used;
 }
 

@@ -6,6 +6,7 @@
 #include "core/logging.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
+#include "cp/device_stage.h"
 
 namespace dpa::cp {
 namespace {
@@ -136,6 +137,30 @@ Packed lse_from_heads_major(const std::vector<float>& lse, int64_t heads, int64_
   return out;
 }
 
+// Builds the tile's problem (global positions, unsharded aux tensors), selects a backend that
+// declares CP tiles and runs it; `args` are on the device the tiles run on.
+BackendKind run_tile_forward(const TileContext& ctx, const AttentionConfig& config,
+                             const ForwardArgs& args, int q_chunk, int kv_chunk) {
+  AttentionProblem p = build_forward_problem(config, args, ctx.dropout, ctx.rng);
+  set_tile_fields(ctx, q_chunk, kv_chunk, p);
+  attach_aux(ctx, p);
+  p.cp_exclude_sink = !ctx.sink_per_tile;
+  const Backend& backend = select_tile_backend(config, p);
+  backend.forward(p);
+  return backend.capabilities().kind;
+}
+
+BackendKind run_tile_backward(const TileContext& ctx, const AttentionConfig& config,
+                              const BackwardArgs& args, int q_chunk, int kv_chunk) {
+  AttentionProblem p = build_backward_problem(config, args, ctx.dropout);
+  set_tile_fields(ctx, q_chunk, kv_chunk, p);
+  attach_aux(ctx, p);
+  p.cp_use_given_lse = true;
+  const Backend& backend = select_tile_backend(config, p);
+  backend.backward(p);
+  return backend.capabilities().kind;
+}
+
 }  // namespace
 
 bool tile_may_see(const TileContext& ctx, int q_chunk, int kv_chunk) {
@@ -178,14 +203,26 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
   args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {local_heads, rows_q});
 
   const AttentionConfig config = tile_config(ctx);
-  AttentionProblem p = build_forward_problem(config, args, ctx.dropout, ctx.rng);
-  set_tile_fields(ctx, q.chunk, k.chunk, p);
-  attach_aux(ctx, p);
-  p.cp_exclude_sink = !ctx.sink_per_tile;
-  const Backend& backend = select_tile_backend(config, p);
-  backend.forward(p);
+  if (ctx.device == Device::kCUDA) {
+    DeviceStage stage(ctx.device_index);
+    ForwardArgs on_device = args;
+    on_device.in.q = stage.upload(args.in.q);
+    on_device.in.k = stage.upload(args.in.k);
+    on_device.in.v = stage.upload(args.in.v);
+    on_device.in.softmax_offset = stage.upload(args.in.softmax_offset);
+    on_device.in.alibi_slopes = stage.upload(args.in.alibi_slopes);
+    on_device.o = stage.allocate_like(args.o);
+    on_device.lse = stage.allocate_like(args.lse);
+    TileContext device_ctx = ctx;
+    device_ctx.bias = stage.upload(ctx.bias);
+    device_ctx.attn_mask = stage.upload(ctx.attn_mask);
+    out.backend = run_tile_forward(device_ctx, config, on_device, q.chunk, k.chunk);
+    stage.download(on_device.o, args.o);
+    stage.download(on_device.lse, args.lse);
+  } else {
+    out.backend = run_tile_forward(ctx, config, args, q.chunk, k.chunk);
+  }
   out.lse = lse_from_heads_major(lse, local_heads, rows_q);
-  out.backend = backend.capabilities().kind;
   return out;
 }
 
@@ -227,13 +264,31 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
   args.rng = ctx.rng;
 
   const AttentionConfig config = tile_config(ctx);
-  AttentionProblem p = build_backward_problem(config, args, ctx.dropout);
-  set_tile_fields(ctx, in.q.chunk, in.k.chunk, p);
-  attach_aux(ctx, p);
-  p.cp_use_given_lse = true;
-  const Backend& backend = select_tile_backend(config, p);
-  backend.backward(p);
-  out.backend = backend.capabilities().kind;
+  if (ctx.device == Device::kCUDA) {
+    DeviceStage stage(ctx.device_index);
+    BackwardArgs on_device = args;
+    on_device.in.q = stage.upload(args.in.q);
+    on_device.in.k = stage.upload(args.in.k);
+    on_device.in.v = stage.upload(args.in.v);
+    on_device.in.softmax_offset = stage.upload(args.in.softmax_offset);
+    on_device.in.alibi_slopes = stage.upload(args.in.alibi_slopes);
+    on_device.o = stage.upload(args.o);
+    on_device.d_o = stage.upload(args.d_o);
+    on_device.lse = stage.upload(args.lse);
+    on_device.dq = stage.allocate_like(args.dq);
+    on_device.dk = stage.allocate_like(args.dk);
+    on_device.dv = stage.allocate_like(args.dv);
+    TileContext device_ctx = ctx;
+    device_ctx.bias = stage.upload(ctx.bias);
+    device_ctx.attn_mask = stage.upload(ctx.attn_mask);
+    device_ctx.dbias = {};  // refused before the tiles run (cp_attention.cc)
+    out.backend = run_tile_backward(device_ctx, config, on_device, in.q.chunk, in.k.chunk);
+    stage.download(on_device.dq, args.dq);
+    stage.download(on_device.dk, args.dk);
+    stage.download(on_device.dv, args.dv);
+  } else {
+    out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
+  }
   return out;
 }
 

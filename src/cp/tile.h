@@ -25,6 +25,10 @@ struct TileContext {
   RngState rng;
   // Test-only: let every tile count the sink (the classic bug) instead of once after the merge.
   bool sink_per_tile = false;
+  // Where the tiles run: the host (the tensors above are host tensors either way), or a CUDA
+  // device: each tile's inputs are copied there and its outputs back (device_stage.h).
+  Device device = Device::kCPU;
+  int device_index = 0;
 };
 
 // A chunk slot of a Packed set and the global chunk index it holds.

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "cuda/cuda_check.h"
 
@@ -50,6 +51,47 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
   DPA_CUDA_CHECK(
       cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost, cuda_stream));
   DPA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));
+}
+
+DeviceMemory::DeviceMemory(size_t bytes, int device_index) : device_(device_index) {
+  if (bytes == 0) return;
+  DPA_CUDA_CHECK(cudaSetDevice(device_index));
+  DPA_CUDA_CHECK(cudaMalloc(&data_, bytes));
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (data_ == nullptr) return;
+  cudaSetDevice(device_);
+  cudaFree(data_);  // a destructor cannot report; cudaFree fails only on a broken context
+}
+
+DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
+    : data_(other.data_), device_(other.device_) {
+  other.data_ = nullptr;
+}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+  if (this != &other) {
+    DeviceMemory old(std::move(*this));
+    data_ = other.data_;
+    device_ = other.device_;
+    other.data_ = nullptr;
+  }
+  return *this;
+}
+
+void copy_host_to_device(void* device_destination, const void* host_source, size_t bytes,
+                         int device_index) {
+  if (bytes == 0) return;
+  DPA_CUDA_CHECK(cudaSetDevice(device_index));
+  DPA_CUDA_CHECK(cudaMemcpy(device_destination, host_source, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_device_to_host(void* host_destination, const void* device_source, size_t bytes,
+                         int device_index) {
+  if (bytes == 0) return;
+  DPA_CUDA_CHECK(cudaSetDevice(device_index));
+  DPA_CUDA_CHECK(cudaMemcpy(host_destination, device_source, bytes, cudaMemcpyDeviceToHost));
 }
 
 }  // namespace dpa::cuda

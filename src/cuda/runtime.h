@@ -25,4 +25,29 @@ size_t free_device_memory(int device_index);
 // Synchronous copy of `bytes` from device memory to the host, ordered after `stream`'s work.
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream);
 
+// Device memory for host-staged work (context parallelism with virtual ranks on one GPU):
+// allocated on `device_index`, freed on destruction. Zero bytes allocate nothing.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(size_t bytes, int device_index);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& other) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  int device_ = 0;
+};
+
+// Synchronous copies between the host and memory of `device_index`, ordered after the work
+// of the legacy default stream (the stream the staged calls use).
+void copy_host_to_device(void* device_destination, const void* host_source, size_t bytes,
+                         int device_index);
+void copy_device_to_host(void* host_destination, const void* device_source, size_t bytes,
+                         int device_index);
+
 }  // namespace dpa::cuda

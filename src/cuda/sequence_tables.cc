@@ -6,7 +6,7 @@ namespace dpa::cuda {
 
 SequenceTables upload_sequence_tables(const AttentionProblem& p, cudaStream_t stream) {
   const size_t batch = size_t(p.batch);
-  std::vector<int> host(4 * batch, 0);
+  std::vector<int> host(7 * batch, 0);
   for (size_t b = 0; b < batch; ++b) {
     host[b] = int(p.seqlen_q[b]);
     host[batch + b] = int(p.seqlen_kv[b]);
@@ -14,6 +14,9 @@ SequenceTables upload_sequence_tables(const AttentionProblem& p, cudaStream_t st
       host[2 * batch + b] = int(p.seq_start_q[b]);
       host[3 * batch + b] = int(p.seq_start_kv[b]);
     }
+    host[4 * batch + b] = int(p.diagonal_offset(int64_t(b)));
+    host[5 * batch + b] = int(p.global_row(int64_t(b), 0));
+    host[6 * batch + b] = int(p.global_col(int64_t(b), 0));
   }
   SequenceTables tables;
   tables.storage = upload(host, stream);
@@ -22,6 +25,9 @@ SequenceTables upload_sequence_tables(const AttentionProblem& p, cudaStream_t st
   tables.seqlen_kv = base + batch;
   tables.start_q = base + 2 * batch;
   tables.start_kv = base + 3 * batch;
+  tables.diagonal = base + 4 * batch;
+  tables.q_position = base + 5 * batch;
+  tables.kv_position = base + 6 * batch;
   return tables;
 }
 

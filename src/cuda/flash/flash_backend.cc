@@ -1,4 +1,5 @@
 // cuda_flash: capabilities and the forward orchestration (validated problem -> kernel params).
+#include <optional>
 #include <string>
 
 #include "cuda/cuda_backends.h"
@@ -47,6 +48,15 @@ class CudaFlashBackend final : public Backend {
     caps_.softmax_types = {SoftmaxType::kVanilla, SoftmaxType::kOffByOne, SoftmaxType::kLearnable};
     caps_.dropout = true;
     caps_.deterministic = true;  // no atomics; split-KV merges in a fixed order
+    // Context-parallel tiles: global diagonal, dropout coordinates and sink-free partials
+    // (flash_tile_math.cuh). Dropout draws whole 8-key Philox blocks per 8 local keys, so a
+    // tile whose keys do not start on a multiple of 8 goes elsewhere.
+    caps_.cp_tiles = true;
+    caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
+      if (r.cp_tile && r.dropout && r.cp_keys_unaligned)
+        return "dropout in a context-parallel tile whose keys do not start on a multiple of 8";
+      return std::nullopt;
+    });
     caps_.backward = false;      // the fused backward is the next issue
   }
 

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (p.dropout_threshold != 0) {
 #pragma unroll
       for (int s = 0; s < kSlabs; ++s)
-        draw_keep_bits<kNTiles>(p, b.batch, b.head, slab_row0(s), n0, quad_col, keep_bits[s]);
+        draw_keep_bits<kNTiles>(p, b, slab_row0(s), n0, quad_col, keep_bits[s]);
     }
 
     // S = Q K^T for this warp's slabs.

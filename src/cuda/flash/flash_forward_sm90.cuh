@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto draw_keep = [&](int n_block, uint32_t (&keep)[2]) {
     keep[0] = keep[1] = 0;
     if (p.dropout_threshold != 0)
-      draw_keep_bits<kNTiles>(p, b.batch, b.head, row0, n_block * kBlockN, quad_col, keep);
+      draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
   };
   // Waits for this thread's copies, publishes them to the async proxy and the block.
   auto tiles_landed = [&] {

@@ -39,9 +39,18 @@ struct FlashForwardParams {
   float softcap_log2 = 0.f;
   bool use_softcap = false;
 
-  // Visibility (DESIGN.md §3): window (-1 = unbounded), diagonal alignment.
+  // Visibility (DESIGN.md §3): window (-1 = unbounded); the diagonal offset of each sequence
+  // (SequenceTables::diagonal: bottom-right skv - sq, top-left 0, or a CP tile's global delta).
   int window_left = -1, window_right = -1;
-  bool bottom_right = true;
+  const int* diagonal = nullptr;  // [b] device
+
+  // Context-parallel tiles: dropout draws at row + q_position[b], key + kv_position[b] (key
+  // positions multiples of 8: the selector checks), head + head_offset among heads_total; a
+  // forward partial leaves the sink out (the CP merge adds it once).
+  const int* q_position = nullptr;   // [b] device, 0 outside CP
+  const int* kv_position = nullptr;  // [b] device, 0 outside CP
+  int head_offset = 0, heads_total = 0;
+  bool exclude_sink = false;
 
   // ALiBi: slope = alibi_slopes[b * alibi_batch_stride + h]; nullptr disables it.
   const float* alibi_slopes = nullptr;

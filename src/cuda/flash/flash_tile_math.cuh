@@ -35,9 +35,9 @@ struct VisibleRange {
 };
 
 __device__ __forceinline__ VisibleRange visible_range(const FlashForwardParams& p, int i,
-                                                      int seqlen_q, int seqlen_kv) {
+                                                      int seqlen_q, int seqlen_kv, int diagonal) {
   if (i >= seqlen_q) return {0, 0};
-  const int center = i + (p.bottom_right ? seqlen_kv - seqlen_q : 0);
+  const int center = i + diagonal;
   int begin = p.window_left < 0 ? 0 : max(0, center - p.window_left);
   int end = p.window_right < 0 ? seqlen_kv : min(seqlen_kv, center + p.window_right + 1);
   return {begin, max(begin, end)};
@@ -50,6 +50,7 @@ struct FlashBlock {
   VisibleRange first_row, last_row;  // visible keys of the block's first and last real rows
   int n_block_begin, n_block_end;    // KV tiles to visit
   int diagonal;                      // key index of query 0's diagonal
+  int dropout_row0, dropout_col0;    // added to local rows / keys for dropout (CP tiles)
   float alibi_slope;                 // log2 units
   const Element *q, *k, *v;          // first row of the block's Q tile; row 0 of K and V
 };
@@ -67,9 +68,12 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
   if (b.m0 >= b.seqlen_q) return false;
   b.rows_here = min(block_m, b.seqlen_q - b.m0);
 
+  b.diagonal = p.diagonal[b.batch];
+  b.dropout_row0 = p.q_position[b.batch];
+  b.dropout_col0 = p.kv_position[b.batch];
   // KV tiles this block visits: the union of its rows' visible ranges, cut to its split.
-  b.first_row = visible_range(p, b.m0, b.seqlen_q, b.seqlen_kv);
-  b.last_row = visible_range(p, b.m0 + b.rows_here - 1, b.seqlen_q, b.seqlen_kv);
+  b.first_row = visible_range(p, b.m0, b.seqlen_q, b.seqlen_kv, b.diagonal);
+  b.last_row = visible_range(p, b.m0 + b.rows_here - 1, b.seqlen_q, b.seqlen_kv, b.diagonal);
   b.n_block_begin = b.first_row.begin / block_n;
   b.n_block_end = (b.last_row.end + block_n - 1) / block_n;
   if (b.last_row.end <= b.first_row.begin) b.n_block_end = b.n_block_begin;
@@ -78,7 +82,6 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
     b.n_block_begin = max(b.n_block_begin, split_begin);
     b.n_block_end = min(b.n_block_end, split_begin + p.blocks_per_split);
   }
-  b.diagonal = p.bottom_right ? b.seqlen_kv - b.seqlen_q : 0;
   b.alibi_slope =
       p.alibi_slopes ? p.alibi_slopes[b.batch * p.alibi_batch_stride + b.head] * kLog2e : 0.f;
 
@@ -97,7 +100,7 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
 // The sink's logit in log2 units, or -inf where it does not join (none, or a split-KV
 // partial: the merge adds it once).
 __device__ __forceinline__ float block_sink_log2(const FlashForwardParams& p, int head) {
-  return p.num_splits > 1 ? -INFINITY
+  return p.num_splits > 1 || p.exclude_sink ? -INFINITY
                           : sink_logit(p.softmax_type, p.softmax_offset, head) * kLog2e;
 }
 
@@ -119,19 +122,23 @@ __device__ __forceinline__ RowStats initial_row_stats(float sink_log2, int quad_
 // Dropout keep bits of one slab's tile, drawn before S exists so Philox's registers never
 // compete with the S accumulators. A thread's keys 2q + {0, 1} of each 8-key Philox block are
 // the low and high halves of word q (selected by compares so the block stays in registers);
-// bit 2t (+1) of bits[half] is key 8t + 2q (+1). `row0` is the slab's row g (half 0).
-template <int kNTiles>
-__device__ __forceinline__ void draw_keep_bits(const FlashForwardParams& p, int batch, int head,
-                                               int row0, int n0, int quad_col,
-                                               uint32_t (&bits)[2]) {
+// bit 2t (+1) of bits[half] is key 8t + 2q (+1). `row0` is the slab's row g (half 0). A CP
+// tile draws at its global row, key and head (its keys start on a multiple of 8).
+template <int kNTiles, typename Element>
+__device__ __forceinline__ void draw_keep_bits(const FlashForwardParams& p,
+                                               const FlashBlock<Element>& b, int row0, int n0,
+                                               int quad_col, uint32_t (&bits)[2]) {
   static_assert(2 * kNTiles <= 32, "keep bits of one row must fit a 32-bit word");
+  const int heads = p.heads_total, head = b.head + p.head_offset;
+  row0 += b.dropout_row0;
+  n0 += b.dropout_col0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     bits[half] = 0;
 #pragma unroll 1
     for (int t = 0; t < kNTiles; ++t) {
       const Philox4 block =
-          dropout_block(p.seed, p.offset, batch, p.heads_q, head, row0 + 8 * half, n0 + 8 * t);
+          dropout_block(p.seed, p.offset, b.batch, heads, head, row0 + 8 * half, n0 + 8 * t);
       const uint32_t word = quad_col == 0   ? block.x[0]
                             : quad_col == 1 ? block.x[1]
                             : quad_col == 2 ? block.x[2]
@@ -151,7 +158,8 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
                                                     int quad_col) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const VisibleRange range = visible_range(p, row0 + 8 * half, b.seqlen_q, b.seqlen_kv);
+    const VisibleRange range =
+        visible_range(p, row0 + 8 * half, b.seqlen_q, b.seqlen_kv, b.diagonal);
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll

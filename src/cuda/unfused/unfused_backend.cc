@@ -1,6 +1,9 @@
 // cuda_unfused: cuBLAS batched GEMMs plus fused elementwise row kernels. O(b*H*sq*skv) memory,
 // every feature, forward and backward, deterministic. The GPU reference for the fused kernels
 // and the fallback for what they do not cover (arbitrary masks, bias gradients, any head dim).
+#include <optional>
+#include <string>
+
 #include "core/backend.h"
 #include "cuda/cuda_backends.h"
 #include "cuda/runtime.h"
@@ -26,6 +29,15 @@ class CudaUnfusedBackend final : public Backend {
     // per-call cuBLAS workspace (cuBLAS is bit-reproducible on one stream and architecture).
     caps_.deterministic = true;
     caps_.size_limit = cuda::unfused_size_limit;
+    // Context-parallel tiles: global diagonal, dropout coordinates, unsharded bias / mask reads,
+    // sink-free partials and the given-LSE backward (unfused_row_math.cuh). Not the bias
+    // gradient: its reduction writes the tile's own [b, H, sq, skv] layout, not the unsharded one.
+    caps_.cp_tiles = true;
+    caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
+      if (r.cp_tile && r.bias_grad)
+        return "the bias gradient of a context-parallel tile is not implemented on the GPU";
+      return std::nullopt;
+    });
   }
 
   const Capabilities& capabilities() const override { return caps_; }

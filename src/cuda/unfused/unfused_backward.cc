@@ -118,7 +118,7 @@ void run_unfused_backward(const AttentionProblem& p) {
 
   SoftmaxBackwardParams rows;
   rows.grid = score_grid(p, tables.seqlen_q, tables.seqlen_kv, tables.start_q);
-  rows.logits = logit_transform(p);
+  rows.logits = logit_transform(p, tables);
   rows.scores = scores.get<float>();
   rows.dprobs = dprobs.get<float>();
   rows.probs = probs.get();
@@ -131,6 +131,11 @@ void run_unfused_backward(const AttentionProblem& p) {
   rows.wants_dbias = p.wants_dbias;
   rows.dbias_pre_scale = p.bias_type == BiasType::kPreScale;
   rows.row_dalpha = p.wants_dsoftmax_offset ? row_dalpha.get<float>() : nullptr;
+  if (p.cp_use_given_lse) {
+    rows.given_lse = static_cast<const float*>(p.lse.data);
+    rows.lse_packed = p.format == Format::kTHD;
+    rows.lse_total_q = p.total_q;
+  }
   launch_softmax_backward(rows, p.dtype, stream);
 
   const float scale = float(p.scale);

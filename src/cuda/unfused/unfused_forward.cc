@@ -73,7 +73,7 @@ void run_unfused_forward(const AttentionProblem& p) {
 
   SoftmaxForwardParams softmax;
   softmax.grid = score_grid(p, tables.seqlen_q, tables.seqlen_kv, tables.start_q);
-  softmax.logits = logit_transform(p);
+  softmax.logits = logit_transform(p, tables);
   softmax.scores = scores.get<float>();
   softmax.probs = probs.get();
   softmax.lse = static_cast<float*>(p.lse.data);

@@ -54,6 +54,17 @@ struct LogitTransform {
   uint32_t dropout_threshold = 0;         // 0: no dropout
   float dropout_scale = 1.f;              // 1 / keep_prob
   uint64_t seed = 0, offset = 0;
+  // Per-sequence tables on the device (SequenceTables): the diagonal offset, and a CP tile's
+  // first row / key in the unsharded sequence (0 outside CP).
+  const int* diagonal = nullptr;
+  const int* q_position = nullptr;
+  const int* kv_position = nullptr;
+  // CP tiles (AttentionProblem::cp_*): dropout draws at the global head among heads_total;
+  // bias and mask are the unsharded tensors (aux_global); the forward partial leaves the sink
+  // out.
+  int64_t head_offset = 0, heads_total = 0;
+  bool aux_global = false;
+  bool exclude_sink = false;
 };
 
 struct SoftmaxForwardParams {
@@ -82,6 +93,11 @@ struct SoftmaxBackwardParams {
   bool wants_dbias = false;
   bool dbias_pre_scale = false;
   float* row_dalpha = nullptr;  // out [b, H, sq_max]: -exp(alpha_h - LSE_i) * D_i; nullable
+  // A CP tile's backward normalises by the given final LSE (every key and the sink) instead
+  // of the tile's own softmax statistics: lse [b, H, sq_max] (or thd [H, total_q]).
+  const float* given_lse = nullptr;
+  bool lse_packed = false;
+  int64_t lse_total_q = 0;
 };
 
 // One block per score row. `dtype` is the storage dtype of probs/dlogits/o/d_o (f16, bf16, f32).

@@ -101,7 +101,7 @@ ScoreGrid score_grid(const AttentionProblem& p, const int* seqlen_q, const int* 
   return grid;
 }
 
-LogitTransform logit_transform(const AttentionProblem& p) {
+LogitTransform logit_transform(const AttentionProblem& p, const SequenceTables& tables) {
   LogitTransform t;
   t.scale = float(p.scale);
   t.softcap = float(p.softcap);
@@ -131,6 +131,13 @@ LogitTransform logit_transform(const AttentionProblem& p) {
   t.dropout_scale = float(1.0 / p.keep_prob);
   t.seed = p.rng.seed;
   t.offset = p.rng.offset;
+  t.diagonal = tables.diagonal;
+  t.q_position = tables.q_position;
+  t.kv_position = tables.kv_position;
+  t.head_offset = p.cp_head_offset;
+  t.heads_total = p.global_heads();
+  t.aux_global = p.cp_aux_global;
+  t.exclude_sink = p.cp_exclude_sink;
   return t;
 }
 

@@ -3,6 +3,8 @@
 // query head h to KV head h / (H/G), and the per-sequence GEMM batches of padded/thd inputs.
 #pragma once
 
+#include "cuda/sequence_tables.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -79,7 +81,7 @@ std::vector<SequenceGroup> sequence_groups(const AttentionProblem& problem);
 // Kernel-side views of the problem.
 ScoreGrid score_grid(const AttentionProblem& problem, const int* seqlen_q, const int* seqlen_kv,
                      const int* start_q);
-LogitTransform logit_transform(const AttentionProblem& problem);
+LogitTransform logit_transform(const AttentionProblem& problem, const SequenceTables& tables);
 RowStrides row_strides(const RowLayout& layout);
 
 // True when some stored row of a q-like (query_side) or k-like tensor lies outside every

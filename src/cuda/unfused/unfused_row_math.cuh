@@ -44,6 +44,8 @@ struct RowContext {
   float sink = -INFINITY;  // sigma_h; -inf without a sink
   int64_t bias_row = 0;    // offset of (b, h, i, 0) in the bias
   int64_t mask_row = 0;    // offset of (b, h, i, 0) in the mask
+  int64_t dropout_row = 0;   // the row dropout draws at (i, or a CP tile's global row)
+  int64_t dropout_col0 = 0;  // added to j for the key dropout draws at
 };
 
 // `row` indexes the [b, H, sq_max] rows of the score grid.
@@ -56,7 +58,7 @@ __device__ __forceinline__ RowContext make_row_context(const ScoreGrid& grid,
   r.seqlen_q = grid.seqlen_q[r.b];
   r.seqlen_kv = grid.seqlen_kv[r.b];
   // visible_keys() of core/attention_math.h, line for line.
-  r.diagonal = r.i + (lt.bottom_right ? r.seqlen_kv - r.seqlen_q : 0);
+  r.diagonal = r.i + lt.diagonal[r.b];
   if (r.i < r.seqlen_q && r.seqlen_kv > 0) {
     int64_t begin = lt.window_left < 0 ? 0 : max(int64_t(0), r.diagonal - lt.window_left);
     int64_t end =
@@ -67,9 +69,17 @@ __device__ __forceinline__ RowContext make_row_context(const ScoreGrid& grid,
     r.key_end = end;
   }
   if (lt.alibi_slopes) r.alibi_slope = lt.alibi_slopes[r.b * lt.alibi_stride_batch + r.h];
-  r.sink = sink_logit(lt.softmax_type, lt.softmax_offset, r.h);
-  r.bias_row = r.b * lt.bias_strides.batch + r.h * lt.bias_strides.head + r.i * lt.bias_strides.q;
-  r.mask_row = r.b * lt.mask_strides.batch + r.h * lt.mask_strides.head + r.i * lt.mask_strides.q;
+  r.sink = lt.exclude_sink ? -INFINITY : sink_logit(lt.softmax_type, lt.softmax_offset, r.h);
+  // Unsharded bias / mask (CP tiles): element (b, h, i, j) sits at the global head, row and key.
+  const int64_t aux_h = lt.aux_global ? r.h + lt.head_offset : r.h;
+  const int64_t aux_i = lt.aux_global ? r.i + lt.q_position[r.b] : r.i;
+  const int64_t aux_j0 = lt.aux_global ? lt.kv_position[r.b] : 0;
+  r.bias_row = r.b * lt.bias_strides.batch + aux_h * lt.bias_strides.head +
+               aux_i * lt.bias_strides.q + aux_j0 * lt.bias_strides.kv;
+  r.mask_row = r.b * lt.mask_strides.batch + aux_h * lt.mask_strides.head +
+               aux_i * lt.mask_strides.q + aux_j0 * lt.mask_strides.kv;
+  r.dropout_row = r.i + lt.q_position[r.b];
+  r.dropout_col0 = lt.kv_position[r.b];
   return r;
 }
 
@@ -97,12 +107,14 @@ __device__ __forceinline__ bool element_logit(const LogitTransform& lt, const Ro
 
 // keep_ij / keep_prob of DESIGN.md §5 (1 without dropout).
 __device__ __forceinline__ float dropout_multiplier(const LogitTransform& lt, const RowContext& r,
-                                                    int64_t heads, int64_t j) {
+                                                    int64_t j) {
   if (lt.dropout_threshold == 0) return 1.f;
   // dropout_keep() of core/philox.h, with the 16-bit element picked by an unrolled compare:
   // dropout_u16(block, j & 7) with a run-time index would put the block in local memory.
-  const Philox4 block = dropout_block(lt.seed, lt.offset, r.b, heads, r.h, r.i, j);
-  const int k = int(j & 7);
+  const int64_t col = j + r.dropout_col0;
+  const Philox4 block = dropout_block(lt.seed, lt.offset, r.b, lt.heads_total,
+                                      r.h + lt.head_offset, r.dropout_row, col);
+  const int k = int(col & 7);
   uint32_t u16 = 0;
 #pragma unroll
   for (int e = 0; e < 8; ++e)

@@ -40,14 +40,20 @@ __global__ void softmax_backward_kernel(SoftmaxBackwardParams p) {
       partial += to_float(d_o[c]) * to_float(o[c]);
     const float d_row = block_sum(partial, shared);
 
-    // Softmax statistics, exactly as in the forward kernel.
+    // Softmax statistics, exactly as in the forward kernel, or a CP tile's given final LSE
+    // (m = LSE, z = 1: P = exp(s - LSE) over all keys and the sink, not just this tile's).
     MaxSum stats;
-    for (int64_t j = r.key_begin + threadIdx.x; j < r.key_end; j += blockDim.x) {
-      float s, t;
-      if (element_logit(p.logits, r, j, scores[j], s, t)) stats.add(s);
+    if (p.given_lse) {
+      stats.m = p.given_lse[p.lse_packed ? r.h * p.lse_total_q + p.grid.start_q[r.b] + r.i : row];
+      stats.z = 1.f;
+    } else {
+      for (int64_t j = r.key_begin + threadIdx.x; j < r.key_end; j += blockDim.x) {
+        float s, t;
+        if (element_logit(p.logits, r, j, scores[j], s, t)) stats.add(s);
+      }
+      stats = block_max_sum(stats, shared);
+      stats.merge(r.sink, 1.f);
     }
-    stats = block_max_sum(stats, shared);
-    stats.merge(r.sink, 1.f);
     const bool empty = stats.m == -INFINITY;
     const float inv_z = empty ? 0.f : 1.f / stats.z;
 
@@ -59,7 +65,7 @@ __global__ void softmax_backward_kernel(SoftmaxBackwardParams p) {
       float pd = 0.f, du = 0.f, grad = 0.f, s, t;
       if (!empty && element_logit(p.logits, r, j, scores[j], s, t)) {
         const float prob = expf(s - stats.m) * inv_z;
-        const float keep = dropout_multiplier(p.logits, r, p.grid.heads, j);
+        const float keep = dropout_multiplier(p.logits, r, j);
         const float ds = prob * (dprobs[j] * keep - d_row);  // dS = P (dP - D)
         // dU = dS (1 - t^2), t = tanh(u / c): t comes from u before masking and tanh
         // saturates, so no -inf meets it.

@@ -42,7 +42,7 @@ __global__ void softmax_forward_kernel(SoftmaxForwardParams p) {
     for (int64_t j = threadIdx.x; j < r.seqlen_kv; j += blockDim.x) {
       float prob = 0.f, s, t;
       if (!empty && element_logit(p.logits, r, j, scores[j], s, t))
-        prob = expf(s - stats.m) * inv_z * dropout_multiplier(p.logits, r, p.grid.heads, j);
+        prob = expf(s - stats.m) * inv_z * dropout_multiplier(p.logits, r, j);
       probs[j] = from_float<T>(prob);
     }
   }
