@@ -70,8 +70,11 @@ void fill_empty_forward_rows(const AttentionProblem& p, cudaStream_t stream) {
   const int64_t rows = thd ? p.total_q : p.max_seqlen_q;
   const int64_t total = batches * p.heads_q * rows;
   if (total == 0) return;
+  // The empty-row LSE is the sink's logit, or -inf in a CP tile's partial (the sink joins once,
+  // after the CP merge).
+  const SoftmaxType softmax_type = p.cp_exclude_sink ? SoftmaxType::kVanilla : p.softmax_type;
   fill_lse_kernel<<<elementwise_grid(total), kElementwiseThreads, 0, stream>>>(
-      static_cast<float*>(p.lse.data), batches, p.heads_q, rows, int(p.softmax_type),
+      static_cast<float*>(p.lse.data), batches, p.heads_q, rows, int(softmax_type),
       static_cast<const float*>(p.softmax_offset.data));
   DPA_CUDA_CHECK_LAUNCH();
 }
