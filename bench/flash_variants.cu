@@ -43,6 +43,9 @@ const char* flash_variant_name(int variant) {
       return "wgmma 2 warpgroups, block_n 64";
     case 3:
       return "mma.sync 4 warps x 32 rows, block_n 64";
+    case 4:
+      return "wgmma 2 warpgroups, block_n 96";
+
 
     default:
       return nullptr;
@@ -60,6 +63,9 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 64>>(p, stream);
     case 3:
       return run_mma_sync<4, 64, 2>(p, stream);
+    case 4:
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 96>>(p, stream);
+
 
     default:
       return;
