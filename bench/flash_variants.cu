@@ -9,8 +9,8 @@ namespace {
 
 template <typename Traits>
 FlashTileShape shape_of(bool wgmma) {
-  return FlashTileShape{Traits::kBlockM, Traits::kBlockN, Traits::kThreads / 32, 1,
-                        Traits::kSharedBytes, 1, wgmma};
+  return FlashTileShape{
+      Traits::kBlockM, Traits::kBlockN, Traits::kThreads / 32, 1, Traits::kSharedBytes, 1, wgmma};
 }
 
 template <typename Traits>
@@ -46,7 +46,6 @@ const char* flash_variant_name(int variant) {
     case 4:
       return "wgmma 2 warpgroups, block_n 96";
 
-
     default:
       return nullptr;
   }
@@ -65,7 +64,6 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_mma_sync<4, 64, 2>(p, stream);
     case 4:
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 96>>(p, stream);
-
 
     default:
       return;

@@ -423,8 +423,9 @@ TEST(CpFeatures, BiasAndMaskMoveTheReference) {
       without.config.mask_type = MaskType::kNoMask;
       plain.attn_mask = HostTensor();
     }
-    EXPECT_GT(test::relative_error(test::run_case(without, plain, BackendKind::kCpuExact).o, with.o),
-              10 * kTolerance)
+    EXPECT_GT(
+        test::relative_error(test::run_case(without, plain, BackendKind::kCpuExact).o, with.o),
+        10 * kTolerance)
         << name;
   }
 }
@@ -451,7 +452,8 @@ TEST(CpFeatures, DbiasContract) {
 // Counts the bytes a rank sends, then forwards to the real communicator.
 class CountingCommunicator final : public Communicator {
  public:
-  CountingCommunicator(Communicator& inner, std::atomic<size_t>& sent) : inner_(inner), sent_(sent) {}
+  CountingCommunicator(Communicator& inner, std::atomic<size_t>& sent)
+      : inner_(inner), sent_(sent) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   CommHandle send(const void* data, size_t bytes, int peer, int tag) override {

@@ -128,8 +128,12 @@ int run_cp_check(const std::vector<std::string>& words) {
     Buffer dbias;
   };
   auto outputs = [&] {
-    Outputs out{make(shape(s, h, dv)), make({b, h, s}), make(q.shape),
-                make(k.shape),         make(v.shape),   std::vector<float>(size_t(h), 0.0f),
+    Outputs out{make(shape(s, h, dv)),
+                make({b, h, s}),
+                make(q.shape),
+                make(k.shape),
+                make(v.shape),
+                std::vector<float>(size_t(h), 0.0f),
                 make(with_bias ? std::vector<int64_t>{1, h, s, s} : std::vector<int64_t>{0})};
     return out;
   };

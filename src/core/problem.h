@@ -121,8 +121,8 @@ struct AttentionProblem {
     return bottom_right ? seqlen_kv[b] - seqlen_q[b] : 0;
   }
   bool is_cp_tile() const {
-    return !cp_global_diagonal.empty() || cp_exclude_sink || cp_use_given_lse ||
-           cp_aux_global || cp_head_offset != 0 || cp_heads_total != 0;
+    return !cp_global_diagonal.empty() || cp_exclude_sink || cp_use_given_lse || cp_aux_global ||
+           cp_head_offset != 0 || cp_heads_total != 0;
   }
   // Where tile element (b, h, i, j) sits in the unsharded problem (identity outside CP): the
   // coordinates dropout draws at.
@@ -137,7 +137,7 @@ struct AttentionProblem {
   int64_t aux_offset(const BroadcastLayout& l, int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (!cp_aux_global) return l.offset(b, h, i, j);
     return l.offset(b, h + cp_head_offset, i + cp_q_position[size_t(b)],
-                     j + cp_kv_position[size_t(b)]);
+                    j + cp_kv_position[size_t(b)]);
   }
 };
 

@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
-#include <vector>
-#include <utility>
 #include <deque>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/element_access.h"
 #include "core/problem_builder.h"
@@ -455,8 +455,10 @@ void return_gradients(Communicator& comm, const Plan& plan, const TileContext& c
       accumulate_rows(dv_own, owner.slot * rows, dv, int64_t(i) * rows, rows);
       continue;
     }
-    pending.push_back(comm.send(slot_bytes(dk, int64_t(i), rows), k_bytes, owner.rank, kTagGatherDk));
-    pending.push_back(comm.send(slot_bytes(dv, int64_t(i), rows), v_bytes, owner.rank, kTagGatherDv));
+    pending.push_back(
+        comm.send(slot_bytes(dk, int64_t(i), rows), k_bytes, owner.rank, kTagGatherDk));
+    pending.push_back(
+        comm.send(slot_bytes(dv, int64_t(i), rows), v_bytes, owner.rank, kTagGatherDv));
   }
   struct Incoming {
     int64_t slot;
@@ -670,9 +672,9 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to.
   std::vector<float> dbias_acc(wants_dbias ? size_t(args.dbias.numel()) : 0, 0.0f);
   if (wants_dbias)
-    ctx.dbias = TensorView::contiguous(dbias_acc.data(), DType::kFloat32,
-                                       {args.dbias.shape[0], args.dbias.shape[1],
-                                        args.dbias.shape[2], args.dbias.shape[3]});
+    ctx.dbias = TensorView::contiguous(
+        dbias_acc.data(), DType::kFloat32,
+        {args.dbias.shape[0], args.dbias.shape[1], args.dbias.shape[2], args.dbias.shape[3]});
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim);
   BackendKind used = BackendKind::kAuto;
@@ -822,10 +824,14 @@ class HostStaging {
 };
 
 void stage_inputs(HostStaging& staging, AttentionInputs& in) {
-  for (auto [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"},
+  for (auto [t, name] : {std::pair{&in.q, "q"},
+                         {&in.k, "k"},
+                         {&in.v, "v"},
                          {&in.softmax_offset, "softmax_offset"},
-                         {&in.alibi_slopes, "alibi_slopes"}, {&in.bias, "bias"},
-                         {&in.attn_mask, "attn_mask"}, {&in.cu_seqlens_q, "cu_seqlens_q"},
+                         {&in.alibi_slopes, "alibi_slopes"},
+                         {&in.bias, "bias"},
+                         {&in.attn_mask, "attn_mask"},
+                         {&in.cu_seqlens_q, "cu_seqlens_q"},
                          {&in.cu_seqlens_kv, "cu_seqlens_kv"},
                          {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
                          {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"}})

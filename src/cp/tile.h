@@ -19,8 +19,8 @@ struct TileContext {
   // tiles' global positions (AttentionProblem::cp_aux_global).
   BiasType bias_type = BiasType::kNoBias;
   TensorView bias, attn_mask, dbias;
-  int64_t heads_total = 0;    // H
-  int64_t head_offset = 0;    // global index of local head 0
+  int64_t heads_total = 0;  // H
+  int64_t head_offset = 0;  // global index of local head 0
   double dropout = 0.0;
   RngState rng;
   // Test-only: let every tile count the sink (the classic bug) instead of once after the merge.

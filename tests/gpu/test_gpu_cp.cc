@@ -118,8 +118,11 @@ struct Layout {
 };
 
 std::vector<Layout> gpu_layouts() {
-  return {{CpCommType::kP2P, 2, 0},       {CpCommType::kP2P, 4, 0}, {CpCommType::kAllGather, 4, 0},
-          {CpCommType::kA2A, 4, 0},       {CpCommType::kA2AP2P, 4, 2}};
+  return {{CpCommType::kP2P, 2, 0},
+          {CpCommType::kP2P, 4, 0},
+          {CpCommType::kAllGather, 4, 0},
+          {CpCommType::kA2A, 4, 0},
+          {CpCommType::kA2AP2P, 4, 2}};
 }
 
 std::vector<int64_t> local_shape(std::vector<int64_t> shape, Format format, int cp,
@@ -157,8 +160,8 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
   run.out.lse = HostTensor(DType::kFloat32, lse_shape);
   std::vector<HostTensor> dalpha(static_cast<size_t>(cp));
   // The unsharded auxiliary tensors, on the device once for every rank.
-  const DeviceTensor offsets = t.softmax_offset.defined() ? DeviceTensor(t.softmax_offset)
-                                                          : DeviceTensor();
+  const DeviceTensor offsets =
+      t.softmax_offset.defined() ? DeviceTensor(t.softmax_offset) : DeviceTensor();
   const DeviceTensor slopes =
       t.alibi_slopes.defined() ? DeviceTensor(t.alibi_slopes) : DeviceTensor();
   const DeviceTensor bias = t.bias.defined() ? DeviceTensor(t.bias) : DeviceTensor();
@@ -267,8 +270,9 @@ TEST_P(GpuCp, MatchesExact) {
   pad_thd(spec, layout.cp);
   const CaseTensors tensors = make_case(spec);
   // The oracle once per case (thd pads per cp, so its reference depends on cp too).
-  const std::string key = "cp/" + gpu_case.name +
-                          (spec.config.format == Format::kTHD ? "/cp" + std::to_string(layout.cp) : "");
+  const std::string key =
+      "cp/" + gpu_case.name +
+      (spec.config.format == Format::kTHD ? "/cp" + std::to_string(layout.cp) : "");
   const CaseOutputs& reference = exact_reference(key, spec, tensors, true);
   const GpuCpRun run = run_gpu_cp(spec, tensors, layout);
   expect_matches_reference(run.out, reference, spec.dtype, true, gpu_case.name);

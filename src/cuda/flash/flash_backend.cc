@@ -57,7 +57,7 @@ class CudaFlashBackend final : public Backend {
         return "dropout in a context-parallel tile whose keys do not start on a multiple of 8";
       return std::nullopt;
     });
-    caps_.backward = false;      // the fused backward is the next issue
+    caps_.backward = false;  // the fused backward is the next issue
   }
 
   const Capabilities& capabilities() const override { return caps_; }

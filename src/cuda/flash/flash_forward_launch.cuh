@@ -43,7 +43,8 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
     launch_flash_forward_traits<FlashForwardTraits<Element, kHeadDimQK, kHeadDimV>>(p, stream);
 }
 
-// Runs the kernel and tile shape the plan was made for (p.wgmma, p.decode) and merges split-KV partials.
+// Runs the kernel and tile shape the plan was made for (p.wgmma, p.decode) and merges split-KV
+// partials.
 template <int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_dims(const FlashForwardParams& p, DType dtype, cudaStream_t stream) {
   if (dtype == DType::kBFloat16)

@@ -2,10 +2,10 @@
 // the mma.sync family (flash_forward_kernel.cuh, shared per-tile math in flash_tile_math.cuh)
 // on warpgroup MMAs, which read Q, K and V straight from shared memory.
 //
-// A block owns 64 query rows per warpgroup (two warpgroups in the library's tiles). S = Q K^T is one wgmma chain per
-// warpgroup (both operands K-major in shared memory); O += P V takes P from registers (the S
-// accumulators rounded in place) and V as an MN-major operand. Shared tiles use the 128-byte
-// swizzle (ptx/wgmma.cuh), written by cp.async at the swizzled addresses.
+// A block owns 64 query rows per warpgroup (two warpgroups in the library's tiles). S = Q K^T is
+// one wgmma chain per warpgroup (both operands K-major in shared memory); O += P V takes P from
+// registers (the S accumulators rounded in place) and V as an MN-major operand. Shared tiles use
+// the 128-byte swizzle (ptx/wgmma.cuh), written by cp.async at the swizzled addresses.
 //
 // Software pipeline (FlashAttention-3's intra-warpgroup overlap): iteration n issues
 // S(n) = Q K(n)^T and O += P(n-1) V(n-1) back to back, waits for S(n) only, and runs the
@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // K-major descriptors advance 32 bytes per 16 columns inside a 64-column block and one
   // block (rows x 128 bytes) per 64 columns; V (MN-major) advances 16 rows per k-step.
   auto q_descriptor = [&](int kk) {
-    const uint32_t address = q_shared + (kk / 4) * (kBlockM * 128) + warpgroup * 64 * 128 +
-                             (kk % 4) * 32;
+    const uint32_t address =
+        q_shared + (kk / 4) * (kBlockM * 128) + warpgroup * 64 * 128 + (kk % 4) * 32;
     return ptx::smem_descriptor(address, 16, 1024);
   };
   auto k_descriptor = [&](int stage, int kk) {
@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Tile n_block's logits, mask, softmax update and dropout: S becomes P (fp32, in place) and
   // `correction` the factor that rescales O to the new row max.
   float correction[2];
-  auto logits_to_probabilities = [&](float (&s_acc)[kNTiles][4], int n_block,
-                                     const uint32_t (&keep)[2]) {
+  auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block,
+                                     const uint32_t(&keep)[2]) {
     const int n0 = n_block * kBlockN;
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
     transform_logits(p, b, s_acc, row0, n0, quad_col, fully_visible);
@@ -161,11 +161,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   // P rounded to Element: the A operand of the next O += P V.
   uint32_t p_operand[kBlockN / 16][4];
-  auto pack_probabilities = [&](const float (&s_acc)[kNTiles][4]) {
+  auto pack_probabilities = [&](const float(&s_acc)[kNTiles][4]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p_operand<Element>(s_acc, kk, p_operand[kk]);
   };
-  auto issue_qk = [&](float (&s_acc)[kNTiles][4], int stage) {
+  auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < kDimQK / 16; ++kk)
       ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
     ptx::wgmma_commit();
   };
-  auto draw_keep = [&](int n_block, uint32_t (&keep)[2]) {
+  auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
     keep[0] = keep[1] = 0;
     if (p.dropout_threshold != 0)
       draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(o_acc);
       ptx::wgmma_fence();
       issue_qk(s_acc, stage);
-      issue_pv(stage ^ 1);     // P(n-1) V(n-1)
-      ptx::wgmma_wait<1>();    // S(n) is ready; P(n-1) V(n-1) may still run
+      issue_pv(stage ^ 1);   // P(n-1) V(n-1)
+      ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
       ptx::fence_accumulators(s_acc);
       // The MMA in flight still reads p_operand and o_acc: S stays in its own registers until
       // it lands, then O is rescaled and P overwritten.

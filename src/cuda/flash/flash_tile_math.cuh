@@ -90,18 +90,19 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
   const int64_t kv_row0 = p.start_kv ? p.start_kv[b.batch] : 0;
   b.q = static_cast<const Element*>(p.q) + b.batch * p.q_batch_stride + q_row0 * p.q_row_stride +
         b.head * p.q_head_stride;
-  b.k = static_cast<const Element*>(p.k) + b.batch * p.k_batch_stride +
-        kv_row0 * p.k_row_stride + kv_head * p.k_head_stride;
-  b.v = static_cast<const Element*>(p.v) + b.batch * p.v_batch_stride +
-        kv_row0 * p.v_row_stride + kv_head * p.v_head_stride;
+  b.k = static_cast<const Element*>(p.k) + b.batch * p.k_batch_stride + kv_row0 * p.k_row_stride +
+        kv_head * p.k_head_stride;
+  b.v = static_cast<const Element*>(p.v) + b.batch * p.v_batch_stride + kv_row0 * p.v_row_stride +
+        kv_head * p.v_head_stride;
   return true;
 }
 
 // The sink's logit in log2 units, or -inf where it does not join (none, or a split-KV
 // partial: the merge adds it once).
 __device__ __forceinline__ float block_sink_log2(const FlashForwardParams& p, int head) {
-  return p.num_splits > 1 || p.exclude_sink ? -INFINITY
-                          : sink_logit(p.softmax_type, p.softmax_offset, head) * kLog2e;
+  return p.num_splits > 1 || p.exclude_sink
+             ? -INFINITY
+             : sink_logit(p.softmax_type, p.softmax_offset, head) * kLog2e;
 }
 
 // Running max and sum of one thread's two rows of a slab. The sink starts the max and (once
@@ -343,7 +344,8 @@ __device__ __forceinline__ void store_slab(const FlashForwardParams& p,
             ptx::pack2<Element>(o[t][2 * half] * inverse, o[t][2 * half + 1] * inverse);
         *reinterpret_cast<uint32_t*>(o_row + 8 * t + 2 * quad_col) = pair;
       }
-      if (quad_col == 0) p.lse[b.batch * p.lse_batch_stride + b.head * p.lse_head_stride + row] = lse;
+      if (quad_col == 0)
+        p.lse[b.batch * p.lse_batch_stride + b.head * p.lse_head_stride + row] = lse;
     } else {
       const int64_t row =
           ((int64_t(b.split) * p.batch + b.batch) * p.heads_q + b.head) * p.max_seqlen_q + i;

@@ -23,7 +23,8 @@ __global__ void merge_partials_kernel(const FlashForwardParams p, int head_dim_v
 
   const int64_t split_stride = rows;  // partial_lse rows per split
   // A CP tile's partial leaves the sink out: the CP merge adds it once.
-  const float sink = p.exclude_sink ? -INFINITY : sink_logit(p.softmax_type, p.softmax_offset, head);
+  const float sink =
+      p.exclude_sink ? -INFINITY : sink_logit(p.softmax_type, p.softmax_offset, head);
   float max_lse = sink;
   for (int s = 0; s < p.num_splits; ++s)
     max_lse = fmaxf(max_lse, p.partial_lse[s * split_stride + row]);

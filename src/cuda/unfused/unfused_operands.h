@@ -3,8 +3,6 @@
 // query head h to KV head h / (H/G), and the per-sequence GEMM batches of padded/thd inputs.
 #pragma once
 
-#include "cuda/sequence_tables.h"
-
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -12,6 +10,7 @@
 
 #include "core/problem.h"
 #include "cuda/device_buffer.h"
+#include "cuda/sequence_tables.h"
 #include "cuda/unfused/unfused_kernels.h"
 
 namespace dpa::cuda {

@@ -41,9 +41,9 @@ struct RowContext {
   int64_t key_begin = 0, key_end = 0;  // window and lengths: keys [begin, end) may be visible
   int64_t diagonal = 0;                // i + delta (delta = skv - sq bottom-right, else 0)
   float alibi_slope = 0.f;
-  float sink = -INFINITY;  // sigma_h; -inf without a sink
-  int64_t bias_row = 0;    // offset of (b, h, i, 0) in the bias
-  int64_t mask_row = 0;    // offset of (b, h, i, 0) in the mask
+  float sink = -INFINITY;    // sigma_h; -inf without a sink
+  int64_t bias_row = 0;      // offset of (b, h, i, 0) in the bias
+  int64_t mask_row = 0;      // offset of (b, h, i, 0) in the mask
   int64_t dropout_row = 0;   // the row dropout draws at (i, or a CP tile's global row)
   int64_t dropout_col0 = 0;  // added to j for the key dropout draws at
 };
@@ -112,8 +112,8 @@ __device__ __forceinline__ float dropout_multiplier(const LogitTransform& lt, co
   // dropout_keep() of core/philox.h, with the 16-bit element picked by an unrolled compare:
   // dropout_u16(block, j & 7) with a run-time index would put the block in local memory.
   const int64_t col = j + r.dropout_col0;
-  const Philox4 block = dropout_block(lt.seed, lt.offset, r.b, lt.heads_total,
-                                      r.h + lt.head_offset, r.dropout_row, col);
+  const Philox4 block = dropout_block(lt.seed, lt.offset, r.b, lt.heads_total, r.h + lt.head_offset,
+                                      r.dropout_row, col);
   const int k = int(col & 7);
   uint32_t u16 = 0;
 #pragma unroll
