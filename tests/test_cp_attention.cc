@@ -9,6 +9,7 @@
 #include "cp/cp_internal.h"
 #include "dpa/cp.h"
 #include "support/attention_case.h"
+#include "support/cp_case.h"
 
 namespace dpa {
 namespace {
@@ -16,7 +17,9 @@ namespace {
 using test::CaseOutputs;
 using test::CaseSpec;
 using test::CaseTensors;
+using test::cp_local_shape;
 using test::HostTensor;
+using test::sum_of;
 
 // fp64 inputs; the CP merge and gradient accumulators are fp32 (DESIGN.md §8), so CP matches
 // the fp64 oracle to ~1e-7 relative. Every feature below moves the outputs by far more.
@@ -29,26 +32,6 @@ struct CpRun {
   std::vector<HostTensor> dbias_partials;
   BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
 };
-
-// The sum of the ranks' partial gradients (the dalpha and dbias contracts).
-HostTensor sum_of(const std::vector<HostTensor>& partials) {
-  HostTensor sum(partials[0].dtype(), partials[0].shape());
-  for (int64_t n = 0; n < sum.numel(); ++n) {
-    double total = 0;
-    for (const HostTensor& partial : partials) total += partial.get(n);
-    sum.set(n, total);
-  }
-  return sum;
-}
-
-std::vector<int64_t> local_shape(const std::vector<int64_t>& full, Format format, int cp,
-                                 const ThdCpPartition& part) {
-  std::vector<int64_t> shape = full;
-  if (format == Format::kBSHD) shape[1] /= cp;
-  if (format == Format::kSBHD) shape[0] /= cp;
-  if (format == Format::kTHD) shape[0] = part.local_cu_padded.back();
-  return shape;
-}
 
 // Runs forward + backward under CP with `cp` in-process ranks and gathers the shards.
 CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int cp,
@@ -75,12 +58,12 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
 
   run_in_process(cp, [&](int rank, Communicator& comm) {
     auto shard = [&](const HostTensor& full) {
-      HostTensor local(full.dtype(), local_shape(full.shape(), format, cp, part));
+      HostTensor local(full.dtype(), cp_local_shape(full.shape(), format, cp, part));
       shard_sequence(full.view(), local.view(), format, cp, rank, cu_padded);
       return local;
     };
     HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
-    HostTensor o(spec.dtype, local_shape(t.d_o.shape(), format, cp, part));
+    HostTensor o(spec.dtype, cp_local_shape(t.d_o.shape(), format, cp, part));
     std::vector<int64_t> local_lse = lse_shape;
     local_lse.back() = thd ? part.local_cu_padded.back() : spec.seqlen_q / cp;
     HostTensor lse(DType::kFloat32, local_lse);
@@ -252,28 +235,7 @@ std::vector<CpCase> feature_cases() {
   return cases;
 }
 
-// thd: the unsharded reference stores each sequence in its padded slot (gaps), as CP does.
-void pad_thd(CaseSpec& spec, int cp) {
-  if (spec.config.format != Format::kTHD) return;
-  ThdCpPartition part = thd_cp_partition(spec.lengths_q, cp);
-  spec.gaps_q.clear();
-  for (size_t b = 0; b < spec.lengths_q.size(); ++b)
-    spec.gaps_q.push_back(part.cu_seqlens_padded[b + 1] - part.cu_seqlens_padded[b] -
-                          spec.lengths_q[b]);
-  spec.gaps_kv = spec.gaps_q;
-}
-
-struct Layout {
-  CpCommType type;
-  int cp;
-  int group;  // a2a_p2p
-};
-
-std::string layout_name(const Layout& l) {
-  std::string name = std::string(to_string(l.type)) + "_cp" + std::to_string(l.cp);
-  if (l.type == CpCommType::kA2AP2P) name += "_a2a" + std::to_string(l.group);
-  return name;
-}
+using Layout = test::CpLayout;
 
 std::vector<Layout> layouts() {
   std::vector<Layout> all;
@@ -292,7 +254,7 @@ class CpMatchesExact : public ::testing::TestWithParam<Param> {};
 TEST_P(CpMatchesExact, EveryOutputAndGradient) {
   auto [cp_case, layout, tile_backend] = GetParam();
   CaseSpec spec = cp_case.spec;
-  pad_thd(spec, layout.cp);
+  test::pad_thd_for_cp(spec, layout.cp);
   spec.config.backend = tile_backend;  // kAuto: the selector's choice for host tiles
   const CaseTensors tensors = test::make_case(spec);
   // A copy, never an alias of anything the CP run writes (DESIGN.md §9).
@@ -323,7 +285,7 @@ TEST_P(CpMatchesExact, EveryOutputAndGradient) {
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   const bool exact = std::get<2>(info.param) == BackendKind::kCpuExact;
-  return std::get<0>(info.param).name + "_" + layout_name(std::get<1>(info.param)) +
+  return std::get<0>(info.param).name + "_" + test::cp_layout_name(std::get<1>(info.param)) +
          (exact ? "_cpu_exact" : "_cpu");
 }
 
@@ -412,7 +374,7 @@ CaseSpec feature_spec(const std::string& name) {
 TEST(CpFeatures, BiasAndMaskMoveTheReference) {
   for (const char* name : {"post_bias", "thd_pre_bias", "arbitrary_mask"}) {
     CaseSpec spec = feature_spec(name);
-    pad_thd(spec, 4);
+    test::pad_thd_for_cp(spec, 4);
     const CaseTensors tensors = test::make_case(spec);
     const CaseOutputs with = test::run_case(spec, tensors, BackendKind::kCpuExact);
     CaseSpec without = spec;
@@ -501,7 +463,7 @@ TEST(CpFeatures, AllGatherMovesOnlyTheChunksAWindowSees) {
   run_in_process(kCp, [&](int rank, Communicator& inner) {
     CountingCommunicator comm(inner, sent);
     auto shard = [&](const HostTensor& full) {
-      HostTensor local(full.dtype(), local_shape(full.shape(), Format::kBSHD, kCp, {}));
+      HostTensor local(full.dtype(), cp_local_shape(full.shape(), Format::kBSHD, kCp, {}));
       shard_sequence(full.view(), local.view(), Format::kBSHD, kCp, rank);
       return local;
     };

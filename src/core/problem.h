@@ -28,6 +28,15 @@ struct RowLayout {
 // broadcast dims have stride 0.
 struct BroadcastLayout {
   int64_t stride_batch = 0, stride_head = 0, stride_q = 0, stride_kv = 0;
+  // The strides of a 4-D tensor, 0 along its size-1 (broadcast) dims.
+  static BroadcastLayout of(const TensorView& t) {
+    BroadcastLayout layout;
+    layout.stride_batch = t.shape[0] == 1 ? 0 : t.strides[0];
+    layout.stride_head = t.shape[1] == 1 ? 0 : t.strides[1];
+    layout.stride_q = t.shape[2] == 1 ? 0 : t.strides[2];
+    layout.stride_kv = t.shape[3] == 1 ? 0 : t.strides[3];
+    return layout;
+  }
   int64_t offset(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return b * stride_batch + h * stride_head + i * stride_q + j * stride_kv;
   }

@@ -184,12 +184,7 @@ BroadcastLayout broadcast_layout(const TensorView& t, const char* name, int64_t 
   check_dim(1, heads, true, "heads");
   check_dim(2, sq, allow_row_broadcast, "query positions");
   check_dim(3, skv, allow_col_broadcast, "key positions");
-  BroadcastLayout layout;
-  layout.stride_batch = t.shape[0] == 1 ? 0 : t.strides[0];
-  layout.stride_head = t.shape[1] == 1 ? 0 : t.strides[1];
-  layout.stride_q = t.shape[2] == 1 ? 0 : t.strides[2];
-  layout.stride_kv = t.shape[3] == 1 ? 0 : t.strides[3];
-  return layout;
+  return BroadcastLayout::of(t);
 }
 
 // Resolves everything shared by forward, backward and explain.

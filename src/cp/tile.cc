@@ -98,33 +98,23 @@ AttentionConfig tile_config(const TileContext& ctx) {
   return config;
 }
 
-// A [b|1, H|1, sq|1, skv|1] tensor's strides, 0 along its broadcast dims.
-BroadcastLayout unsharded_layout(const TensorView& t) {
-  BroadcastLayout layout;
-  layout.stride_batch = t.shape[0] == 1 ? 0 : t.strides[0];
-  layout.stride_head = t.shape[1] == 1 ? 0 : t.strides[1];
-  layout.stride_q = t.shape[2] == 1 ? 0 : t.strides[2];
-  layout.stride_kv = t.shape[3] == 1 ? 0 : t.strides[3];
-  return layout;
-}
-
 void attach_aux(const TileContext& ctx, AttentionProblem& p) {
   if (ctx.bias.defined()) {
     p.bias_type = ctx.bias_type;
     p.bias = ctx.bias;
-    p.bias_layout = unsharded_layout(ctx.bias);
+    p.bias_layout = BroadcastLayout::of(ctx.bias);
     p.cp_aux_global = true;
   }
   if (ctx.attn_mask.defined()) {
     p.mask_type = MaskType::kArbitrary;
     p.has_attn_mask = true;
     p.attn_mask = ctx.attn_mask;
-    p.mask_layout = unsharded_layout(ctx.attn_mask);
+    p.mask_layout = BroadcastLayout::of(ctx.attn_mask);
     p.cp_aux_global = true;
   }
   if (p.pass == Pass::kBackward && ctx.dbias.defined()) {
     p.dbias = ctx.dbias;
-    p.dbias_layout = unsharded_layout(ctx.dbias);
+    p.dbias_layout = BroadcastLayout::of(ctx.dbias);
     p.wants_dbias = true;
   }
 }

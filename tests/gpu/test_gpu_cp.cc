@@ -11,6 +11,7 @@
 #include "cp/cp_internal.h"
 #include "dpa/cp.h"
 #include "gpu/device_case.h"
+#include "support/cp_case.h"
 
 namespace dpa::test {
 namespace {
@@ -111,11 +112,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
   return cases;
 }
 
-struct Layout {
-  CpCommType type;
-  int cp;
-  int group;
-};
+using Layout = CpLayout;
 
 std::vector<Layout> gpu_layouts() {
   return {{CpCommType::kP2P, 2, 0},
@@ -123,14 +120,6 @@ std::vector<Layout> gpu_layouts() {
           {CpCommType::kAllGather, 4, 0},
           {CpCommType::kA2A, 4, 0},
           {CpCommType::kA2AP2P, 4, 2}};
-}
-
-std::vector<int64_t> local_shape(std::vector<int64_t> shape, Format format, int cp,
-                                 const ThdCpPartition& part) {
-  if (format == Format::kBSHD) shape[1] /= cp;
-  if (format == Format::kSBHD) shape[0] /= cp;
-  if (format == Format::kTHD) shape[0] = part.local_cu_padded.back();
-  return shape;
 }
 
 struct GpuCpRun {
@@ -169,13 +158,13 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
 
   run_in_process(cp, [&](int rank, Communicator& comm) {
     auto shard = [&](const HostTensor& full) {
-      HostTensor local(full.dtype(), local_shape(full.shape(), format, cp, part));
+      HostTensor local(full.dtype(), cp_local_shape(full.shape(), format, cp, part));
       shard_sequence(full.view(), local.view(), format, cp, rank, cu_padded);
       return local;
     };
     const HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
     const DeviceTensor dq_in(q), dk_in(k), dv_in(v), ddo(d_o);
-    DeviceTensor o(spec.dtype, local_shape(t.d_o.shape(), format, cp, part));
+    DeviceTensor o(spec.dtype, cp_local_shape(t.d_o.shape(), format, cp, part));
     std::vector<int64_t> local_lse = lse_shape;
     local_lse.back() = thd ? part.local_cu_padded.back() : spec.seqlen_q / cp;
     DeviceTensor lse(DType::kFloat32, local_lse);
@@ -227,26 +216,8 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
       run.backward_backend = backward;
     }
   });
-  if (t.softmax_offset.defined()) {
-    run.out.dsoftmax_offset = HostTensor(DType::kFloat32, {spec.heads_q});
-    for (int64_t h = 0; h < spec.heads_q; ++h) {
-      double sum = 0;
-      for (const HostTensor& partial : dalpha) sum += partial.get(h);
-      run.out.dsoftmax_offset.set(h, sum);
-    }
-  }
+  if (t.softmax_offset.defined()) run.out.dsoftmax_offset = sum_of(dalpha);
   return run;
-}
-
-// thd: the unsharded reference stores each sequence in its padded slot, as CP does.
-void pad_thd(CaseSpec& spec, int cp) {
-  if (spec.config.format != Format::kTHD) return;
-  const ThdCpPartition part = thd_cp_partition(spec.lengths_q, cp);
-  spec.gaps_q.clear();
-  for (size_t b = 0; b < spec.lengths_q.size(); ++b)
-    spec.gaps_q.push_back(part.cu_seqlens_padded[b + 1] - part.cu_seqlens_padded[b] -
-                          spec.lengths_q[b]);
-  spec.gaps_kv = spec.gaps_q;
 }
 
 using Param = std::tuple<GpuCpCase, Layout>;
@@ -267,7 +238,7 @@ class GpuCp : public ::testing::TestWithParam<Param> {
 TEST_P(GpuCp, MatchesExact) {
   auto [gpu_case, layout] = GetParam();
   CaseSpec spec = gpu_case.spec;
-  pad_thd(spec, layout.cp);
+  pad_thd_for_cp(spec, layout.cp);
   const CaseTensors tensors = make_case(spec);
   // The oracle once per case (thd pads per cp, so its reference depends on cp too).
   const std::string key =
@@ -283,11 +254,7 @@ TEST_P(GpuCp, MatchesExact) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  const Layout& l = std::get<1>(info.param);
-  std::string name = std::get<0>(info.param).name + "_" + std::string(to_string(l.type)) + "_cp" +
-                     std::to_string(l.cp);
-  if (l.type == CpCommType::kA2AP2P) name += "_a2a" + std::to_string(l.group);
-  return name;
+  return std::get<0>(info.param).name + "_" + cp_layout_name(std::get<1>(info.param));
 }
 
 std::vector<Param> all_params() {
