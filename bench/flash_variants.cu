@@ -45,6 +45,8 @@ const char* flash_variant_name(int variant) {
       return "mma.sync 4 warps x 32 rows, block_n 64";
     case 4:
       return "wgmma 2 warpgroups, block_n 96";
+    case 5:
+      return "wgmma 2 warpgroups, block_n 128, scale/cap folded into exp2";
 
     default:
       return nullptr;
@@ -64,6 +66,8 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_mma_sync<4, 64, 2>(p, stream);
     case 4:
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 96>>(p, stream);
+    case 5:
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, true>>(p, stream);
 
     default:
       return;

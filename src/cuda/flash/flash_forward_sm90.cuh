@@ -29,9 +29,13 @@ namespace dpa::cuda {
 // library runs); dev benches instantiate others to compare.
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
           int kWarpgroupsT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).warps / 4,
-          int kBlockNT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).block_n>
+          int kBlockNT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).block_n,
+          bool kFoldIntoExp2T = false>
 struct FlashSm90Traits {
   using Element = ElementT;
+  // folded_softmax_update instead of transform_logits + softmax_update (flash_tile_math.cuh):
+  // a dev-bench experiment until measured; it assumes no ALiBi and a positive scale.
+  static constexpr bool kFoldIntoExp2 = kFoldIntoExp2T;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kWarpgroups = kWarpgroupsT;
   static constexpr int kBlockM = 64 * kWarpgroups, kBlockN = kBlockNT;
@@ -155,8 +159,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                      const uint32_t(&keep)[2]) {
     const int n0 = n_block * kBlockN;
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-    transform_logits(p, b, s_acc, row0, n0, quad_col, fully_visible);
-    softmax_update(s_acc, stats, correction);
+    if constexpr (Traits::kFoldIntoExp2) {
+      // Dev-bench only: callers guarantee no ALiBi and a positive scale.
+      folded_softmax_update(p, b, s_acc, row0, n0, quad_col, fully_visible, stats, correction);
+    } else {
+      transform_logits(p, b, s_acc, row0, n0, quad_col, fully_visible);
+      softmax_update(s_acc, stats, correction);
+    }
     if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
   };
   // P rounded to Element: the A operand of the next O += P V.

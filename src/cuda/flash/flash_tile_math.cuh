@@ -274,6 +274,87 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
   }
 }
 
+template <int kStride, int kCount>
+__device__ __forceinline__ float tree_min(float (&v)[kCount]) {
+  if constexpr (kStride == 0) {
+    return v[0];
+  } else {
+#pragma unroll
+    for (int t = 0; t < kStride; ++t) v[t] = fminf(v[t], v[t + kStride]);
+    return tree_min<kStride / 2>(v);
+  }
+}
+
+// transform_logits + softmax_update with the last transform step folded into the exp2
+// argument (an experiment for the dev bench: FlashSm90Traits::kFoldIntoExp2). Without ALiBi
+// the logit is an increasing function of a per-element value x, so the row max comes from x
+// and each weight is exp2(fma(x, slope, offset)):
+//   no cap:  x = u (raw q.k), slope = scale log2 e: the scale's FMUL disappears;
+//   a cap c: x = r = 1 / (exp(2 u a) + 1) (decreasing in the logit: the max comes from the
+//            min of r), logit = c' - 2c' r: the cap's FFMA and the max's FADD become one FFMA.
+// Masked keys get x = -inf (no cap) or r = +inf (cap), both giving exp2(-inf) = 0.
+template <typename Element, int kNTiles>
+__device__ __forceinline__ void folded_softmax_update(const FlashForwardParams& p,
+                                                      const FlashBlock<Element>& b,
+                                                      float (&s)[kNTiles][4], int row0, int n0,
+                                                      int quad_col, bool fully_visible,
+                                                      RowStats& stats, float (&correction)[2]) {
+  const bool cap = p.use_softcap;
+  if (cap) {
+    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = __fdividef(1.f, fast_exp2(s[t][e] * exp_scale) + 1.f);
+  }
+  if (!fully_visible) {
+    mask_invisible_keys(p, b, s, row0, n0, quad_col);  // sets -inf
+    if (cap) {
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (s[t][e] == -INFINITY) s[t][e] = INFINITY;
+    }
+  }
+  const float slope = cap ? -2.f * p.softcap_log2 : p.scale_log2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max;
+    float partial[kNTiles];
+    if (cap) {
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t) partial[t] = fminf(s[t][2 * half], s[t][2 * half + 1]);
+      float r_min = tree_min<kNTiles / 2>(partial);
+      r_min = fminf(r_min, __shfl_xor_sync(0xffffffffu, r_min, 1));
+      r_min = fminf(r_min, __shfl_xor_sync(0xffffffffu, r_min, 2));
+      tile_max = r_min == INFINITY ? -INFINITY : fmaf(r_min, slope, p.softcap_log2);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t) partial[t] = fmaxf(s[t][2 * half], s[t][2 * half + 1]);
+      float u_max = tree_max<kNTiles / 2>(partial);
+      u_max = fmaxf(u_max, __shfl_xor_sync(0xffffffffu, u_max, 1));
+      u_max = fmaxf(u_max, __shfl_xor_sync(0xffffffffu, u_max, 2));
+      tile_max = u_max == -INFINITY ? -INFINITY : u_max * slope;
+    }
+    const float new_max = fmaxf(stats.max[half], tile_max);
+    const float shift = new_max == -INFINITY ? 0.f : new_max;
+    correction[half] = fast_exp2(stats.max[half] - shift);
+    stats.max[half] = new_max;
+    const float offset = cap ? p.softcap_log2 - shift : -shift;
+    float partial_sum[kNTiles];
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+      const float p0 = fast_exp2(fmaf(s[t][2 * half], slope, offset));
+      const float p1 = fast_exp2(fmaf(s[t][2 * half + 1], slope, offset));
+      s[t][2 * half] = p0;
+      s[t][2 * half + 1] = p1;
+      partial_sum[t] = p0 + p1;
+    }
+    stats.sum[half] = stats.sum[half] * correction[half] + tree_sum<kNTiles / 2>(partial_sum);
+  }
+}
+
 template <int kVTiles>
 __device__ __forceinline__ void rescale_rows(float (&o)[kVTiles][4], const float (&correction)[2]) {
 #pragma unroll
