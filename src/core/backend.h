@@ -36,6 +36,10 @@ struct FeatureRequest {
   // sequence (Philox draws come in blocks of 8 keys; kernels that draw a whole block per 8
   // local keys need the blocks aligned).
   bool cp_keys_unaligned = false;
+  // A CP tile's bias gradient: into the unsharded dbias at global positions (host backends), or
+  // tile-local (AttentionProblem::cp_dbias_local; cuda_unfused).
+  bool cp_dbias_unsharded = false;
+  bool cp_dbias_local = false;
   int device_arch = 0;   // e.g. 90 for sm_90; 0 on the CPU
   int device_index = 0;  // of q's device (size limits query its free memory)
 };

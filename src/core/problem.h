@@ -107,6 +107,10 @@ struct AttentionProblem {
   // (b, h + cp_head_offset, i + cp_q_position[b], j + cp_kv_position[b]) in them, and dbias
   // (fp32) accumulates across tiles instead of being overwritten.
   bool cp_aux_global = false;
+  // ... except that dbias is shaped like the tile instead: [b, H|1, sq|1, skv] of the tile's
+  // own sizes and local positions, written (not accumulated); the caller places it (the GPU
+  // tiles of CP with CUDA tensors, whose bias-gradient reduction writes that layout).
+  bool cp_dbias_local = false;
 
   // Tensors. Layout objects locate rows; views carry the pointers and dtypes.
   TensorView q, k, v, o, lse, d_o, dq, dk, dv;

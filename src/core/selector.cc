@@ -166,6 +166,8 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.deterministic = p.deterministic;
   r.cp_tile = p.is_cp_tile();
   for (int64_t position : p.cp_kv_position) r.cp_keys_unaligned |= position % 8 != 0;
+  r.cp_dbias_local = r.cp_tile && p.wants_dbias && p.cp_dbias_local;
+  r.cp_dbias_unsharded = r.cp_tile && p.wants_dbias && !p.cp_dbias_local;
   r.device_arch = p.device_arch;
   r.device_index = p.device_index;
   return r;

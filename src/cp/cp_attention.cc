@@ -858,9 +858,6 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
                      const BackwardArgs& args, double dropout) {
   if (args.in.q.device != Device::kCUDA)
     return backward_staged(config, cp_config, comm, args, dropout, {});
-  require(args.dbias.ndim == 0, "dbias",
-          "is not supported under context parallelism with CUDA tensors yet (the GPU tiles do "
-          "not write the unsharded bias gradient)");
   HostStaging staging(args.in.q);
   BackwardArgs host = args;
   stage_inputs(staging, host.in);
@@ -871,6 +868,7 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   host.dk = staging.out(args.dk, "dk");
   host.dv = staging.out(args.dv, "dv");
   host.dsoftmax_offset = staging.out(args.dsoftmax_offset, "dsoftmax_offset");
+  host.dbias = staging.out(args.dbias, "dbias");
   const BackendKind used = backward_staged(config, cp_config, comm, host, dropout,
                                            {Device::kCUDA, args.in.q.device_index});
   staging.copy_outputs_back();

@@ -127,6 +127,56 @@ Packed lse_from_heads_major(const std::vector<float>& lse, int64_t heads, int64_
   return out;
 }
 
+// A tile-local fp32 bias gradient [b, H|1, sq|1, skv] of the tile's own sizes (the layout
+// cuda_unfused's reduction writes), kept apart per sequence: sequences sit at different global
+// rows, so even a batch-broadcast dbias is summed only when it is placed.
+struct TileDbias {
+  std::vector<float> values;
+  int64_t batch = 0, heads = 0, rows = 0, cols = 0;
+  std::vector<int64_t> valid_q, valid_kv;  // [b] rows / keys of each sequence in the tile
+  TensorView view() {
+    return TensorView::contiguous(values.data(), DType::kFloat32, {batch, heads, rows, cols});
+  }
+};
+
+TileDbias tile_dbias(const TileContext& ctx, const SideTables& q_tables,
+                     const SideTables& kv_tables, int64_t local_heads) {
+  TileDbias d;
+  d.batch = ctx.geometry->batch;
+  int64_t max_q = 0, max_kv = 0;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    d.valid_q.push_back(q_tables.cu[size_t(b + 1)] - q_tables.cu[size_t(b)]);
+    d.valid_kv.push_back(kv_tables.cu[size_t(b + 1)] - kv_tables.cu[size_t(b)]);
+    max_q = std::max(max_q, d.valid_q.back());
+    max_kv = std::max(max_kv, d.valid_kv.back());
+  }
+  // As the tile's problem sees it: max_seqlen = the longest sequence in the tile.
+  d.heads = ctx.dbias.shape[1] == 1 ? 1 : local_heads;
+  d.rows = ctx.dbias.shape[2] == 1 ? 1 : max_q;
+  d.cols = max_kv;
+  d.values.assign(size_t(d.batch * d.heads * d.rows * d.cols), 0.0f);
+  return d;
+}
+
+// Adds a tile-local bias gradient into the unsharded fp32 dbias at the tile's global positions.
+void add_tile_dbias(const TileContext& ctx, const TileDbias& d, int q_chunk, int kv_chunk) {
+  const Geometry& g = *ctx.geometry;
+  const BroadcastLayout layout = BroadcastLayout::of(ctx.dbias);
+  float* out = static_cast<float*>(ctx.dbias.data);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    const int64_t q_position = g.q.position(b, q_chunk), kv_position = g.kv.position(b, kv_chunk);
+    const int64_t rows = d.rows == 1 ? 1 : d.valid_q[size_t(b)];
+    for (int64_t h = 0; h < d.heads; ++h)
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* row = d.values.data() + ((b * d.heads + h) * d.rows + i) * d.cols;
+        const int64_t head = d.heads == 1 ? 0 : h + ctx.head_offset;
+        const int64_t global_row = d.rows == 1 ? 0 : i + q_position;
+        for (int64_t j = 0; j < d.valid_kv[size_t(b)]; ++j)
+          out[layout.offset(b, head, global_row, j + kv_position)] += row[j];
+      }
+  }
+}
+
 // Builds the tile's problem (global positions, unsharded aux tensors), selects a backend that
 // declares CP tiles and runs it; `args` are on the device the tiles run on.
 BackendKind run_tile_forward(const TileContext& ctx, const AttentionConfig& config,
@@ -141,11 +191,13 @@ BackendKind run_tile_forward(const TileContext& ctx, const AttentionConfig& conf
 }
 
 BackendKind run_tile_backward(const TileContext& ctx, const AttentionConfig& config,
-                              const BackwardArgs& args, int q_chunk, int kv_chunk) {
+                              const BackwardArgs& args, int q_chunk, int kv_chunk,
+                              bool dbias_local = false) {
   AttentionProblem p = build_backward_problem(config, args, ctx.dropout);
   set_tile_fields(ctx, q_chunk, kv_chunk, p);
   attach_aux(ctx, p);
   p.cp_use_given_lse = true;
+  p.cp_dbias_local = dbias_local && p.wants_dbias;
   const Backend& backend = select_tile_backend(config, p);
   backend.backward(p);
   return backend.capabilities().kind;
@@ -271,11 +323,21 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
     TileContext device_ctx = ctx;
     device_ctx.bias = stage.upload(ctx.bias);
     device_ctx.attn_mask = stage.upload(ctx.attn_mask);
-    device_ctx.dbias = {};  // refused before the tiles run (cp_attention.cc)
-    out.backend = run_tile_backward(device_ctx, config, on_device, in.q.chunk, in.k.chunk);
+    // The GPU tiles write dbias tile-local; it is added into the unsharded one here.
+    TileDbias local_dbias;
+    if (ctx.dbias.defined()) {
+      local_dbias = tile_dbias(ctx, q_tables, kv_tables, local_heads);
+      device_ctx.dbias = stage.upload(local_dbias.view());
+    }
+    out.backend = run_tile_backward(device_ctx, config, on_device, in.q.chunk, in.k.chunk,
+                                    ctx.dbias.defined());
     stage.download(on_device.dq, args.dq);
     stage.download(on_device.dk, args.dk);
     stage.download(on_device.dv, args.dv);
+    if (ctx.dbias.defined()) {
+      stage.download(device_ctx.dbias, local_dbias.view());
+      add_tile_dbias(ctx, local_dbias, in.q.chunk, in.k.chunk);
+    }
   } else {
     out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
   }

@@ -66,6 +66,7 @@ class CpuExactBackend final : public Backend {
     caps_ = full_feature_capabilities(BackendKind::kCpuExact, Device::kCPU);
     caps_.dtypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
     caps_.cp_tiles = true;
+    caps_.extra_rules.push_back(refuse_tile_local_dbias);
   }
 
   const Capabilities& capabilities() const override { return caps_; }

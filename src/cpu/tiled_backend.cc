@@ -17,6 +17,7 @@ Capabilities tiled_capabilities() {
   // from sink_logit, the backward always uses the given LSE, and dbias adds into the
   // unsharded accumulator (write_bias_grad).
   caps.cp_tiles = true;
+  caps.extra_rules.push_back(refuse_tile_local_dbias);
   return caps;
 }
 

@@ -45,16 +45,23 @@ TEST(CudaCpRules, FlashRefusesDropoutOnlyWhenTheTilesKeysAreUnaligned) {
   EXPECT_FALSE(refused_for(BackendKind::kCudaUnfused, r, "multiple of 8"));
 }
 
-TEST(CudaCpRules, UnfusedRefusesATilesBiasGradient) {
+TEST(CudaCpRules, TileBiasGradientsGoTileLocalOnTheGpuAndUnshardedOnTheHost) {
   FeatureRequest r = cp_tile_request();
   r.pass = Pass::kBackward;
   r.bias_type = BiasType::kPostScale;
-  EXPECT_FALSE(refused_for(BackendKind::kCudaUnfused, r, "bias gradient of a context-parallel"));
   r.bias_grad = true;
-  EXPECT_TRUE(refused_for(BackendKind::kCudaUnfused, r, "bias gradient of a context-parallel"));
+  r.cp_dbias_unsharded = true;
+  EXPECT_TRUE(refused_for(BackendKind::kCudaUnfused, r, "unsharded dbias"));
+  r.cp_dbias_unsharded = false;
+  r.cp_dbias_local = true;
+  EXPECT_FALSE(refused_for(BackendKind::kCudaUnfused, r, "unsharded dbias"));
+  r.device = Device::kCPU;
+  EXPECT_TRUE(refused_for(BackendKind::kCpuExact, r, "tile-local bias gradient"));
+  EXPECT_TRUE(refused_for(BackendKind::kCpu, r, "tile-local bias gradient"));
 }
 
-// make_feature_request marks a tile whose first key of some sequence is not a multiple of 8.
+// make_feature_request marks a tile whose first key of some sequence is not a multiple of 8,
+// and which contract a tile's bias gradient follows.
 TEST(CudaCpRules, UnalignedKeysComeFromTheTilesPositions) {
   AttentionProblem p;
   p.batch = 2;
@@ -64,6 +71,12 @@ TEST(CudaCpRules, UnalignedKeysComeFromTheTilesPositions) {
   EXPECT_FALSE(make_feature_request(p).cp_keys_unaligned);
   p.cp_kv_position = {32, 60};
   EXPECT_TRUE(make_feature_request(p).cp_keys_unaligned);
+  p.wants_dbias = true;
+  EXPECT_TRUE(make_feature_request(p).cp_dbias_unsharded);
+  EXPECT_FALSE(make_feature_request(p).cp_dbias_local);
+  p.cp_dbias_local = true;
+  EXPECT_TRUE(make_feature_request(p).cp_dbias_local);
+  EXPECT_FALSE(make_feature_request(p).cp_dbias_unsharded);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Context parallelism with virtual ranks on one GPU (DESIGN.md §8): ranks are threads of this
 // process, every tensor of the call lives on the device, and the tiles run on the CUDA
 // backends (cuda_flash forward where it takes the tile, cuda_unfused backward). Every output
-// and gradient is compared with the unsharded cpu_exact oracle on the same rounded inputs.
+// and gradient (dbias as the sum of the ranks' partials) is compared with the unsharded
+// cpu_exact oracle on the same rounded inputs.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -33,7 +34,6 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.heads_kv = 2;
     s.head_dim_qk = s.head_dim_v = 64;
     s.qk_stddev = 1.0;
-    s.want_dbias = false;  // not under CP with CUDA tensors yet (refused with a reason)
     return s;
   };
   std::vector<GpuCpCase> cases;
@@ -109,6 +109,15 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.bias_shape = {1, s.heads_q, s.seqlen_q, s.seqlen_kv};
     cases.push_back({"post_bias", s, false});
   }
+  {
+    CaseSpec s = base();  // thd, a pre-scale bias broadcast over the heads, with dbias
+    s.config.format = Format::kTHD;
+    s.config.mask_type = MaskType::kPaddingCausalBottomRight;
+    s.config.bias_type = BiasType::kPreScale;
+    s.lengths_q = s.lengths_kv = {200, 37, 256, 90};
+    s.bias_shape = {4, 1, 256, 256};
+    cases.push_back({"thd_pre_bias", s, false});
+  }
   return cases;
 }
 
@@ -147,7 +156,8 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
       thd ? std::vector<int64_t>{spec.heads_q, t.q.shape()[0]}
           : std::vector<int64_t>{spec.batch, spec.heads_q, spec.seqlen_q};
   run.out.lse = HostTensor(DType::kFloat32, lse_shape);
-  std::vector<HostTensor> dalpha(static_cast<size_t>(cp));
+  std::vector<HostTensor> dalpha(static_cast<size_t>(cp)), dbias_partials(static_cast<size_t>(cp));
+  const bool wants_dbias = t.bias.defined() && spec.want_dbias;
   // The unsharded auxiliary tensors, on the device once for every rank.
   const DeviceTensor offsets =
       t.softmax_offset.defined() ? DeviceTensor(t.softmax_offset) : DeviceTensor();
@@ -171,6 +181,8 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
     DeviceTensor dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()), dv(spec.dtype, v.shape());
     DeviceTensor rank_dalpha =
         offsets.defined() ? DeviceTensor(DType::kFloat32, {spec.heads_q}) : DeviceTensor();
+    DeviceTensor rank_dbias =
+        wants_dbias ? DeviceTensor(t.bias.dtype(), t.bias.shape()) : DeviceTensor();
 
     AttentionInputs in = t.inputs();  // host sequence tables (unsharded lengths)
     in.q = dq_in.view();
@@ -200,6 +212,7 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
     bwd.dv = dv.view();
     bwd.rng = fwd.rng;
     if (rank_dalpha.defined()) bwd.dsoftmax_offset = rank_dalpha.view();
+    if (rank_dbias.defined()) bwd.dbias = rank_dbias.view();
     const BackendKind backward = attention.backward(bwd);
 
     const HostTensor o_host = o.download(), lse_host = lse.download(), dq_host = dq.download(),
@@ -211,12 +224,14 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
     unshard_sequence(dk_host.view(), run.out.dk.view(), format, cp, rank, cu_padded);
     unshard_sequence(dv_host.view(), run.out.dv.view(), format, cp, rank, cu_padded);
     if (rank_dalpha.defined()) dalpha[size_t(rank)] = rank_dalpha.download();
+    if (rank_dbias.defined()) dbias_partials[size_t(rank)] = rank_dbias.download();
     if (rank == 0) {
       run.forward_backend = forward.backend;
       run.backward_backend = backward;
     }
   });
   if (t.softmax_offset.defined()) run.out.dsoftmax_offset = sum_of(dalpha);
+  if (wants_dbias) run.out.dbias = sum_of(dbias_partials);
   return run;
 }
 
@@ -265,36 +280,6 @@ std::vector<Param> all_params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(VirtualRanks, GpuCp, ::testing::ValuesIn(all_params()), param_name);
-
-// The bias gradient is not written by the GPU tiles yet: refused with a reason naming dbias.
-TEST(GpuCpRefusals, DbiasIsRefusedWithAReason) {
-  std::string why;
-  if (!gpu_present(&why)) {
-    GTEST_SKIP() << why;
-  }
-  CaseSpec spec = gpu_cp_cases()[0].spec;
-  spec.config.bias_type = BiasType::kPostScale;
-  spec.bias_shape = {1, spec.heads_q, spec.seqlen_q, spec.seqlen_kv};
-  const CaseTensors t = make_case(spec);
-  const DeviceTensor q(t.q), k(t.k), v(t.v), bias(t.bias);
-  DeviceTensor dbias(t.bias.dtype(), t.bias.shape());
-  BackwardArgs bwd;
-  bwd.in = t.inputs();
-  bwd.in.q = q.view();
-  bwd.in.k = k.view();
-  bwd.in.v = v.view();
-  bwd.in.bias = bias.view();
-  bwd.dbias = dbias.view();
-  InProcessGroup group(1);
-  std::unique_ptr<Communicator> comm = group.communicator(0);
-  ContextParallelAttention attention(spec.config, CpConfig{}, *comm);
-  try {
-    attention.backward(bwd);
-    FAIL() << "expected a refusal";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.argument(), "dbias") << error.what();
-  }
-}
 
 }  // namespace
 }  // namespace dpa::test
