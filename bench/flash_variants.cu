@@ -47,6 +47,8 @@ const char* flash_variant_name(int variant) {
       return "wgmma 2 warpgroups, block_n 96";
     case 5:
       return "wgmma 2 warpgroups, block_n 128, scale/cap folded into exp2";
+    case 6:
+      return "wgmma 2 warpgroups, block_n 128, tanh.approx softcap (less accurate)";
 
     default:
       return nullptr;
@@ -68,6 +70,8 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 96>>(p, stream);
     case 5:
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, true>>(p, stream);
+    case 6:
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, false, true>>(p, stream);
 
     default:
       return;

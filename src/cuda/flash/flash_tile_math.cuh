@@ -175,12 +175,23 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
 // is one branch around a whole loop: a test per element compiles to a branch per element.
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
 // row of the block sees every key of the tile.
-template <typename Element, int kNTiles>
+// kTanhApprox (dev bench only): the cap's tanh on MUFU.TANH (tanh.approx.f32, ~2^-11
+// relative error) instead, to measure what the accurate tanh costs.
+template <typename Element, int kNTiles, bool kTanhApprox = false>
 __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
                                                  const FlashBlock<Element>& b,
                                                  float (&s)[kNTiles][4], int row0, int n0,
                                                  int quad_col, bool fully_visible) {
-  if (p.use_softcap) {
+  if (kTanhApprox && p.use_softcap) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float tanh_value;
+        asm("tanh.approx.f32 %0, %1;" : "=f"(tanh_value) : "f"(s[t][e] * p.softcap_arg_scale));
+        s[t][e] = p.softcap_log2 * tanh_value;
+      }
+  } else if (p.use_softcap) {
     // Accurate tanh from one exp2 and one reciprocal, tanh(y) = 1 - 2 / (exp(2y) + 1), with the
     // cap folded into the last FFMA: c' tanh(u a) = c' - 2c' r, r = 1 / (exp2(2 u a log2 e) + 1)
     // (c' = c log2 e, a = scale / c). An element costs FMUL, MUFU.EX2, FADD, MUFU.RCP, FFMA.
