@@ -158,14 +158,14 @@ step_test() {
     grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
   fi
   # On Hopper the library runs the wgmma kernels; the mma.sync family (what sm_80 runs) gets the
-  # same forward cases through DPA_FLASH_FORWARD_KERNEL.
+  # same forward cases, and the CP suite's GPU tiles, through DPA_FLASH_FORWARD_KERNEL.
   local kernel
   for kernel in mma_sync; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
     run_step "$log" "$(remaining)" env DPA_FLASH_FORWARD_KERNEL=$kernel "$exe" \
-      --gtest_filter='Cases/FlashForward.*'
+      --gtest_filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
     rc=$?
     record "test-$kernel" "$(status_word "$rc")" $(($(date +%s) - t0)) \
       "$(gtest_counts "$log"); gpu_tests_$kernel.log"

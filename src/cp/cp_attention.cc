@@ -774,17 +774,26 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
 // ---- CUDA tensors: virtual ranks on one GPU ----
 // The CP algorithm moves host buffers between ranks (in-process ranks are threads), so a call
 // with CUDA tensors copies its inputs to the host, runs every tile on the device
-// (tile.cc, device_stage.h) and copies its outputs back. Correct and simple, not fast: it is
-// the single-GPU check of the GPU tiles, not the NCCL path.
+// (tile.cc, device_stage.h) and copies its outputs back; it returns with the outputs in place
+// (synchronous with respect to the caller's stream). Correct and simple, not fast: it is the
+// single-GPU check of the GPU tiles, not the NCCL path.
 class HostStaging {
  public:
-  explicit HostStaging(const TensorView& q) : device_index_(q.device_index) {}
+  // Waits for the caller's stream first: its kernels may still be writing the inputs.
+  HostStaging(const TensorView& q, void* stream) : device_index_(q.device_index) {
+#if defined(DPA_WITH_CUDA)
+    cuda::synchronize(stream, device_index_);
+#else
+    (void)stream;
+#endif
+  }
 
   // A host copy of an input on q's device (a host tensor passes through unchanged).
   TensorView in(const TensorView& t, const char* name) { return stage(t, name, true); }
-  // Host memory for an output on q's device, copied back by copy_outputs_back().
+  // A host copy of an output on q's device, copied back by copy_outputs_back(); copied in
+  // first so that elements the call does not write keep their contents, as on the host.
   TensorView out(const TensorView& t, const char* name) {
-    TensorView host = stage(t, name, false);
+    TensorView host = stage(t, name, true);
     if (t.defined() && t.device == Device::kCUDA) outputs_.push_back({t, host});
     return host;
   }
@@ -843,7 +852,7 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
                       const DebugOptions& debug) {
   if (args.in.q.device != Device::kCUDA)
     return forward_staged(config, cp_config, comm, args, dropout, rng, debug, {});
-  HostStaging staging(args.in.q);
+  HostStaging staging(args.in.q, args.stream);
   ForwardArgs host = args;
   stage_inputs(staging, host.in);
   host.o = staging.out(args.o, "o");
@@ -858,7 +867,7 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
                      const BackwardArgs& args, double dropout) {
   if (args.in.q.device != Device::kCUDA)
     return backward_staged(config, cp_config, comm, args, dropout, {});
-  HostStaging staging(args.in.q);
+  HostStaging staging(args.in.q, args.stream);
   BackwardArgs host = args;
   stage_inputs(staging, host.in);
   host.o = staging.in(args.o, "o");

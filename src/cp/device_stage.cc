@@ -25,6 +25,7 @@ TensorView DeviceStage::allocate_like(const TensorView& host) {
   TensorView view = TensorView::contiguous(memory_.back().get(), host.dtype, host.shape.data(),
                                            host.ndim, Device::kCUDA);
   view.device_index = device_index_;
+  cuda::fill_device_bytes(view.data, 0xFF, bytes_of(host), device_index_);
   return view;
 }
 

@@ -23,7 +23,8 @@ class DeviceStage {
 
   // A contiguous device copy of a contiguous host tensor; an undefined view stays undefined.
   TensorView upload(const TensorView& host);
-  // Contiguous device memory shaped like `host` (contents undefined).
+  // Contiguous device memory shaped like `host`, every byte 0xFF (NaN in fp16, bf16 and fp32):
+  // an element a backend forgets to write shows up instead of passing as stale memory.
   TensorView allocate_like(const TensorView& host);
   // Copies a device view made by this stage into the contiguous host view of its shape.
   void download(const TensorView& device, const TensorView& host) const;

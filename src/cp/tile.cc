@@ -163,14 +163,17 @@ void add_tile_dbias(const TileContext& ctx, const TileDbias& d, int q_chunk, int
   const Geometry& g = *ctx.geometry;
   const BroadcastLayout layout = BroadcastLayout::of(ctx.dbias);
   float* out = static_cast<float*>(ctx.dbias.data);
+  // Broadcast dims are those of the unsharded dbias (a tile extent of 1 can be a real one: one
+  // local head under a2a, one valid row in a chunk); its layout has stride 0 along them.
+  const bool rows_broadcast = ctx.dbias.shape[2] == 1;
   for (int64_t b = 0; b < d.batch; ++b) {
     const int64_t q_position = g.q.position(b, q_chunk), kv_position = g.kv.position(b, kv_chunk);
-    const int64_t rows = d.rows == 1 ? 1 : d.valid_q[size_t(b)];
+    const int64_t rows = rows_broadcast ? 1 : d.valid_q[size_t(b)];
     for (int64_t h = 0; h < d.heads; ++h)
       for (int64_t i = 0; i < rows; ++i) {
         const float* row = d.values.data() + ((b * d.heads + h) * d.rows + i) * d.cols;
-        const int64_t head = d.heads == 1 ? 0 : h + ctx.head_offset;
-        const int64_t global_row = d.rows == 1 ? 0 : i + q_position;
+        const int64_t head = h + ctx.head_offset;
+        const int64_t global_row = i + q_position;
         for (int64_t j = 0; j < d.valid_kv[size_t(b)]; ++j)
           out[layout.offset(b, head, global_row, j + kv_position)] += row[j];
       }

@@ -53,16 +53,41 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
   DPA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));
 }
 
+namespace {
+
+// Makes `device` current for the scope and restores the caller's device.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) DPA_CUDA_CHECK(cudaSetDevice(device));
+    restore_ = previous_ >= 0 && previous_ != device;
+  }
+  ~CurrentDevice() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool restore_ = false;
+};
+
+}  // namespace
+
 DeviceMemory::DeviceMemory(size_t bytes, int device_index) : device_(device_index) {
   if (bytes == 0) return;
-  DPA_CUDA_CHECK(cudaSetDevice(device_index));
+  CurrentDevice current(device_index);
   DPA_CUDA_CHECK(cudaMalloc(&data_, bytes));
 }
 
 DeviceMemory::~DeviceMemory() {
   if (data_ == nullptr) return;
-  cudaSetDevice(device_);
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
   cudaFree(data_);  // a destructor cannot report; cudaFree fails only on a broken context
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
 DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
@@ -83,15 +108,28 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
 void copy_host_to_device(void* device_destination, const void* host_source, size_t bytes,
                          int device_index) {
   if (bytes == 0) return;
-  DPA_CUDA_CHECK(cudaSetDevice(device_index));
+  CurrentDevice current(device_index);
   DPA_CUDA_CHECK(cudaMemcpy(device_destination, host_source, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory the call may return before the DMA lands: finish it here.
+  DPA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 void copy_device_to_host(void* host_destination, const void* device_source, size_t bytes,
                          int device_index) {
   if (bytes == 0) return;
-  DPA_CUDA_CHECK(cudaSetDevice(device_index));
+  CurrentDevice current(device_index);
   DPA_CUDA_CHECK(cudaMemcpy(host_destination, device_source, bytes, cudaMemcpyDeviceToHost));
+}
+
+void fill_device_bytes(void* device_destination, int value, size_t bytes, int device_index) {
+  if (bytes == 0) return;
+  CurrentDevice current(device_index);
+  DPA_CUDA_CHECK(cudaMemset(device_destination, value, bytes));
+}
+
+void synchronize(void* stream, int device_index) {
+  CurrentDevice current(device_index);
+  DPA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
 }  // namespace dpa::cuda

@@ -44,10 +44,17 @@ class DeviceMemory {
 };
 
 // Synchronous copies between the host and memory of `device_index`, ordered after the work
-// of the legacy default stream (the stream the staged calls use).
+// of the legacy default stream (the stream the staged calls use). They, DeviceMemory and
+// synchronize() leave the calling thread's current device as they found it.
 void copy_host_to_device(void* device_destination, const void* host_source, size_t bytes,
                          int device_index);
 void copy_device_to_host(void* host_destination, const void* device_source, size_t bytes,
                          int device_index);
+
+// Sets `bytes` bytes of device memory to `value` (ordered on the legacy default stream).
+void fill_device_bytes(void* device_destination, int value, size_t bytes, int device_index);
+
+// Waits for `stream` (a cudaStream_t; nullptr: the legacy default stream) on `device_index`.
+void synchronize(void* stream, int device_index);
 
 }  // namespace dpa::cuda

@@ -118,6 +118,55 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.bias_shape = {4, 1, 256, 256};
     cases.push_back({"thd_pre_bias", s, false});
   }
+  {
+    CaseSpec s = base();  // head dim 96: the mma.sync family on Hopper too
+    s.config.mask_type = MaskType::kCausal;
+    s.head_dim_qk = s.head_dim_v = 96;
+    cases.push_back({"hdim96", s});
+  }
+  {
+    CaseSpec s = base();  // chunks of 2-4 rows: one-warp decode tiles
+    s.seqlen_q = s.seqlen_kv = 16;
+    s.config.mask_type = MaskType::kCausal;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    cases.push_back({"short_chunks", s});
+  }
+  {
+    // Chunks of 1-2 rows and, under a2a over 4 ranks, one local head: the tile-local dbias
+    // must still land at the right global row and head.
+    CaseSpec s = base();
+    s.seqlen_q = s.seqlen_kv = 8;
+    s.heads_q = s.heads_kv = 4;
+    s.config.bias_type = BiasType::kPostScale;
+    s.bias_shape = {1, s.heads_q, s.seqlen_q, s.seqlen_kv};
+    cases.push_back({"one_row_chunks_dbias", s, false});
+  }
+  {
+    // One sequence of 2048: tiles of 512 x 512 keys take several KV blocks per tile, and so
+    // few query blocks that split-KV kicks in (the merge must leave the sink out too).
+    CaseSpec s = base();
+    s.batch = 1;
+    s.seqlen_q = s.seqlen_kv = 2048;
+    s.heads_q = s.heads_kv = 4;  // a2a over 4 ranks needs H % 4 == 0
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    s.config.window_left = 700;  // windows across KV blocks
+    cases.push_back({"long_split_kv", s});
+  }
+  {
+    CaseSpec s = base();  // flash takes no arbitrary mask: cuda_unfused reads it unsharded
+    s.config.mask_type = MaskType::kArbitrary;
+    s.config.window_left = s.config.window_right = 64;
+    cases.push_back({"arbitrary_mask", s, false});
+  }
+  {
+    CaseSpec s = base();  // thd chunks start off multiples of 8: dropout tiles go to unfused
+    s.config.format = Format::kTHD;
+    s.config.mask_type = MaskType::kPaddingCausalBottomRight;
+    s.config.dropout = 0.2;
+    s.config.seed = 99;
+    s.lengths_q = s.lengths_kv = {200, 37, 256, 90};
+    cases.push_back({"thd_dropout", s, false});
+  }
   return cases;
 }
 

@@ -36,9 +36,11 @@ struct VisibleRange {
 
 __device__ __forceinline__ VisibleRange visible_range(const FlashForwardParams& p, int i,
                                                       int seqlen_q, int seqlen_kv, int diagonal) {
-  if (i >= seqlen_q) return {0, 0};
+  if (i >= seqlen_q || seqlen_kv == 0) return {0, 0};
   const int center = i + diagonal;
-  int begin = p.window_left < 0 ? 0 : max(0, center - p.window_left);
+  // A window left of every key stays empty at skv (visible_keys() of core/attention_math.h),
+  // so no block loops over KV tiles past the sequence.
+  int begin = p.window_left < 0 ? 0 : min(seqlen_kv, max(0, center - p.window_left));
   int end = p.window_right < 0 ? seqlen_kv : min(seqlen_kv, center + p.window_right + 1);
   return {begin, max(begin, end)};
 }
