@@ -7,8 +7,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${DPA_BUILD_DIR:-$root/build}"
-nproc="${1:-2}"
-shift || true
+nproc=2
+if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then  # NPROC is optional: --no-dead-peer alone works
+  nproc="$1"
+  shift
+fi
 binary="$build_dir/tests/dpa_nccl_tests"
 if [ ! -x "$binary" ]; then
   "$root/scripts/build.sh"

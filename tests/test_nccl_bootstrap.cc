@@ -175,6 +175,22 @@ TEST(NcclEnvConfig, Defaults) {
   EXPECT_EQ(config.timeout, 1234ms);
 }
 
+// A restarted torchrun attempt keeps its run id: the key must tell the attempts apart, so that
+// a new attempt never reads the id file a failed one left behind. Slurm: job and step.
+TEST(NcclEnvConfig, DefaultKeyNamesTheAttempt) {
+  const Env torchrun = {{"RANK", "0"},
+                        {"WORLD_SIZE", "2"},
+                        {"LOCAL_RANK", "0"},
+                        {"TORCHELASTIC_RUN_ID", "job42"},
+                        {"TORCHELASTIC_RESTART_COUNT", "3"},
+                        {"DPA_NCCL_ID_FILE", "/shared/id"}};
+  EXPECT_EQ(nccl_env_config_from(from(torchrun), 1000ms).bootstrap.id_key, "job42/3");
+  const Env slurm = {{"SLURM_PROCID", "1"},  {"SLURM_NTASKS", "2"},
+                     {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "777"},
+                     {"SLURM_STEP_ID", "2"}, {"DPA_NCCL_ID_FILE", "/shared/id"}};
+  EXPECT_EQ(nccl_env_config_from(from(slurm), 1000ms).bootstrap.id_key, "777/2");
+}
+
 TEST(NcclEnvConfig, Overrides) {
   const Env env = {{"OMPI_COMM_WORLD_RANK", "1"},      {"OMPI_COMM_WORLD_SIZE", "2"},
                    {"TORCHELASTIC_RUN_ID", "job42"},   {"DPA_NCCL_ID_KEY", ""},

@@ -102,10 +102,14 @@ std::vector<uint8_t> nccl_unique_id();
 // start_pending(). Post every send and recv of an exchange before waiting on any of them, and
 // call start_pending() after posting to overlap the transfer with compute.
 //
-// Buffers are device pointers on `device` and must stay valid (inputs unmodified) until the
-// handle's wait() returns. Work on the legacy default stream that was issued before an
-// operation is posted is ordered before it; work on other streams must be finished, or be on
-// the communicator's stream. After wait() returns, the data is ready for any stream.
+// Buffers are device pointers on `device` (checked: a host pointer is refused with
+// kInvalidArgument) and must stay valid (inputs unmodified) until the handle's wait() returns.
+// Destroying a handle before its operation completed aborts the communicator (its buffers may
+// be gone while NCCL still uses them). all_to_all is not in place: send and recv must not
+// overlap. Work on the legacy default stream that was issued before an operation is posted is
+// ordered before it (whatever stream the communicator uses); work on other streams must be
+// finished, or be on the communicator's stream. After wait() returns, the data is ready for
+// any stream.
 // Zero-byte operations complete at once and move nothing (every rank must skip alike).
 // A communicator and its handles are used from one thread. Destroying it drains the stream and
 // finalizes NCCL within `timeout`, aborting instead when that fails; it never throws.
@@ -125,14 +129,18 @@ class NcclCommunicator : public Communicator {
 // Creates this rank's communicator on CUDA device `device`. Every rank calls it with the same
 // `size` and bootstrap; it returns when all `size` ranks have joined, and throws
 // kBackendFailure (after ncclCommAbort) when that takes longer than `timeout`. `stream`: a
-// cudaStream_t on `device` to enqueue on, or nullptr for a stream of its own.
+// cudaStream_t on `device` to enqueue on, or nullptr for a stream of its own. `device` becomes
+// the calling thread's current CUDA device (one process per GPU wants it current anyway, and
+// restoring a device the process never chose would create a context on GPU 0).
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(
     int rank, int size, int device, const NcclBootstrap& bootstrap,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(60000), void* stream = nullptr);
 
 // The environment recipe (docs/nccl.md): rank, size and local rank from launch_env(), and
 //   DPA_NCCL_ID_FILE    (required) the id file, e.g. a path in a directory shared by the job
-//   DPA_NCCL_ID_KEY     (optional) key of the id file; default TORCHELASTIC_RUN_ID when set
+//   DPA_NCCL_ID_KEY     (optional) key of the id file; default TORCHELASTIC_RUN_ID plus
+//                       TORCHELASTIC_RESTART_COUNT (each restart is a new job), or
+//                       SLURM_JOB_ID plus SLURM_STEP_ID, when set
 //   DPA_NCCL_DEVICE     (optional) CUDA device; default the local rank
 //   DPA_NCCL_TIMEOUT_MS (optional) overrides `default_timeout`
 struct NcclEnvConfig {

@@ -257,11 +257,24 @@ NcclEnvConfig nccl_env_config_from(const GetEnv& getenv,
   require(id_file != nullptr && *id_file != '\0', "DPA_NCCL_ID_FILE",
           "must name the file through which rank 0 hands out the NCCL id (fresh for each job, "
           "on a file system every rank sees)");
+  // The default key names this attempt of this job: a restarted torchrun attempt (same run
+  // id) or a later Slurm step must not take the id file a dead attempt left behind.
   std::string key;
-  if (const char* k = getenv("DPA_NCCL_ID_KEY"))
+  if (const char* k = getenv("DPA_NCCL_ID_KEY")) {
     key = k;
-  else if (const char* run_id = getenv("TORCHELASTIC_RUN_ID"))
+  } else if (const char* run_id = getenv("TORCHELASTIC_RUN_ID")) {
     key = run_id;
+    if (const char* restart = getenv("TORCHELASTIC_RESTART_COUNT")) {
+      key += '/';  // appended piecewise: GCC 12 misreports "/" + string (-Wrestrict)
+      key += restart;
+    }
+  } else if (const char* job = getenv("SLURM_JOB_ID")) {
+    key = job;
+    if (const char* step = getenv("SLURM_STEP_ID")) {
+      key += '/';
+      key += step;
+    }
+  }
   config.bootstrap = NcclBootstrap::from_file(id_file, key);
 
   if (getenv("DPA_NCCL_DEVICE") != nullptr) {

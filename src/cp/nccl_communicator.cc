@@ -327,10 +327,9 @@ class NcclState {
     if (guard.status() != cudaSuccess)
       fail(what, "cannot select CUDA device " + std::to_string(device_) + ": " +
                      cuda_text(guard.status()));
-    if (owns_stream_) {
-      check_cuda(cudaEventRecord(legacy_done_, cudaStreamLegacy), what, "cudaEventRecord");
-      check_cuda(cudaStreamWaitEvent(stream_, legacy_done_, 0), what, "cudaStreamWaitEvent");
-    }
+    // Also for a caller's stream: a non-blocking one does not wait for the legacy stream.
+    check_cuda(cudaEventRecord(legacy_done_, cudaStreamLegacy), what, "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, legacy_done_, 0), what, "cudaStreamWaitEvent");
   }
 
   // After the NCCL calls of one operation: wait until NCCL has really enqueued them, then mark
@@ -435,7 +434,19 @@ class NcclRequest final : public CommRequest {
  public:
   NcclRequest(std::shared_ptr<NcclState> state, std::shared_ptr<Launch> launch, std::string what)
       : state_(std::move(state)), launch_(std::move(launch)), what_(std::move(what)) {}
-  void wait() override { state_->wait(*launch_, what_); }
+  // A handle dropped before its operation completed (an exception between posting and
+  // waiting) leaves NCCL with buffers the caller may free and peers expecting a matching
+  // operation: abort the communicator, so later calls fail instead of touching freed memory.
+  ~NcclRequest() override {
+    if (!launch_->done && state_->healthy())
+      state_->abort("a handle was destroyed before its operation (" + what_ + ") was waited");
+  }
+  NcclRequest(const NcclRequest&) = delete;
+  NcclRequest& operator=(const NcclRequest&) = delete;
+  void wait() override {
+    state_->wait(*launch_, what_);
+    launch_->done = true;
+  }
 
  private:
   std::shared_ptr<NcclState> state_;
@@ -463,12 +474,14 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   CommHandle send(const void* data, size_t bytes, int peer, int /*tag*/) override {
     check_peer(peer);
     if (bytes == 0) return std::make_unique<DoneRequest>();
+    require_device_memory(data, "data");
     return state_->queue({true, const_cast<void*>(data), bytes, peer}, state_);
   }
 
   CommHandle recv(void* data, size_t bytes, int peer, int /*tag*/) override {
     check_peer(peer);
     if (bytes == 0) return std::make_unique<DoneRequest>();
+    require_device_memory(data, "data");
     return state_->queue({false, data, bytes, peer}, state_);
   }
 
@@ -476,6 +489,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     const ncclDataType_t type = reduction_type(dtype);
     require(count >= 0, "count", "must be >= 0");
     if (count == 0) return std::make_unique<DoneRequest>();
+    require_device_memory(data, "data");
     const std::string what =
         "nccl all_reduce of " + std::to_string(count) + " " + dtype_name(dtype);
     NcclState& s = *state_;
@@ -487,6 +501,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
 
   CommHandle all_gather(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
     if (bytes_per_rank == 0) return std::make_unique<DoneRequest>();
+    require_device_memory(send_data, "send");
+    require_device_memory(recv_data, "recv");
     const std::string what =
         "nccl all_gather of " + std::to_string(bytes_per_rank) + " bytes per rank";
     NcclState& s = *state_;
@@ -502,6 +518,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     const ncclDataType_t type = reduction_type(dtype);
     require(count_per_rank >= 0, "count_per_rank", "must be >= 0");
     if (count_per_rank == 0) return std::make_unique<DoneRequest>();
+    require_device_memory(send_data, "send");
+    require_device_memory(recv_data, "recv");
     const std::string what = "nccl reduce_scatter of " + std::to_string(count_per_rank) + " " +
                              dtype_name(dtype) + " per rank";
     NcclState& s = *state_;
@@ -514,6 +532,16 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
 
   CommHandle all_to_all(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
     if (bytes_per_rank == 0) return std::make_unique<DoneRequest>();
+    require_device_memory(send_data, "send");
+    require_device_memory(recv_data, "recv");
+    {
+      // NCCL sends and receives the blocks concurrently: the two buffers must not overlap.
+      const auto* a = static_cast<const unsigned char*>(send_data);
+      const auto* b = static_cast<const unsigned char*>(recv_data);
+      const size_t total = bytes_per_rank * size_t(size());
+      require(a + total <= b || b + total <= a, "recv",
+              "must not overlap send (all_to_all is not in place over NCCL)");
+    }
     const std::string what =
         "nccl all_to_all of " + std::to_string(bytes_per_rank) + " bytes per rank";
     NcclState& s = *state_;
@@ -550,6 +578,21 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
  private:
+  // NCCL kernels read and write device memory of this communicator's GPU; a host pointer
+  // would fault (and poison the context) or silently take a slow path.
+  void require_device_memory(const void* pointer, const char* name) const {
+    cudaPointerAttributes attributes{};
+    const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+    if (status != cudaSuccess) cudaGetLastError();  // clear a sticky "invalid value"
+    const bool on_device =
+        status == cudaSuccess &&
+        (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
+        (attributes.type == cudaMemoryTypeManaged || attributes.device == device());
+    require(on_device, name,
+            "must be device memory on CUDA device " + std::to_string(device()) +
+                " (the NCCL communicator moves device buffers)");
+  }
+
   void check_peer(int peer) const {
     require(peer >= 0 && peer < size(), "peer",
             "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer));
@@ -613,6 +656,13 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
   ncclUniqueId id;
   std::memcpy(&id, id_bytes.data(), kNcclUniqueIdBytes);
 
+  // The communicator's device becomes (and stays) current on this thread: restoring a device
+  // the process never chose would create a CUDA context on GPU 0 in every rank's process, and
+  // one process per GPU wants its GPU current anyway (include/dpa/nccl.h).
+  const cudaError_t selected = cudaSetDevice(device);
+  if (selected != cudaSuccess)
+    throw comm_error("nccl init on rank " + std::to_string(rank) + ": cannot select CUDA device " +
+                     std::to_string(device) + ": " + cuda_text(selected));
   auto state = std::make_shared<NcclState>(rank, size, device, timeout);
   state->init(id, stream, std::max(deadline, Clock::now() + std::chrono::milliseconds(1000)));
   // Every rank has joined, so every rank has read the file: remove it, so that a later job on

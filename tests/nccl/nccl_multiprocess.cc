@@ -21,6 +21,7 @@ extern char** environ;
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -352,21 +353,24 @@ void dead_peer(const WorkerSettings& settings, const dpa::LaunchEnv& env, int de
       dpa::NcclBootstrap::from_file(settings.id_file + ".dead", settings.id_key), timeout);
   all_reduce(*comm, 64);  // everyone is here
   const int victim = env.size - 1;
+  const std::string ready = settings.id_file + ".ready.";
   if (env.rank == victim) {
+    // Leave once every survivor has finished that sync (so its data was delivered) and is about
+    // to wait on an all_reduce that needs this rank: their kernels are running when it dies.
+    const auto deadline = Clock::now() + 30s;
+    for (int r = 0; r < victim; ++r)
+      while (!std::filesystem::exists(ready + std::to_string(r)) && Clock::now() < deadline)
+        std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(500ms);
     log(env.rank, "dead peer: leaving now without cleanup");
     std::_Exit(0);
   }
   DeviceBuffer buffer(256);
   const auto start = Clock::now();
-  std::string expected_op;
+  const std::string expected_op = "all_reduce";
   try {
-    if (env.rank == 0) {
-      expected_op = "recv of 256 bytes from rank " + std::to_string(victim);
-      comm->recv(buffer.get(), 256, victim, 0)->wait();
-    } else {
-      expected_op = "all_reduce";
-      comm->all_reduce(buffer.get(), 64, DType::kFloat32)->wait();
-    }
+    std::ofstream(ready + std::to_string(env.rank)) << "ready\n";
+    comm->all_reduce(buffer.get(), 64, DType::kFloat32)->wait();
     throw Failure("dead peer: the operation completed although rank " + std::to_string(victim) +
                   " is gone");
   } catch (const dpa::Error& error) {
@@ -392,6 +396,7 @@ void dead_peer(const WorkerSettings& settings, const dpa::LaunchEnv& env, int de
           "dead peer: later operations say the communicator was aborted");
   }
   check(Clock::now() - again < 1s, "dead peer: later operations fail at once");
+  std::filesystem::remove(ready + std::to_string(env.rank));
   if (env.rank == 0) log(0, "dead peer ok");
 }
 
@@ -418,6 +423,14 @@ int worker(const WorkerSettings& settings) {
   try {
     const dpa::NcclEnvConfig config = dpa::nccl_env_config_from(
         [](const char* name) -> const char* { return std::getenv(name); }, 60000ms);
+    if (config.device >= count) {  // e.g. torchrun with more local ranks than GPUs
+      log(env->rank, "skipped: rank needs CUDA device " + std::to_string(config.device) +
+                         ", this machine has " + std::to_string(count));
+      std::printf("%s: skipped\n", kName);
+      return 0;
+    }
+    // Every buffer of this rank lives on its GPU.
+    cuda_check(cudaSetDevice(config.device), "cudaSetDevice");
     main_communicator(settings);
     id_bytes_communicator(settings, config.launch, config.device);
     if (settings.dead_peer && env->size >= 2) dead_peer(settings, config.launch, config.device);
