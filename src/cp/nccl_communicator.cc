@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -626,6 +627,9 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
                                                          const NcclBootstrap& bootstrap,
                                                          std::chrono::milliseconds timeout,
                                                          void* stream) {
+  // Numbered first, before anything that can throw on one rank only, so that every rank's
+  // sequence of keys on this path stays the same.
+  const int generation = bootstrap.id_file.empty() ? 0 : next_generation(bootstrap);
   require(size >= 1, "size", "must be >= 1, got " + std::to_string(size));
   require(rank >= 0 && rank < size, "rank",
           "must be in [0, " + std::to_string(size) + "), got " + std::to_string(rank));
@@ -634,6 +638,11 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
           "needs exactly one of unique_id and id_file");
   require(bootstrap.unique_id.empty() || bootstrap.unique_id.size() == kNcclUniqueIdBytes,
           "bootstrap", "unique_id must hold " + std::to_string(kNcclUniqueIdBytes) + " bytes");
+  // NCCL_COMM_BLOCKING=1 would make init, group launches and finalize block, voiding every
+  // deadline this communicator promises.
+  const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+  require(blocking == nullptr || std::string(blocking) != "1", "NCCL_COMM_BLOCKING",
+          "must not be 1: the communicator relies on non-blocking NCCL calls for its timeouts");
   int device_count = 0;
   const cudaError_t status = cudaGetDeviceCount(&device_count);
   if (status != cudaSuccess)
@@ -645,7 +654,7 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
   const auto deadline = Clock::now() + timeout;
   std::vector<uint8_t> id_bytes = bootstrap.unique_id;
   if (id_bytes.empty()) {
-    const std::string key = bootstrap.id_key + "#" + std::to_string(next_generation(bootstrap));
+    const std::string key = bootstrap.id_key + "#" + std::to_string(generation);
     if (rank == 0) {
       id_bytes = nccl_unique_id();
       write_nccl_id_file(bootstrap.id_file, id_bytes, key);
