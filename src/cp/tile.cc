@@ -127,6 +127,26 @@ Packed lse_from_heads_major(const std::vector<float>& lse, int64_t heads, int64_
   return out;
 }
 
+// A tile's inputs on the device (its sequence tables stay on the host, which the backends
+// take), and a context whose unsharded bias and mask are device copies.
+AttentionInputs upload_inputs(DeviceStage& stage, const AttentionInputs& host) {
+  AttentionInputs in = host;
+  in.q = stage.upload(host.q);
+  in.k = stage.upload(host.k);
+  in.v = stage.upload(host.v);
+  in.softmax_offset = stage.upload(host.softmax_offset);
+  in.alibi_slopes = stage.upload(host.alibi_slopes);
+  return in;
+}
+
+TileContext upload_context(DeviceStage& stage, const TileContext& ctx) {
+  TileContext device_ctx = ctx;
+  device_ctx.bias = stage.upload(ctx.bias);
+  device_ctx.attn_mask = stage.upload(ctx.attn_mask);
+  device_ctx.dbias = {};  // a GPU tile writes its own, tile-local (tile_dbias)
+  return device_ctx;
+}
+
 // A tile-local fp32 bias gradient [b, H|1, sq|1, skv] of the tile's own sizes (the layout
 // cuda_unfused's reduction writes), kept apart per sequence: sequences sit at different global
 // rows, so even a batch-broadcast dbias is summed only when it is placed.
@@ -251,16 +271,10 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
   if (ctx.device == Device::kCUDA) {
     DeviceStage stage(ctx.device_index);
     ForwardArgs on_device = args;
-    on_device.in.q = stage.upload(args.in.q);
-    on_device.in.k = stage.upload(args.in.k);
-    on_device.in.v = stage.upload(args.in.v);
-    on_device.in.softmax_offset = stage.upload(args.in.softmax_offset);
-    on_device.in.alibi_slopes = stage.upload(args.in.alibi_slopes);
+    on_device.in = upload_inputs(stage, args.in);
     on_device.o = stage.allocate_like(args.o);
     on_device.lse = stage.allocate_like(args.lse);
-    TileContext device_ctx = ctx;
-    device_ctx.bias = stage.upload(ctx.bias);
-    device_ctx.attn_mask = stage.upload(ctx.attn_mask);
+    const TileContext device_ctx = upload_context(stage, ctx);
     out.backend = run_tile_forward(device_ctx, config, on_device, q.chunk, k.chunk);
     stage.download(on_device.o, args.o);
     stage.download(on_device.lse, args.lse);
@@ -312,20 +326,14 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
   if (ctx.device == Device::kCUDA) {
     DeviceStage stage(ctx.device_index);
     BackwardArgs on_device = args;
-    on_device.in.q = stage.upload(args.in.q);
-    on_device.in.k = stage.upload(args.in.k);
-    on_device.in.v = stage.upload(args.in.v);
-    on_device.in.softmax_offset = stage.upload(args.in.softmax_offset);
-    on_device.in.alibi_slopes = stage.upload(args.in.alibi_slopes);
+    on_device.in = upload_inputs(stage, args.in);
     on_device.o = stage.upload(args.o);
     on_device.d_o = stage.upload(args.d_o);
     on_device.lse = stage.upload(args.lse);
     on_device.dq = stage.allocate_like(args.dq);
     on_device.dk = stage.allocate_like(args.dk);
     on_device.dv = stage.allocate_like(args.dv);
-    TileContext device_ctx = ctx;
-    device_ctx.bias = stage.upload(ctx.bias);
-    device_ctx.attn_mask = stage.upload(ctx.attn_mask);
+    TileContext device_ctx = upload_context(stage, ctx);
     // The GPU tiles write dbias tile-local; it is added into the unsharded one here.
     TileDbias local_dbias;
     if (ctx.dbias.defined()) {

@@ -53,32 +53,18 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
   DPA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));
 }
 
-namespace {
+DeviceGuard::DeviceGuard(int device_index) : current_(device_index) {
+  DPA_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != current_) DPA_CUDA_CHECK(cudaSetDevice(current_));
+}
 
-// Makes `device` current for the scope and restores the caller's device.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) DPA_CUDA_CHECK(cudaSetDevice(device));
-    restore_ = previous_ >= 0 && previous_ != device;
-  }
-  ~CurrentDevice() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = -1;
-  bool restore_ = false;
-};
-
-}  // namespace
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0 && previous_ != current_) cudaSetDevice(previous_);
+}
 
 DeviceMemory::DeviceMemory(size_t bytes, int device_index) : device_(device_index) {
   if (bytes == 0) return;
-  CurrentDevice current(device_index);
+  DeviceGuard current(device_index);
   DPA_CUDA_CHECK(cudaMalloc(&data_, bytes));
 }
 
@@ -108,7 +94,7 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
 void copy_host_to_device(void* device_destination, const void* host_source, size_t bytes,
                          int device_index) {
   if (bytes == 0) return;
-  CurrentDevice current(device_index);
+  DeviceGuard current(device_index);
   DPA_CUDA_CHECK(cudaMemcpy(device_destination, host_source, bytes, cudaMemcpyHostToDevice));
   // From pageable memory the call may return before the DMA lands: finish it here.
   DPA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
@@ -117,18 +103,18 @@ void copy_host_to_device(void* device_destination, const void* host_source, size
 void copy_device_to_host(void* host_destination, const void* device_source, size_t bytes,
                          int device_index) {
   if (bytes == 0) return;
-  CurrentDevice current(device_index);
+  DeviceGuard current(device_index);
   DPA_CUDA_CHECK(cudaMemcpy(host_destination, device_source, bytes, cudaMemcpyDeviceToHost));
 }
 
 void fill_device_bytes(void* device_destination, int value, size_t bytes, int device_index) {
   if (bytes == 0) return;
-  CurrentDevice current(device_index);
+  DeviceGuard current(device_index);
   DPA_CUDA_CHECK(cudaMemset(device_destination, value, bytes));
 }
 
 void synchronize(void* stream, int device_index) {
-  CurrentDevice current(device_index);
+  DeviceGuard current(device_index);
   DPA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 

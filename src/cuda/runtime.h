@@ -25,6 +25,20 @@ size_t free_device_memory(int device_index);
 // Synchronous copy of `bytes` from device memory to the host, ordered after `stream`'s work.
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream);
 
+// Makes `device_index` current for the scope and restores the previous device after. Declare
+// it before any device buffer so that buffers are released while the device is still current.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device_index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  int current_ = -1;
+};
+
 // Device memory for host-staged work (context parallelism with virtual ranks on one GPU):
 // allocated on `device_index`, freed on destruction. Zero bytes allocate nothing.
 class DeviceMemory {

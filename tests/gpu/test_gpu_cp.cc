@@ -5,6 +5,8 @@
 // cpu_exact oracle on the same rounded inputs.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,11 +19,32 @@
 namespace dpa::test {
 namespace {
 
+using Removal = std::function<void(CaseSpec&)>;
+
 struct GpuCpCase {
   std::string name;
   CaseSpec spec;
   bool flash_forward = true;  // the tiles' forward goes to cuda_flash
+  // Switches off the feature the case covers; the feature must move the oracle's o by more
+  // than 10x the tolerance (DESIGN.md §9). Empty for cases that cover a shape, not a feature.
+  Removal without;
 };
+
+Removal no_mask() {
+  return [](CaseSpec& s) { s.config.mask_type = MaskType::kNoMask; };
+}
+Removal no_window() {
+  return [](CaseSpec& s) { s.config.window_left = s.config.window_right = -1; };
+}
+Removal no_sink() {
+  return [](CaseSpec& s) { s.config.softmax_type = SoftmaxType::kVanilla; };
+}
+Removal no_bias() {
+  return [](CaseSpec& s) { s.config.bias_type = BiasType::kNoBias; };
+}
+Removal no_dropout() {
+  return [](CaseSpec& s) { s.config.dropout = 0.0; };
+}
 
 // Flash head dims (64, 192/128), sequences of 256 so that chunks hold 32-64 rows.
 std::vector<GpuCpCase> gpu_cp_cases() {
@@ -40,19 +63,19 @@ std::vector<GpuCpCase> gpu_cp_cases() {
   {
     CaseSpec s = base();
     s.config.mask_type = MaskType::kCausal;
-    cases.push_back({"causal_gqa", s});
+    cases.push_back({"causal_gqa", s, true, no_mask()});
   }
   {
     CaseSpec s = base();
     s.config.window_left = s.config.window_right = 16;
-    cases.push_back({"window_gqa", s});
+    cases.push_back({"window_gqa", s, true, no_window()});
   }
   {
     CaseSpec s = base();
     s.config.mask_type = MaskType::kCausal;
     s.config.window_left = 32;
     s.config.softmax_type = SoftmaxType::kLearnable;
-    cases.push_back({"causal_window_sink", s});
+    cases.push_back({"causal_window_sink", s, true, no_sink()});
   }
   {
     CaseSpec s = base();
@@ -60,13 +83,16 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.head_dim_qk = 192;
     s.head_dim_v = 128;
     s.heads_kv = 8;
-    cases.push_back({"mla", s});
+    cases.push_back({"mla", s, true, {}});  // a shape, not a feature
   }
   {
+    // The "+1" shows only next to a small denominator: two visible keys, small logits.
     CaseSpec s = base();
     s.config.mask_type = MaskType::kCausal;
+    s.config.window_left = 1;
+    s.qk_stddev = 0.5;
     s.config.softmax_type = SoftmaxType::kOffByOne;
-    cases.push_back({"off_by_one", s});
+    cases.push_back({"off_by_one", s, true, no_sink()});
   }
   {
     CaseSpec s = base();  // logits O(1-10) that a cap of 1 bends; sinks ~ 5 randn
@@ -74,7 +100,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.config.softcap = 1.0;
     s.config.scale = 1.0;
     s.config.softmax_type = SoftmaxType::kLearnable;
-    cases.push_back({"softcap_sink", s});
+    cases.push_back({"softcap_sink", s, true, [](CaseSpec& c) { c.config.softcap = 0.0; }});
   }
   {
     CaseSpec s = base();
@@ -82,7 +108,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.config.mask_type = MaskType::kPaddingCausalBottomRight;
     s.config.softmax_type = SoftmaxType::kLearnable;
     s.lengths_q = s.lengths_kv = {200, 37, 256, 90};
-    cases.push_back({"thd_uneven", s});
+    cases.push_back({"thd_uneven", s, true, no_sink()});
   }
   {
     CaseSpec s = base();
@@ -92,7 +118,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.config.window_right = 7;
     s.lengths_q = s.lengths_kv = {200, 256};
     s.alibi = true;
-    cases.push_back({"padding_alibi", s});
+    cases.push_back({"padding_alibi", s, true, [](CaseSpec& c) { c.alibi = false; }});
   }
   {
     CaseSpec s = base();
@@ -100,36 +126,38 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.config.dropout = 0.2;
     s.config.seed = 1234;
     s.config.softmax_type = SoftmaxType::kLearnable;
-    cases.push_back({"dropout", s});
+    cases.push_back({"dropout", s, true, no_dropout()});
   }
   {
     CaseSpec s = base();  // flash takes no bias: cuda_unfused runs the forward tiles too
     s.config.mask_type = MaskType::kCausal;
     s.config.bias_type = BiasType::kPostScale;
     s.bias_shape = {1, s.heads_q, s.seqlen_q, s.seqlen_kv};
-    cases.push_back({"post_bias", s, false});
+    cases.push_back({"post_bias", s, false, no_bias()});
   }
   {
     CaseSpec s = base();  // thd, a pre-scale bias broadcast over the heads, with dbias
     s.config.format = Format::kTHD;
     s.config.mask_type = MaskType::kPaddingCausalBottomRight;
     s.config.bias_type = BiasType::kPreScale;
+    s.config.scale = 1.0;  // with small q.k the bias, not q.k, shapes the logits
+    s.qk_stddev = 0.3;
     s.lengths_q = s.lengths_kv = {200, 37, 256, 90};
     s.bias_shape = {4, 1, 256, 256};
-    cases.push_back({"thd_pre_bias", s, false});
+    cases.push_back({"thd_pre_bias", s, false, no_bias()});
   }
   {
     CaseSpec s = base();  // head dim 96: the mma.sync family on Hopper too
     s.config.mask_type = MaskType::kCausal;
     s.head_dim_qk = s.head_dim_v = 96;
-    cases.push_back({"hdim96", s});
+    cases.push_back({"hdim96", s, true, {}});  // a shape, not a feature
   }
   {
     CaseSpec s = base();  // chunks of 2-4 rows: one-warp decode tiles
     s.seqlen_q = s.seqlen_kv = 16;
     s.config.mask_type = MaskType::kCausal;
     s.config.softmax_type = SoftmaxType::kLearnable;
-    cases.push_back({"short_chunks", s});
+    cases.push_back({"short_chunks", s, true, no_sink()});
   }
   {
     // Chunks of 1-2 rows and, under a2a over 4 ranks, one local head: the tile-local dbias
@@ -139,7 +167,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.heads_q = s.heads_kv = 4;
     s.config.bias_type = BiasType::kPostScale;
     s.bias_shape = {1, s.heads_q, s.seqlen_q, s.seqlen_kv};
-    cases.push_back({"one_row_chunks_dbias", s, false});
+    cases.push_back({"one_row_chunks_dbias", s, false, no_bias()});
   }
   {
     // One sequence of 2048: tiles of 512 x 512 keys take several KV blocks per tile, and so
@@ -149,14 +177,19 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.seqlen_q = s.seqlen_kv = 2048;
     s.heads_q = s.heads_kv = 4;  // a2a over 4 ranks needs H % 4 == 0
     s.config.softmax_type = SoftmaxType::kLearnable;
-    s.config.window_left = 700;  // windows across KV blocks
-    cases.push_back({"long_split_kv", s});
+    // Sinks the visible keys do not drown (DESIGN.md §9): ~e^4 against 32 keys of small logits.
+    s.qk_stddev = 0.5;
+    s.sink_mean = 4.0;
+    s.sink_stddev = 1.0;
+    s.config.mask_type = MaskType::kCausal;
+    s.config.window_left = 31;  // crosses KV blocks; some splits see no key of a row
+    cases.push_back({"long_split_kv", s, true, no_sink()});
   }
   {
     CaseSpec s = base();  // flash takes no arbitrary mask: cuda_unfused reads it unsharded
     s.config.mask_type = MaskType::kArbitrary;
     s.config.window_left = s.config.window_right = 64;
-    cases.push_back({"arbitrary_mask", s, false});
+    cases.push_back({"arbitrary_mask", s, false, no_mask()});
   }
   {
     CaseSpec s = base();  // thd chunks start off multiples of 8: dropout tiles go to unfused
@@ -165,7 +198,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.config.dropout = 0.2;
     s.config.seed = 99;
     s.lengths_q = s.lengths_kv = {200, 37, 256, 90};
-    cases.push_back({"thd_dropout", s, false});
+    cases.push_back({"thd_dropout", s, false, no_dropout()});
   }
   return cases;
 }
@@ -290,14 +323,31 @@ class GpuCp : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     std::string why;
-    if (!gpu_present(&why)) {
+    if (!gpu_present(&why) && !reference_only_mode()) {
       GTEST_SKIP() << why;
-    }
-    if (reference_only_mode()) {
-      GTEST_SKIP() << "reference-only mode";
     }
   }
 };
+
+// The case's feature moves the unsharded oracle (forward only, once per case and padding).
+void expect_feature_moves_reference(const GpuCpCase& c, const CaseSpec& spec,
+                                    const CaseTensors& tensors, const std::string& key) {
+  if (!c.without) return;
+  static std::map<std::string, double> moved_by_key;
+  auto found = moved_by_key.find(key);
+  if (found == moved_by_key.end()) {
+    CaseSpec without = spec;
+    c.without(without);
+    // make_case draws q, k, v first, so both specs see the same q, k, v.
+    const double moved =
+        relative_error(run_case(spec, tensors, BackendKind::kCpuExact, false).o,
+                       run_case(without, make_case(without), BackendKind::kCpuExact, false).o);
+    found = moved_by_key.emplace(key, moved).first;
+  }
+  EXPECT_GT(found->second, 10.0 * output_tolerance(spec.dtype))
+      << c.name << ": the feature moves the cpu_exact o by only " << found->second
+      << "; the test could not fail";
+}
 
 TEST_P(GpuCp, MatchesExact) {
   auto [gpu_case, layout] = GetParam();
@@ -308,6 +358,8 @@ TEST_P(GpuCp, MatchesExact) {
   const std::string key =
       "cp/" + gpu_case.name +
       (spec.config.format == Format::kTHD ? "/cp" + std::to_string(layout.cp) : "");
+  expect_feature_moves_reference(gpu_case, spec, tensors, key);
+  if (reference_only_mode()) GTEST_SKIP() << "reference-only mode: no GPU run";
   const CaseOutputs& reference = exact_reference(key, spec, tensors, true);
   const GpuCpRun run = run_gpu_cp(spec, tensors, layout);
   expect_matches_reference(run.out, reference, spec.dtype, true, gpu_case.name);

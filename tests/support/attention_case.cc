@@ -99,7 +99,8 @@ CaseTensors make_case(const CaseSpec& spec) {
     for (int64_t i = 0; i < t.alibi_slopes.numel(); ++i) t.alibi_slopes.set(i, slope(rng));
   }
   if (spec.config.softmax_type == SoftmaxType::kLearnable)
-    t.softmax_offset = HostTensor::randn(DType::kFloat32, {spec.heads_q}, rng, spec.sink_stddev);
+    t.softmax_offset =
+        HostTensor::randn(DType::kFloat32, {spec.heads_q}, rng, spec.sink_stddev, spec.sink_mean);
   if (spec.config.mask_type == MaskType::kArbitrary) {
     t.attn_mask = HostTensor(DType::kBool, {batch, spec.heads_q, max_q, max_kv});
     std::bernoulli_distribution masked(spec.mask_density);

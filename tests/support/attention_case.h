@@ -24,7 +24,8 @@ struct CaseSpec {
   bool alibi_per_batch = false;
   double mask_density = 0.3;  // arbitrary masks: fraction of masked pairs
   double qk_stddev = 1.0;     // of q and k entries
-  double sink_stddev = 5.0;   // learnable offsets ~ sink_stddev * randn
+  double sink_stddev = 5.0;   // learnable offsets ~ sink_mean + sink_stddev * randn
+  double sink_mean = 0.0;
   uint64_t seed = 1;
   bool want_dbias = true;
   bool want_dsoftmax_offset = true;

@@ -6,15 +6,6 @@
 
 namespace dpa::cuda {
 
-DeviceGuard::DeviceGuard(int device_index) : current_(device_index) {
-  DPA_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != current_) DPA_CUDA_CHECK(cudaSetDevice(current_));
-}
-
-DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0 && previous_ != current_) cudaSetDevice(previous_);
-}
-
 GemmSource::GemmSource(const AttentionProblem& p, const TensorView& tensor, const RowLayout& layout,
                        bool query_side, int64_t heads, int64_t width, cudaStream_t stream)
     : data_(static_cast<const char*>(tensor.data)),

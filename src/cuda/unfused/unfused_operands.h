@@ -10,24 +10,11 @@
 
 #include "core/problem.h"
 #include "cuda/device_buffer.h"
+#include "cuda/runtime.h"
 #include "cuda/sequence_tables.h"
 #include "cuda/unfused/unfused_kernels.h"
 
 namespace dpa::cuda {
-
-// Makes `device_index` current for the scope and restores the previous device after. Declare
-// it before any DeviceBuffer so that buffers are released while the device is still current.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device_index);
-  ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-  int current_ = -1;
-};
 
 // A [.., s, heads, width] tensor as one row-major [rows, width] GEMM matrix per (batch, head):
 // `matrix(b, h)` is row 0 of sequence b, head h, and `ld` the row stride. Tensors whose row
