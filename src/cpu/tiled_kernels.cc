@@ -87,14 +87,18 @@ DPA_ALWAYS_INLINE void matmul_transposed_impl(const float* a, const float* bt, i
   }
 }
 
-// c [m, d] += w [m, n] . x [n, d], summing over n in order. A column whose weights are all zero
-// (masked or dropped pairs) is skipped.
+// c [rows, d] += W . x [inner, d], summing over the inner index in order, with the weight of
+// (row i, inner j) at w[i * row_stride + j * inner_stride]: both products below are this one
+// with their strides. A block of rows whose weights for an inner index are all zero (masked or
+// dropped pairs) skips it.
 template <int W>
-DPA_ALWAYS_INLINE void accumulate_product_impl(const float* w, const float* x, int64_t m, int64_t n,
-                                               int64_t d, float* c) {
+DPA_ALWAYS_INLINE void accumulate_strided_impl(const float* w, int64_t row_stride,
+                                               int64_t inner_stride, const float* x, int64_t rows,
+                                               int64_t inner, int64_t d, float* c) {
   using Vec = typename VecOf<W>::type;
+  auto weight = [&](int64_t i, int64_t j) { return w[i * row_stride + j * inner_stride]; };
   int64_t r0 = 0;
-  for (; r0 + kBlockRows <= m; r0 += kBlockRows) {
+  for (; r0 + kBlockRows <= rows; r0 += kBlockRows) {
     int64_t k0 = 0;
     for (; k0 + 2 * W <= d; k0 += 2 * W) {
       Vec acc[kBlockRows][2];
@@ -102,13 +106,13 @@ DPA_ALWAYS_INLINE void accumulate_product_impl(const float* w, const float* x, i
         DPA_LOAD_VEC(acc[rr][0], c + (r0 + rr) * d + k0);
         DPA_LOAD_VEC(acc[rr][1], c + (r0 + rr) * d + k0 + W);
       }
-      for (int64_t col = 0; col < n; ++col) {
-        const float w0 = w[r0 * n + col], w1 = w[(r0 + 1) * n + col];
-        const float w2 = w[(r0 + 2) * n + col], w3 = w[(r0 + 3) * n + col];
+      for (int64_t j = 0; j < inner; ++j) {
+        const float w0 = weight(r0, j), w1 = weight(r0 + 1, j);
+        const float w2 = weight(r0 + 2, j), w3 = weight(r0 + 3, j);
         if (w0 == 0.0f && w1 == 0.0f && w2 == 0.0f && w3 == 0.0f) continue;
         Vec x0, x1;
-        DPA_LOAD_VEC(x0, x + col * d + k0);
-        DPA_LOAD_VEC(x1, x + col * d + k0 + W);
+        DPA_LOAD_VEC(x0, x + j * d + k0);
+        DPA_LOAD_VEC(x1, x + j * d + k0 + W);
         acc[0][0] += w0 * x0;
         acc[0][1] += w0 * x1;
         acc[1][0] += w1 * x0;
@@ -124,77 +128,36 @@ DPA_ALWAYS_INLINE void accumulate_product_impl(const float* w, const float* x, i
       }
     }
     for (int64_t r = r0; r < r0 + kBlockRows && k0 < d; ++r) {
-      for (int64_t col = 0; col < n; ++col) {
-        const float weight = w[r * n + col];
-        if (weight == 0.0f) continue;
-        const float* xrow = x + col * d;
-        for (int64_t k = k0; k < d; ++k) c[r * d + k] += weight * xrow[k];
+      for (int64_t j = 0; j < inner; ++j) {
+        const float wij = weight(r, j);
+        if (wij == 0.0f) continue;
+        const float* xrow = x + j * d;
+        for (int64_t k = k0; k < d; ++k) c[r * d + k] += wij * xrow[k];
       }
     }
   }
-  for (int64_t r = r0; r < m; ++r) {
-    for (int64_t col = 0; col < n; ++col) {
-      const float weight = w[r * n + col];
-      if (weight == 0.0f) continue;
-      const float* xrow = x + col * d;
-      for (int64_t k = 0; k < d; ++k) c[r * d + k] += weight * xrow[k];
+  for (int64_t r = r0; r < rows; ++r) {
+    for (int64_t j = 0; j < inner; ++j) {
+      const float wij = weight(r, j);
+      if (wij == 0.0f) continue;
+      const float* xrow = x + j * d;
+      for (int64_t k = 0; k < d; ++k) c[r * d + k] += wij * xrow[k];
     }
   }
 }
 
-// c [n, d] += w [m, n]^T . x [m, d], summing over m in order. A row whose weights for the
-// block are all zero is skipped.
+// c [m, d] += w [m, n] . x [n, d], summing over n in order.
+template <int W>
+DPA_ALWAYS_INLINE void accumulate_product_impl(const float* w, const float* x, int64_t m, int64_t n,
+                                               int64_t d, float* c) {
+  accumulate_strided_impl<W>(w, n, 1, x, m, n, d, c);
+}
+
+// c [n, d] += w [m, n]^T . x [m, d], summing over m in order.
 template <int W>
 DPA_ALWAYS_INLINE void accumulate_transposed_product_impl(const float* w, const float* x, int64_t m,
                                                           int64_t n, int64_t d, float* c) {
-  using Vec = typename VecOf<W>::type;
-  int64_t c0 = 0;
-  for (; c0 + kBlockRows <= n; c0 += kBlockRows) {
-    int64_t k0 = 0;
-    for (; k0 + 2 * W <= d; k0 += 2 * W) {
-      Vec acc[kBlockRows][2];
-      for (int64_t cc = 0; cc < kBlockRows; ++cc) {
-        DPA_LOAD_VEC(acc[cc][0], c + (c0 + cc) * d + k0);
-        DPA_LOAD_VEC(acc[cc][1], c + (c0 + cc) * d + k0 + W);
-      }
-      for (int64_t r = 0; r < m; ++r) {
-        const float* wrow = w + r * n + c0;
-        const float w0 = wrow[0], w1 = wrow[1], w2 = wrow[2], w3 = wrow[3];
-        if (w0 == 0.0f && w1 == 0.0f && w2 == 0.0f && w3 == 0.0f) continue;
-        Vec x0, x1;
-        DPA_LOAD_VEC(x0, x + r * d + k0);
-        DPA_LOAD_VEC(x1, x + r * d + k0 + W);
-        acc[0][0] += w0 * x0;
-        acc[0][1] += w0 * x1;
-        acc[1][0] += w1 * x0;
-        acc[1][1] += w1 * x1;
-        acc[2][0] += w2 * x0;
-        acc[2][1] += w2 * x1;
-        acc[3][0] += w3 * x0;
-        acc[3][1] += w3 * x1;
-      }
-      for (int64_t cc = 0; cc < kBlockRows; ++cc) {
-        DPA_STORE_VEC(c + (c0 + cc) * d + k0, acc[cc][0]);
-        DPA_STORE_VEC(c + (c0 + cc) * d + k0 + W, acc[cc][1]);
-      }
-    }
-    for (int64_t col = c0; col < c0 + kBlockRows && k0 < d; ++col) {
-      for (int64_t r = 0; r < m; ++r) {
-        const float weight = w[r * n + col];
-        if (weight == 0.0f) continue;
-        const float* xrow = x + r * d;
-        for (int64_t k = k0; k < d; ++k) c[col * d + k] += weight * xrow[k];
-      }
-    }
-  }
-  for (int64_t col = c0; col < n; ++col) {
-    for (int64_t r = 0; r < m; ++r) {
-      const float weight = w[r * n + col];
-      if (weight == 0.0f) continue;
-      const float* xrow = x + r * d;
-      for (int64_t k = 0; k < d; ++k) c[col * d + k] += weight * xrow[k];
-    }
-  }
+  accumulate_strided_impl<W>(w, 1, n, x, n, m, d, c);
 }
 
 }  // namespace
