@@ -797,10 +797,12 @@ class HostStaging {
     if (t.defined() && t.device == Device::kCUDA) outputs_.push_back({t, host});
     return host;
   }
+  // Returns once the outputs are in place, for any stream of the caller's.
   void copy_outputs_back() {
 #if defined(DPA_WITH_CUDA)
     for (const auto& [device, host] : outputs_)
       cuda::copy_host_to_device(device.data, host.data, bytes(device), device_index_);
+    cuda::synchronize(nullptr, device_index_);
 #endif
   }
 

@@ -19,12 +19,17 @@ void require_contiguous_host(const TensorView& t) {
 
 DeviceStage::DeviceStage(int device_index) : device_index_(device_index) {}
 
-TensorView DeviceStage::allocate_like(const TensorView& host) {
-  if (!host.defined()) return {};
+TensorView DeviceStage::allocate(const TensorView& host) {
   memory_.emplace_back(bytes_of(host), device_index_);
   TensorView view = TensorView::contiguous(memory_.back().get(), host.dtype, host.shape.data(),
                                            host.ndim, Device::kCUDA);
   view.device_index = device_index_;
+  return view;
+}
+
+TensorView DeviceStage::allocate_like(const TensorView& host) {
+  if (!host.defined()) return {};
+  TensorView view = allocate(host);
   cuda::fill_device_bytes(view.data, 0xFF, bytes_of(host), device_index_);
   return view;
 }
@@ -32,7 +37,7 @@ TensorView DeviceStage::allocate_like(const TensorView& host) {
 TensorView DeviceStage::upload(const TensorView& host) {
   if (!host.defined()) return {};
   require_contiguous_host(host);
-  TensorView view = allocate_like(host);
+  TensorView view = allocate(host);  // no poison: the copy writes every byte
   cuda::copy_host_to_device(view.data, host.data, bytes_of(host), device_index_);
   return view;
 }
@@ -49,6 +54,7 @@ DeviceStage::DeviceStage(int device_index) : device_index_(device_index) {
               "CUDA tensors under context parallelism need a build with CUDA");
 }
 TensorView DeviceStage::upload(const TensorView&) { return {}; }
+TensorView DeviceStage::allocate(const TensorView&) { return {}; }
 TensorView DeviceStage::allocate_like(const TensorView&) { return {}; }
 void DeviceStage::download(const TensorView&, const TensorView&) const {}
 

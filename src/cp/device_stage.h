@@ -30,6 +30,8 @@ class DeviceStage {
   void download(const TensorView& device, const TensorView& host) const;
 
  private:
+  TensorView allocate(const TensorView& host);  // contents undefined
+
   int device_index_;
 #if defined(DPA_WITH_CUDA)
   std::vector<cuda::DeviceMemory> memory_;

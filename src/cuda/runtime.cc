@@ -96,8 +96,6 @@ void copy_host_to_device(void* device_destination, const void* host_source, size
   if (bytes == 0) return;
   DeviceGuard current(device_index);
   DPA_CUDA_CHECK(cudaMemcpy(device_destination, host_source, bytes, cudaMemcpyHostToDevice));
-  // From pageable memory the call may return before the DMA lands: finish it here.
-  DPA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 void copy_device_to_host(void* host_destination, const void* device_source, size_t bytes,

@@ -57,8 +57,10 @@ class DeviceMemory {
   int device_ = 0;
 };
 
-// Synchronous copies between the host and memory of `device_index`, ordered after the work
-// of the legacy default stream (the stream the staged calls use). They, DeviceMemory and
+// Copies between the host and memory of `device_index`, ordered after the work of the legacy
+// default stream (the stream the staged calls use). Device to host is synchronous; host to
+// device from pageable memory may return before the data lands (later legacy-stream work still
+// sees it; other streams need synchronize(nullptr, device) first). They, DeviceMemory and
 // synchronize() leave the calling thread's current device as they found it.
 void copy_host_to_device(void* device_destination, const void* host_source, size_t bytes,
                          int device_index);
