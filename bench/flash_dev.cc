@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
           failures += !check(small, f, v);
       const Shape big{2, 16, 16, 8192, 8192, 128, 128};
       for (int v = 0; cuda::flash_variant_name(v); ++v)
-        for (const Features& f : {plain, cap, causal_sink}) time_config(big, f, v);
+        for (const Features& f : {plain, cap, causal_cap, causal_sink}) time_config(big, f, v);
     }
     std::printf("flash_dev: %d check failures\n", failures);
     return failures ? 1 : 0;

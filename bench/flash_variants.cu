@@ -20,6 +20,15 @@ void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
   if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
 }
 
+template <typename Traits>
+void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream) {
+  FlashTileShape shape = shape_of<Traits>(true);
+  shape.warp_specialized = true;
+  FlashForwardPlan plan = plan_flash_forward(p, shape, stream);
+  launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, plan.params, stream);
+  if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
+}
+
 template <int kWarps, int kBlockN, int kSlabs>
 void run_mma_sync(const AttentionProblem& p, cudaStream_t stream) {
   using Traits = FlashForwardTraits<__nv_bfloat16, 128, 128, kWarps, kBlockN, kSlabs>;
@@ -49,6 +58,12 @@ const char* flash_variant_name(int variant) {
       return "wgmma 2 warpgroups, block_n 128, scale/cap folded into exp2";
     case 6:
       return "wgmma 2 warpgroups, block_n 128, tanh.approx softcap (less accurate)";
+    case 7:
+      return "wgmma warp-specialised ping-pong, block_n 128, 3 stages";
+    case 8:
+      return "wgmma warp-specialised ping-pong, block_n 128, 2 stages";
+    case 9:
+      return "wgmma warp-specialised ping-pong, block_n 64, 3 stages";
 
     default:
       return nullptr;
@@ -72,6 +87,12 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, true>>(p, stream);
     case 6:
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, false, true>>(p, stream);
+    case 7:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 3>>(p, stream);
+    case 8:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 2>>(p, stream);
+    case 9:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 64, 3>>(p, stream);
 
     default:
       return;

@@ -47,6 +47,26 @@ TEST(FlashTiles, HopperUsesWarpgroupTilesThatFitSm90SharedMemory) {
   EXPECT_FALSE(flash_forward_tile_shape(128, 128).wgmma);
 }
 
+TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
+  const int pairs[][2] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+  for (const auto& pair : pairs) {
+    const FlashTileShape shape = flash_forward_wgmma_ws_tile_shape(pair[0], pair[1]);
+    const FlashTileShape plain = flash_forward_wgmma_tile_shape(pair[0], pair[1]);
+    EXPECT_TRUE(shape.wgmma && shape.warp_specialized) << pair[0] << "/" << pair[1];
+    EXPECT_EQ(shape.warps, 12);  // producer warpgroup + two consumers of 64 rows
+    EXPECT_EQ(shape.block_m, 128);
+    EXPECT_EQ(shape.block_n, plain.block_n);
+    EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
+    const int stages = flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_n);
+    EXPECT_EQ(shape.shared_bytes,
+              2 * (128 * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) + 1024 + 64);
+  }
+  // d = 128: Q (32 KB) and three 64 KB stages fit; d = 256 (64-key tiles, 64 KB stages) does not.
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 64), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 128), 3);
+}
+
 TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {
   EXPECT_TRUE(flash_forward_has_head_dims(128, 128));
   EXPECT_FALSE(flash_forward_has_head_dims(128, 64));

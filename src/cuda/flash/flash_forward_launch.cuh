@@ -8,6 +8,7 @@
 #include "cuda/flash/flash_forward_kernel.cuh"
 #include "cuda/flash/flash_forward_launch.h"
 #include "cuda/flash/flash_forward_sm90.cuh"
+#include "cuda/flash/flash_forward_sm90_ws.cuh"
 #include "cuda/flash/merge_partials.cuh"
 
 namespace dpa::cuda {
@@ -32,6 +33,10 @@ void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t strea
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cudaStream_t stream) {
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
+    if (p.wgmma && p.warp_specialized) {
+      using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
+      return launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p, stream);
+    }
     if (p.wgmma) {
       using Traits = FlashSm90Traits<Element, kHeadDimQK, kHeadDimV>;
       return launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, p, stream);

@@ -74,6 +74,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
   params.wgmma = shape.wgmma;
+  params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
   params.num_splits = choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
                                         device_info(p.device_index).sm_count, shape.blocks_per_sm);
@@ -89,12 +90,16 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
 
 FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
-  // DPA_FLASH_FORWARD_KERNEL=mma_sync keeps the mma.sync family on Hopper (tests cover both).
+  // DPA_FLASH_FORWARD_KERNEL=mma_sync keeps the mma.sync family on Hopper (tests cover both);
+  // =wgmma_ws takes the warp-specialised form of the wgmma kernel.
   const char* forced = std::getenv("DPA_FLASH_FORWARD_KERNEL");
-  const bool force_mma_sync = forced && std::string_view(forced) == "mma_sync";
-  const bool hopper = device_info(p.device_index).arch == 90 && !force_mma_sync;
-  return flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v),
-                                  p.max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
+  const std::string_view kernel = forced ? forced : "";
+  const bool hopper = device_info(p.device_index).arch == 90 && kernel != "mma_sync";
+  FlashTileShape shape = flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v),
+                                                  p.max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
+  if (shape.wgmma && kernel == "wgmma_ws")
+    shape = flash_forward_wgmma_ws_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
+  return shape;
 }
 
 }  // namespace dpa::cuda

@@ -15,6 +15,7 @@ struct FlashTileShape {
   int shared_bytes = 0;
   int blocks_per_sm = 0;  // expected resident blocks per SM (for split-KV sizing)
   bool wgmma = false;     // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
+  bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
 };
 
 // Decode-like problems (at most this many query rows) use one-warp blocks of 16 rows so that
@@ -49,6 +50,26 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
       2 * (shape.block_m * head_dim_qk + kStages * shape.block_n * (head_dim_qk + head_dim_v)) +
       1024;
   shape.blocks_per_sm = 1;
+  return shape;
+}
+
+// The warp-specialised form of the sm_90a kernel: a producer warpgroup and two consumer
+// warpgroups of 64 rows, the same key tile; K and V of a tile share a stage, three stages
+// where they fit in the 227 KB of shared memory, else two.
+constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int block_n) {
+  const int q_bytes = 2 * 128 * head_dim_qk, stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
+  constexpr int kAlignAndBarriers = 1024 + 64;
+  return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
+}
+
+constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v) {
+  FlashTileShape shape = flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
+  shape.warp_specialized = true;
+  shape.warps = 12;
+  const int stages = flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_n);
+  shape.shared_bytes = 2 * (shape.block_m * head_dim_qk +
+                            stages * shape.block_n * (head_dim_qk + head_dim_v)) +
+                       1024 + 64;
   return shape;
 }
 

@@ -1,0 +1,274 @@
+// The warp-specialised wgmma flash forward (sm_90a): a producer warpgroup copies Q, K and V
+// into shared memory; two consumer warpgroups of 64 query rows run the math of
+// flash_forward_sm90.cuh, scheduled in ping-pong so that one warpgroup's softmax runs while
+// the other's MMAs occupy the tensor cores (FlashAttention-3's schedule). Without it both
+// warpgroups wait for S at the same time and the tensor cores idle through the S latency.
+//
+// - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). full[s]
+//   completes when the producer's copies of a tile landed: every producer thread issues its
+//   cp.async copies and then cp.async.mbarrier.arrive.noinc, which arrives once they complete,
+//   so the producer runs ahead by up to kStages tiles without waiting for any copy. empty[s]
+//   completes when both consumer warpgroups finished the MMAs that read the stage. A consumer
+//   that saw full[s] complete issues fence.proxy.async before its wgmma reads the stage (the
+//   copies were generic-proxy writes).
+// - Ping-pong: consumer c waits on named barrier 1 + c before issuing its MMAs of a tile and
+//   then releases the other's barrier; consumer 1 releases consumer 0's barrier once up front.
+//   Arrivals and waits balance exactly (consumer 0 waits once more at the end), so no barrier
+//   is left mid-phase when the block exits.
+// - Registers: the producer gives its registers to the consumers (setmaxnreg 40 / 232; 24 / 240 spilled).
+// - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
+//   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
+#pragma once
+
+#include "cuda/flash/flash_forward_sm90.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+
+namespace dpa::cuda {
+
+// kBlockNT and kStagesT (0: flash_forward_wgmma_ws_stages) default to what the library runs;
+// dev benches instantiate others to compare.
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
+          int kBlockNT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_n,
+          int kStagesT = 0>
+struct FlashSm90WsTraits {
+  using Element = ElementT;
+  static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
+  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kBlockN = kBlockNT;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumers
+  static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
+  static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
+  static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
+  static constexpr int kBarrierBytes = 64;
+  static constexpr int kStages =
+      kStagesT > 0 ? kStagesT : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV, kBlockN);
+  static constexpr int kSharedBytes =
+      kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
+};
+
+// Copies a kRows x kDim tile into 128-byte-swizzled shared memory from the producer warpgroup
+// (threads 0..127); rows at or past `valid_rows` read as zeros. When 128 is a multiple of the
+// 16-byte chunks per row, each thread keeps one column and steps over rows, so the loop body is
+// two pointer increments (the swizzle phase row % 8 is fixed where the step is a multiple of 8);
+// otherwise a rolled loop over chunks. Few registers either way: the producer keeps 40.
+template <typename Element, int kRows, int kDim>
+__device__ __forceinline__ void produce_swizzled_tile(uint32_t shared_tile,
+                                                      const Element* global_tile,
+                                                      int64_t row_stride, int valid_rows) {
+  constexpr int kChunksPerRow = kDim / 8;
+  const int thread = int(threadIdx.x);
+  if constexpr (128 % kChunksPerRow == 0) {
+    constexpr int kRowStep = 128 / kChunksPerRow;
+    const int column = (thread % kChunksPerRow) * 8;
+    int row = thread / kChunksPerRow;
+    const Element* source = global_tile + row * row_stride + column;
+    const int64_t source_step = kRowStep * row_stride;
+#pragma unroll 1
+    for (; row < kRows; row += kRowStep, source += source_step) {
+      const bool valid = row < valid_rows;
+      ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column),
+                       valid ? source : global_tile, valid);
+    }
+  } else {
+#pragma unroll 1
+    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += 128) {
+      const int row = chunk / kChunksPerRow;
+      const int column = (chunk % kChunksPerRow) * 8;
+      const bool valid = row < valid_rows;
+      const Element* source = valid ? global_tile + row * row_stride + column : global_tile;
+      ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column), source, valid);
+    }
+  }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_forward_sm90_ws_kernel(const __grid_constant__ FlashForwardParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kNTiles = kBlockN / 8;
+  constexpr int kVTiles = kDimV / 8;
+  constexpr int kConsumerThreads = 256;
+
+  extern __shared__ __align__(1024) unsigned char shared_ws[];
+  const uint32_t shared_base = (ptx::shared_address(shared_ws) + 1023u) & ~1023u;
+  const uint32_t q_shared = shared_base;
+  auto k_shared = [&](int stage) {
+    return shared_base + Traits::kQBytes + uint32_t(stage) * Traits::kKBytes;
+  };
+  auto v_shared = [&](int stage) {
+    return shared_base + Traits::kQBytes + kStages * Traits::kKBytes +
+           uint32_t(stage) * Traits::kVBytes;
+  };
+  const uint32_t barriers =
+      shared_base + Traits::kQBytes + kStages * (Traits::kKBytes + Traits::kVBytes);
+  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
+  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
+  const uint32_t q_barrier = barriers + 8u * (2 * kStages);
+
+  FlashBlock<Element> b;
+  if (!make_flash_block(p, kBlockM, kBlockN, b)) return;
+  const int tiles = b.n_block_end - b.n_block_begin;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full_barrier(s), 128);
+      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
+    }
+    ptx::mbarrier_init(q_barrier, 128);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    // Producer: each thread issues its copies of a stage and an arrive that fires when they
+    // land; it waits only for a stage to be freed.
+    ptx::setmaxnreg_decrease<40>();
+    if (tiles == 0) return;
+    produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
+    ptx::cp_async_mbarrier_arrive_noinc(q_barrier);
+#pragma unroll 1
+    for (int it = 0; it < tiles; ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
+      const int n0 = (b.n_block_begin + it) * kBlockN;
+      produce_swizzled_tile<Element, kBlockN, kDimQK>(
+          k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, b.seqlen_kv - n0);
+      produce_swizzled_tile<Element, kBlockN, kDimV>(
+          v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, b.seqlen_kv - n0);
+      ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+    }
+    ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
+    ptx::cp_async_wait<0>();
+    return;
+  }
+
+  ptx::setmaxnreg_increase<232>();
+  const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block
+  const int warp_in_group = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
+  const int my_turn = 1 + consumer, their_turn = 2 - consumer;  // named barrier ids
+
+  RowStats stats = initial_row_stats(block_sink_log2(p, b.head), quad_col);
+  float o_acc[kVTiles][4];
+#pragma unroll
+  for (int t = 0; t < kVTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
+
+  if (tiles > 0) {
+    auto q_descriptor = [&](int kk) {
+      const uint32_t address =
+          q_shared + (kk / 4) * (kBlockM * 128) + consumer * 64 * 128 + (kk % 4) * 32;
+      return ptx::smem_descriptor(address, 16, 1024);
+    };
+    auto k_descriptor = [&](int stage, int kk) {
+      const uint32_t address = k_shared(stage) + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      return ptx::smem_descriptor(address, 16, 1024);
+    };
+    auto v_descriptor = [&](int stage, int kk) {
+      return ptx::smem_descriptor(v_shared(stage) + kk * 16 * 128, kBlockN * 128, 1024);
+    };
+    float correction[2];
+    auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block,
+                                       const uint32_t(&keep)[2]) {
+      const int n0 = n_block * kBlockN;
+      const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
+      transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible);
+      softmax_update(s_acc, stats, correction);
+      if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
+    };
+    uint32_t p_operand[kBlockN / 16][4];
+    auto pack_probabilities = [&](const float(&s_acc)[kNTiles][4]) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p_operand<Element>(s_acc, kk, p_operand[kk]);
+    };
+    auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kDimQK / 16; ++kk)
+        ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
+      ptx::wgmma_commit();
+    };
+    auto issue_pv = [&](int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
+      ptx::wgmma_commit();
+    };
+    auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
+      keep[0] = keep[1] = 0;
+      if (p.dropout_threshold != 0)
+        draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
+    };
+    // Waits until a stage's copies landed and makes them visible to this thread's wgmma.
+    auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
+      ptx::mbarrier_wait(barrier, parity);
+      ptx::fence_proxy_async_shared();
+    };
+
+    wait_landed(q_barrier, 0);
+    if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
+
+    uint32_t keep[2];
+    float s_acc[kNTiles][4];
+    draw_keep(b.n_block_begin, keep);
+    wait_landed(full_barrier(0), 0);
+    ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    ptx::wgmma_fence();
+    issue_qk(s_acc, 0);
+    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(s_acc);
+    logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
+    pack_probabilities(s_acc);
+
+#pragma unroll 1
+    for (int it = 1; it < tiles; ++it) {
+      const int stage = it % kStages, previous = (it - 1) % kStages;
+      const int n_block = b.n_block_begin + it;
+      draw_keep(n_block, keep);
+      wait_landed(full_barrier(stage), (it / kStages) & 1);
+      ptx::named_barrier_sync(my_turn, kConsumerThreads);
+      ptx::fence_accumulators(o_acc);
+      ptx::wgmma_fence();
+      issue_qk(s_acc, stage);
+      issue_pv(previous);  // P(n-1) V(n-1)
+      ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+      ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
+      ptx::fence_accumulators(s_acc);
+      logits_to_probabilities(s_acc, n_block, keep);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(o_acc);
+      ptx::fence_registers(p_operand);
+      ptx::mbarrier_arrive(empty_barrier(previous));  // K(n-1) and V(n-1) are read
+      rescale_rows(o_acc, correction);
+      pack_probabilities(s_acc);
+    }
+
+    // O += P(last) V(last).
+    ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    ptx::fence_accumulators(o_acc);
+    ptx::wgmma_fence();
+    issue_pv((tiles - 1) % kStages);
+    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(o_acc);
+    // Balances consumer 1's last arrive.
+    if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);
+  }
+
+  store_slab(p, b, o_acc, stats, row0, quad_col);
+#else
+  (void)p;  // compiled for sm_90a only; the host never launches it elsewhere
+#endif
+}
+
+}  // namespace dpa::cuda

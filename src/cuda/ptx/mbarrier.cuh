@@ -1,0 +1,62 @@
+// Thin wrappers over the sm_90 synchronisation PTX the warp-specialised kernels use:
+// shared-memory mbarriers (arrive counts and phase parity, arrivals on cp.async completion),
+// named barriers, setmaxnreg.
+#pragma once
+
+#include <cstdint>
+
+namespace dpa::cuda::ptx {
+
+__device__ __forceinline__ void mbarrier_init(uint32_t barrier, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(arrivals)
+               : "memory");
+}
+
+// Arrives once (release semantics: this thread's earlier writes are visible to a waiter that
+// observes the phase complete).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(barrier)
+      : "memory");
+}
+
+// Arrives once when every cp.async this thread issued so far has landed, without blocking
+// (.noinc: the arrival counts against the count the barrier was initialised with).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barrier) : "memory");
+}
+
+// Blocks until the phase with this parity has completed (acquire semantics).
+__device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred complete;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, complete;\n}\n"
+        : "=r"(done)
+        : "r"(barrier), "r"(parity)
+        : "memory");
+  }
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads: sync waits, arrive
+// does not.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Moves registers between the warpgroups of a block (every thread of the warpgroup executes it).
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+}  // namespace dpa::cuda::ptx
