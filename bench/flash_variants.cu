@@ -42,29 +42,26 @@ void run_mma_sync(const AttentionProblem& p, cudaStream_t stream) {
 
 }  // namespace
 
+// Variant 0 is what the library runs on sm_90 (flash_forward_shape_for); the others are
+// measured against it. (A 96-key tile failed its check and was dropped, see docs/perf.md.)
 const char* flash_variant_name(int variant) {
   switch (variant) {
     case 0:
-      return "wgmma 2 warpgroups, block_n 128 (library on sm_90)";
+      return "wgmma warp-specialised ping-pong, block_n 128, 3 stages (library on sm_90)";
     case 1:
-      return "wgmma 3 warpgroups, block_n 64";
+      return "wgmma 2 warpgroups, block_n 128 (no producer warpgroup)";
     case 2:
-      return "wgmma 2 warpgroups, block_n 64";
+      return "wgmma 3 warpgroups, block_n 64";
     case 3:
       return "mma.sync 4 warps x 32 rows, block_n 64";
     case 4:
-      return "wgmma 2 warpgroups, block_n 96";
-    case 5:
       return "wgmma 2 warpgroups, block_n 128, scale/cap folded into exp2";
-    case 6:
+    case 5:
       return "wgmma 2 warpgroups, block_n 128, tanh.approx softcap (less accurate)";
-    case 7:
-      return "wgmma warp-specialised ping-pong, block_n 128, 3 stages";
-    case 8:
+    case 6:
       return "wgmma warp-specialised ping-pong, block_n 128, 2 stages";
-    case 9:
+    case 7:
       return "wgmma warp-specialised ping-pong, block_n 64, 3 stages";
-
     default:
       return nullptr;
   }
@@ -74,26 +71,21 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   switch (variant) {
     case 0:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128>>(p, stream);
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream);
     case 1:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 3, 64>>(p, stream);
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128>>(p, stream);
     case 2:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 64>>(p, stream);
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 3, 64>>(p, stream);
     case 3:
       return run_mma_sync<4, 64, 2>(p, stream);
     case 4:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 96>>(p, stream);
-    case 5:
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, true>>(p, stream);
-    case 6:
+    case 5:
       return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 2, 128, false, true>>(p, stream);
-    case 7:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 3>>(p, stream);
-    case 8:
+    case 6:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 2>>(p, stream);
-    case 9:
+    case 7:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 64, 3>>(p, stream);
-
     default:
       return;
   }

@@ -9,8 +9,8 @@
 #   steps: build test sanitize bench (default: all four, in that order); also `host` (the host
 #   suite through ctest, not run by default).
 #
-# OUTDIR receives at most 9 files: build.log, gpu_tests.log, gpu_tests.xml (JUnit),
-# gpu_tests_mma_sync.log, sanitizer.log,
+# OUTDIR receives at most 10 files: build.log, gpu_tests.log, gpu_tests.xml (JUnit),
+# gpu_tests_mma_sync.log, gpu_tests_wgmma.log, sanitizer.log,
 # bench.log, bench.md, bench.png, bench.json.
 #
 # Environment:
@@ -106,7 +106,9 @@ status_word() {
 }
 
 gpu_info="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-commit="$(git -C "$root" describe --always --dirty 2>/dev/null || cat "$root/.device/commit" 2>/dev/null)"
+# The GPU machine gets a copy of the working tree whose .git may be older: prepare_device.sh
+# records the commit it was run at.
+commit="$(cat "$root/.device/commit" 2>/dev/null || git -C "$root" describe --always --dirty 2>/dev/null)"
 echo "gpu_check: ${gpu_info:-no nvidia-smi}; commit ${commit:-unknown}; steps: ${steps[*]};" \
   "out: $out; budget ${budget}s"
 
@@ -157,15 +159,18 @@ step_test() {
   if [ "$rc" -ne 0 ]; then
     grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
   fi
-  # On Hopper the library runs the wgmma kernels; the mma.sync family (what sm_80 runs) gets the
-  # same forward cases, and the CP suite's GPU tiles, through DPA_FLASH_FORWARD_KERNEL.
-  local kernel
-  for kernel in mma_sync; do
+  # On Hopper the library runs the warp-specialised wgmma kernel; the mma.sync family (what
+  # sm_80 runs) gets the same forward cases and the CP suite's GPU tiles, and the plain
+  # two-warpgroup wgmma form the forward cases, through DPA_FLASH_FORWARD_KERNEL.
+  local kernel filter
+  for kernel in mma_sync wgmma; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
+    filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
+    [ "$kernel" = wgmma ] && filter='Cases/FlashForward.*'
     run_step "$log" "$(remaining)" env DPA_FLASH_FORWARD_KERNEL=$kernel "$exe" \
-      --gtest_filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
+      --gtest_filter="$filter"
     rc=$?
     record "test-$kernel" "$(status_word "$rc")" $(($(date +%s) - t0)) \
       "$(gtest_counts "$log"); gpu_tests_$kernel.log"
