@@ -159,9 +159,10 @@ step_test() {
   if [ "$rc" -ne 0 ]; then
     grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
   fi
-  # On Hopper the library runs the warp-specialised wgmma kernel; the mma.sync family (what
-  # sm_80 runs) gets the same forward cases and the CP suite's GPU tiles, and the plain
-  # two-warpgroup wgmma form the forward cases, through DPA_FLASH_FORWARD_KERNEL.
+  # On Hopper the library runs the warp-specialised wgmma kernel (head dims up to 128) or the
+  # plain two-warpgroup form (wider heads); the mma.sync family (what sm_80 runs) gets the same
+  # forward cases and the CP suite's GPU tiles, and the plain wgmma form the forward cases at
+  # every head dim, through DPA_FLASH_FORWARD_KERNEL.
   local kernel filter
   for kernel in mma_sync wgmma; do
     log="$out/gpu_tests_$kernel.log"

@@ -65,6 +65,12 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128), 3);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 64), 2);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 128), 3);
+  // Where Hopper runs it by default: the 128-key tiles (measured faster at d = 64 and 128, slower
+  // at d = 256).
+  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(64, 64));
+  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(128, 128));
+  EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(192, 128));
+  EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(256, 256));
 }
 
 TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {

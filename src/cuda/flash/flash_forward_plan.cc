@@ -90,15 +90,19 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
 
 FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
-  // On Hopper the warp-specialised wgmma kernel (measured fastest: docs/perf.md). For tests
-  // and benches DPA_FLASH_FORWARD_KERNEL=mma_sync keeps the mma.sync family, =wgmma the plain
-  // two-warpgroup wgmma form.
+  // On Hopper the warp-specialised wgmma kernel where it measured fastest
+  // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form. For
+  // tests and benches DPA_FLASH_FORWARD_KERNEL=mma_sync forces the mma.sync family, =wgmma the
+  // plain wgmma form.
   const char* forced = std::getenv("DPA_FLASH_FORWARD_KERNEL");
   const std::string_view kernel = forced ? forced : "";
   const bool hopper = device_info(p.device_index).arch == 90 && kernel != "mma_sync";
   FlashTileShape shape = flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v),
                                                   p.max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
-  if (shape.wgmma && kernel != "wgmma")
+  const bool warp_specialized =
+      kernel != "wgmma" &&
+      flash_forward_wgmma_prefers_warp_specialized(int(p.head_dim_qk), int(p.head_dim_v));
+  if (shape.wgmma && warp_specialized)
     shape = flash_forward_wgmma_ws_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
   return shape;
 }

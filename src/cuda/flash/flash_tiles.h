@@ -73,6 +73,14 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
   return shape;
 }
 
+// Whether Hopper runs the warp-specialised form for these head dims. Measured (docs/perf.md,
+// bf16 b=2 H=16 s=8192, softcap 50): d = 64 216 vs 170 TFLOP/s and d = 128 361 vs 287 for the
+// warp-specialised form; d = 256 (64-key tiles, two stages) 282 vs 414 for the plain form.
+// d = 192 shares d = 256's 64-key tiles and keeps the plain form until measured.
+constexpr bool flash_forward_wgmma_prefers_warp_specialized(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk <= 128 && head_dim_v <= 128;
+}
+
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
                                                   bool decode = false, bool hopper = false) {
   if (hopper && !decode && flash_forward_wgmma_eligible(head_dim_qk, head_dim_v))
