@@ -351,18 +351,17 @@ def machine_info():
     except Exception:
         info["gpu"] = "unknown"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The GPU machine gets a copy of the tree whose .git may be older than the tree:
+    # prepare_device.sh records the commit it was run at, which wins.
     try:
-        info["commit"] = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        text=True, timeout=10).stdout.strip()
-    except Exception:
-        info["commit"] = ""
-    if not info["commit"]:
-        # The GPU machine gets the tree without .git; prepare_device.sh recorded the commit.
+        info["commit"] = open(os.path.join(root, ".device", "commit")).read().strip() + \
+            " (.device/commit)"
+    except OSError:
         try:
-            info["commit"] = open(os.path.join(root, ".device", "commit")).read().strip() + \
-                " (.device/commit)"
-        except OSError:
+            info["commit"] = subprocess.run(
+                ["git", "-C", root, "describe", "--always", "--dirty"], stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True, timeout=10).stdout.strip() or "unknown"
+        except Exception:
             info["commit"] = "unknown"
     return info
 
