@@ -37,8 +37,7 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
     if constexpr (flash_forward_wgmma_prefers_warp_specialized(kHeadDimQK, kHeadDimV)) {
       if (p.wgmma && p.warp_specialized) {
         using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
-        return launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p,
-                                                   stream);
+        return launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p, stream);
       }
     }
     if (p.wgmma) {

@@ -99,9 +99,8 @@ FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
   const bool hopper = device_info(p.device_index).arch == 90 && kernel != "mma_sync";
   FlashTileShape shape = flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v),
                                                   p.max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
-  const bool warp_specialized =
-      kernel != "wgmma" &&
-      flash_forward_wgmma_prefers_warp_specialized(int(p.head_dim_qk), int(p.head_dim_v));
+  const bool warp_specialized = kernel != "wgmma" && flash_forward_wgmma_prefers_warp_specialized(
+                                                         int(p.head_dim_qk), int(p.head_dim_v));
   if (shape.wgmma && warp_specialized)
     shape = flash_forward_wgmma_ws_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
   return shape;

@@ -68,7 +68,7 @@ struct FlashForwardParams {
   // Split-KV: each of num_splits blocks of work covers blocks_per_split KV tiles and writes
   // fp32 partials [split, b, H, max_sq, dv] / [split, b, H, max_sq] (natural-log LSE, no sink);
   // a merge kernel combines them and adds the sink once.
-  bool wgmma = false;   // the sm_90a warpgroup kernel (flash_forward_tile_shape(.., hopper))
+  bool wgmma = false;  // the sm_90a warpgroup kernel (flash_forward_tile_shape(.., hopper))
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
   bool decode = false;  // one-warp 16-row tiles (flash_forward_tile_shape(.., decode = true))
   int num_splits = 1;

@@ -13,8 +13,8 @@ struct FlashTileShape {
   int warps = 0;
   int slabs = 0;  // 16-row slabs per warp
   int shared_bytes = 0;
-  int blocks_per_sm = 0;  // expected resident blocks per SM (for split-KV sizing)
-  bool wgmma = false;     // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
+  int blocks_per_sm = 0;          // expected resident blocks per SM (for split-KV sizing)
+  bool wgmma = false;             // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
 };
 
@@ -67,9 +67,9 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
   shape.warp_specialized = true;
   shape.warps = 12;
   const int stages = flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_n);
-  shape.shared_bytes = 2 * (shape.block_m * head_dim_qk +
-                            stages * shape.block_n * (head_dim_qk + head_dim_v)) +
-                       1024 + 64;
+  shape.shared_bytes =
+      2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
+      1024 + 64;
   return shape;
 }
 
