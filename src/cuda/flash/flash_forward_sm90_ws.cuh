@@ -15,8 +15,8 @@
 //   then releases the other's barrier; consumer 1 releases consumer 0's barrier once up front.
 //   Arrivals and waits balance exactly (consumer 0 waits once more at the end), so no barrier
 //   is left mid-phase when the block exits.
-// - Registers: the producer gives its registers to the consumers (setmaxnreg 40 / 232; 24 / 240
-// spilled).
+// - Registers: the producer gives its registers to the consumers (setmaxnreg 40 / 232;
+//   24 / 240 spilled).
 // - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
 //   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
 #pragma once
