@@ -40,13 +40,17 @@ __global__ void fill_lse_kernel(float* lse, int64_t batches, int64_t heads, int6
 
 }  // namespace
 
-bool has_rows_outside_sequences(const AttentionProblem& p) {
-  int64_t covered = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    covered += p.seqlen_q[size_t(b)];
-    if (p.format != Format::kTHD && p.seqlen_q[size_t(b)] < p.max_seqlen_q) return true;
+bool has_rows_outside_sequences(const AttentionProblem& p, bool query_side) {
+  const std::vector<int64_t>& lengths = query_side ? p.seqlen_q : p.seqlen_kv;
+  if (p.format == Format::kTHD) {
+    int64_t covered = 0;
+    for (int64_t length : lengths) covered += length;
+    return covered < (query_side ? p.total_q : p.total_kv);
   }
-  return p.format == Format::kTHD && covered < p.total_q;
+  const int64_t full = query_side ? p.max_seqlen_q : p.max_seqlen_kv;
+  for (int64_t length : lengths)
+    if (length < full) return true;
+  return false;
 }
 
 void zero_stored_rows(const AttentionProblem& p, const TensorView& tensor, const RowLayout& layout,

@@ -8,8 +8,9 @@
 
 namespace dpa::cuda {
 
-// True when some stored row of o lies outside every sequence.
-bool has_rows_outside_sequences(const AttentionProblem& problem);
+// True when some stored row of a q-like (query_side) or k-like tensor lies outside every
+// sequence (bshd padding rows, thd gaps).
+bool has_rows_outside_sequences(const AttentionProblem& problem, bool query_side = true);
 
 // Writes o = 0 and the empty-row LSE into every stored row (kernels then overwrite real rows).
 void fill_empty_forward_rows(const AttentionProblem& problem, cudaStream_t stream);

@@ -1,8 +1,10 @@
-// cuda_flash forward against cpu_exact on every configuration it takes (gpu_cases.cc), and
-// what its selection rules promise: no backward yet, no arbitrary mask or bias, chosen for
-// decode shapes, deterministic results.
+// cuda_flash forward and backward against cpu_exact on every configuration it takes
+// (gpu_cases.cc), and what its selection rules promise: the backward only when opted in (until
+// its first GPU validation), no arbitrary mask or bias, chosen for decode shapes, deterministic
+// results.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -31,6 +33,31 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlashForward, ::testing::ValuesIn(flash_cases())
                            return info.param.name;
                          });
 
+// Sets DPA_FLASH_BACKWARD=1 (the fused backward's opt-in) for one test.
+class FlashBackwardOptIn {
+ public:
+  FlashBackwardOptIn() { setenv("DPA_FLASH_BACKWARD", "1", 1); }
+  ~FlashBackwardOptIn() { unsetenv("DPA_FLASH_BACKWARD"); }
+  FlashBackwardOptIn(const FlashBackwardOptIn&) = delete;
+  FlashBackwardOptIn& operator=(const FlashBackwardOptIn&) = delete;
+};
+
+// Forward and backward on cuda_flash: o, LSE, dq, dk, dv and dalpha against cpu_exact.
+class FlashForwardBackward : public ::testing::TestWithParam<GpuCase> {
+ protected:
+  void SetUp() override { skip_without_gpu(); }
+  FlashBackwardOptIn opt_in_;
+};
+
+TEST_P(FlashForwardBackward, MatchesExact) {
+  check_case_on_backend(GetParam(), BackendKind::kCudaFlash, /*backward=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashForwardBackward, ::testing::ValuesIn(flash_cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& info) {
+                           return info.param.name;
+                         });
+
 // Shapes only (null data on the device): what explain() sees.
 AttentionInputs device_shapes(int64_t b, int64_t sq, int64_t skv, int64_t heads_q, int64_t heads_kv,
                               int64_t d) {
@@ -53,9 +80,11 @@ bool has_reason_containing(const BackendVerdict& verdict, const std::string& wor
   return false;
 }
 
-// cuda_flash has no backward yet: the selector must refuse it with a reason instead of letting
-// a call fail later (DESIGN.md §6). Needs no GPU: explain() reads shapes only.
-TEST(FlashSelection, RefusesBackwardWithAReason) {
+// Until the fused backward has passed the GPU suite it runs only when opted in: without
+// DPA_FLASH_BACKWARD=1 the selector refuses it with a reason (DESIGN.md §6). Needs no GPU:
+// explain() reads shapes only.
+TEST(FlashSelection, RefusesBackwardWithoutOptIn) {
+  unsetenv("DPA_FLASH_BACKWARD");
   AttentionConfig config;
   config.backend = BackendKind::kCudaFlash;
   DotProductAttention attention(config);
@@ -122,9 +151,39 @@ TEST_F(FlashOnGpu, DecodeIsBitwiseDeterministic) {
   EXPECT_TRUE(same_bytes(first.lse, second.lse));
 }
 
-// Automatic selection end to end: forward on cuda_flash, backward on cuda_unfused (the only
-// GPU backward), gradients from the flash forward's o and LSE.
+// The backward has no atomics (kernels own the rows they write; GQA groups and the sink
+// gradient are summed in a fixed order): deterministic mode costs nothing, and two runs with
+// it agree to the bit in every gradient.
+TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
+  FlashBackwardOptIn opt_in;
+  const GpuCase c = find_case("sink_learnable_softcap_causal");
+  CaseSpec spec = gpu_case_spec(c);
+  spec.config.deterministic = true;
+  const CaseTensors& tensors = gpu_case_tensors(c);
+  const CaseOutputs first = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+  const CaseOutputs second = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+  EXPECT_EQ(first.backward_backend, BackendKind::kCudaFlash);
+  EXPECT_TRUE(same_bytes(first.dq, second.dq));
+  EXPECT_TRUE(same_bytes(first.dk, second.dk));
+  EXPECT_TRUE(same_bytes(first.dv, second.dv));
+  EXPECT_TRUE(same_bytes(first.dsoftmax_offset, second.dsoftmax_offset));
+}
+
+// Opted in, automatic selection runs the whole step on cuda_flash.
+TEST_F(FlashOnGpu, OptedInAutoSelectionRunsFlashBackward) {
+  FlashBackwardOptIn opt_in;
+  const GpuCase c = find_case("sink_learnable_softcap_causal");
+  const CaseSpec spec = gpu_case_spec(c);
+  const CaseTensors& tensors = gpu_case_tensors(c);
+  const CaseOutputs got = run_device_case(spec, tensors, BackendKind::kAuto, true);
+  EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
+  EXPECT_EQ(got.backward_backend, BackendKind::kCudaFlash);
+}
+
+// Automatic selection end to end without the opt-in: forward on cuda_flash, backward on
+// cuda_unfused, gradients from the flash forward's o and LSE.
 TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndUnfusedBackward) {
+  unsetenv("DPA_FLASH_BACKWARD");
   const GpuCase c = find_case("sink_learnable_softcap_causal");
   const CaseSpec spec = gpu_case_spec(c);
   const CaseTensors& tensors = gpu_case_tensors(c);

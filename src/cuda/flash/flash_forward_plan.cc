@@ -20,7 +20,7 @@ void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_s
 }  // namespace
 
 FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileShape& shape,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, bool split_kv) {
   FlashForwardPlan plan;
   plan.tables = upload_sequence_tables(p, stream);
   FlashForwardParams& params = plan.params;
@@ -76,8 +76,10 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
-  params.num_splits = choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
-                                        device_info(p.device_index).sm_count, shape.blocks_per_sm);
+  params.num_splits =
+      !split_kv ? 1
+                : choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
+                                    device_info(p.device_index).sm_count, shape.blocks_per_sm);
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;

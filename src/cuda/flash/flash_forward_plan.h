@@ -18,9 +18,10 @@ struct FlashForwardPlan {
   DeviceBuffer partials;  // split-KV partial o / lse, when params.num_splits > 1
 };
 
-// `shape` is the tile shape the launch will use (it decides the split count).
+// `shape` is the tile shape the launch will use (it decides the split count); `split_kv` false
+// keeps one split (the backward, whose kernels walk every tile themselves).
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, bool split_kv = true);
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows.
 FlashTileShape flash_forward_shape_for(const AttentionProblem& problem);

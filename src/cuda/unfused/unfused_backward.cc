@@ -162,8 +162,9 @@ void run_unfused_backward(const AttentionProblem& p) {
   }
 
   // Rows outside every sequence get zero gradients; the stores overwrite the rest.
-  if (has_rows_outside(p, true)) zero_stored_rows(p, p.dq, p.dq_rows, true, heads, dim_qk, stream);
-  if (has_rows_outside(p, false)) {
+  if (has_rows_outside_sequences(p, true))
+    zero_stored_rows(p, p.dq, p.dq_rows, true, heads, dim_qk, stream);
+  if (has_rows_outside_sequences(p, false)) {
     zero_stored_rows(p, p.dk, p.dk_rows, false, heads_kv, dim_qk, stream);
     zero_stored_rows(p, p.dv, p.dv_rows, false, heads_kv, dim_v, stream);
   }

@@ -22,7 +22,7 @@ void run_unfused_forward(const AttentionProblem& p) {
 
   // Rows outside every sequence get o = 0 and the empty-row LSE; the kernels below overwrite
   // every row inside a sequence.
-  if (has_rows_outside(p, true)) fill_empty_forward_rows(p, stream);
+  if (has_rows_outside_sequences(p, true)) fill_empty_forward_rows(p, stream);
   const SequenceTables tables = upload_sequence_tables(p, stream);
 
   DeviceBuffer scores(plan.scores, stream);  // [b, H, sq, skv] fp32 raw q.k

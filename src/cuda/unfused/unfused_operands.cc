@@ -136,17 +136,4 @@ RowStrides row_strides(const RowLayout& layout) {
   return {layout.stride_batch, layout.stride_seq, layout.stride_head};
 }
 
-bool has_rows_outside(const AttentionProblem& p, bool query_side) {
-  const std::vector<int64_t>& lengths = query_side ? p.seqlen_q : p.seqlen_kv;
-  if (p.format == Format::kTHD) {
-    int64_t covered = 0;
-    for (int64_t length : lengths) covered += length;
-    return covered < (query_side ? p.total_q : p.total_kv);
-  }
-  const int64_t full = query_side ? p.max_seqlen_q : p.max_seqlen_kv;
-  for (int64_t length : lengths)
-    if (length < full) return true;
-  return false;
-}
-
 }  // namespace dpa::cuda

@@ -70,8 +70,4 @@ ScoreGrid score_grid(const AttentionProblem& problem, const int* seqlen_q, const
 LogitTransform logit_transform(const AttentionProblem& problem, const SequenceTables& tables);
 RowStrides row_strides(const RowLayout& layout);
 
-// True when some stored row of a q-like (query_side) or k-like tensor lies outside every
-// sequence (bshd/sbhd padding, thd gaps and tails): those rows must be zeroed explicitly.
-bool has_rows_outside(const AttentionProblem& problem, bool query_side);
-
 }  // namespace dpa::cuda

@@ -1,0 +1,86 @@
+// cuda_flash backward orchestration: validated problem -> kernel parameters, workspace, the
+// rows outside every sequence, the kernels and the sink gradient's reduction.
+#include "core/problem.h"
+#include "cuda/device_buffer.h"
+#include "cuda/fill_rows.h"
+#include "cuda/flash/flash_backward_launch.h"
+#include "cuda/flash/flash_forward_plan.h"
+#include "cuda/flash/flash_tiles.h"
+#include "cuda/unfused/unfused_kernels.h"
+#include "dpa/error.h"
+
+namespace dpa::cuda {
+namespace {
+
+void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
+                  int64_t& head_stride) {
+  batch_stride = layout.stride_batch;
+  row_stride = layout.stride_seq;
+  head_stride = layout.stride_head;
+}
+
+}  // namespace
+
+void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_dim_qk,
+                           int head_dim_v, cudaStream_t stream) {
+  if (!flash_forward_has_head_dims(head_dim_qk, head_dim_v))
+    throw Error(ErrorCode::kInternal, "",
+                "flash backward selected for head dims without kernels (the selector must "
+                "reject these)");
+  if (head_dim_qk == 192 && head_dim_v == 128)
+    return launch_flash_backward_hdim192x128(p, dtype, stream);
+  switch (head_dim_qk) {
+    case 64:
+      return launch_flash_backward_hdim64(p, dtype, stream);
+    case 96:
+      return launch_flash_backward_hdim96(p, dtype, stream);
+    case 128:
+      return launch_flash_backward_hdim128(p, dtype, stream);
+    case 192:
+      return launch_flash_backward_hdim192(p, dtype, stream);
+    case 256:
+      return launch_flash_backward_hdim256(p, dtype, stream);
+    default:
+      break;
+  }
+  throw Error(ErrorCode::kInternal, "", "unreachable head dim dispatch");
+}
+
+void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
+  // The forward's parameters (sequence tables, features, q/k/v/o/lse) with one split: the
+  // backward kernels walk every visible tile themselves.
+  const FlashTileShape shape =
+      flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), false, false);
+  FlashForwardPlan plan = plan_flash_forward(p, shape, stream, /*split_kv=*/false);
+  FlashBackwardParams bp;
+  bp.fwd = plan.params;
+  bp.d_o = p.d_o.data;
+  copy_strides(p.do_rows, bp.do_batch_stride, bp.do_row_stride, bp.do_head_stride);
+  bp.dq = p.dq.data;
+  copy_strides(p.dq_rows, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride);
+  bp.dk = p.dk.data;
+  copy_strides(p.dk_rows, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride);
+  bp.dv = p.dv.data;
+  copy_strides(p.dv_rows, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride);
+  bp.scale = float(p.scale);
+
+  const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
+  DeviceBuffer row_delta(rows * sizeof(float), stream);
+  DeviceBuffer row_dalpha(p.wants_dsoftmax_offset ? rows * sizeof(float) : 0, stream);
+  bp.row_delta = row_delta.get<float>();
+  bp.row_dalpha = p.wants_dsoftmax_offset ? row_dalpha.get<float>() : nullptr;
+
+  // Rows outside every sequence get zero gradients; the kernels write every real row.
+  if (has_rows_outside_sequences(p, true))
+    zero_stored_rows(p, p.dq, p.dq_rows, true, p.heads_q, p.head_dim_qk, stream);
+  if (has_rows_outside_sequences(p, false)) {
+    zero_stored_rows(p, p.dk, p.dk_rows, false, p.heads_kv, p.head_dim_qk, stream);
+    zero_stored_rows(p, p.dv, p.dv_rows, false, p.heads_kv, p.head_dim_v, stream);
+  }
+  launch_flash_backward(bp, p.dtype, int(p.head_dim_qk), int(p.head_dim_v), stream);
+  if (p.wants_dsoftmax_offset)
+    launch_reduce_dalpha(row_dalpha.get<float>(), p.batch, p.heads_q, p.max_seqlen_q,
+                         static_cast<float*>(p.dsoftmax_offset.data), stream);
+}
+
+}  // namespace dpa::cuda

@@ -1,0 +1,513 @@
+// The flash backward kernels (mma.sync, sm_80+): DESIGN.md §4 without O(s^2) memory and
+// without atomics, so every run gives the same bits (deterministic mode costs nothing).
+//
+// Two kernels recompute P from Q, K and the saved LSE, each owning the rows it writes:
+// - dq: a block owns 64 query rows of one (batch, head), walks the visible key tiles and
+//   accumulates dq = scale * sum_j dU_ij k_j in registers. Its per-tile math is the forward's
+//   (S = Q K^T, dP = dO V^T, both in the mma C layout with a thread's rows g and g + 8).
+// - dk/dv: a block owns 64 keys of one (batch, KV head), walks every query head of the group
+//   and the query tiles that see its keys, and accumulates dv = sum_i Pd_ij dO_i and
+//   dk = scale * sum_i dU_ij q_i. It computes the transposed products (S^T = K Q^T,
+//   dP^T = V dO^T), so its fragments hold keys as rows and queries as columns; dk and dv then
+//   are "P V"-shaped products whose A operand stays in registers. GQA sums over the group
+//   inside the block, in a fixed order.
+// Computing S and dP in both kernels costs two GEMMs more than FlashAttention-2's single
+// kernel (7 instead of 5), and buys the absence of atomics and of a dq accumulator in fp32.
+//
+// A prepare kernel computes D = rowsum(dO * o) per row and each row's share of the sink
+// gradient; the host sums those per head in a fixed order (launch_reduce_dalpha).
+#pragma once
+
+#include "core/philox.h"
+#include "cuda/flash/flash_backward_params.h"
+#include "cuda/flash/flash_forward_kernel.cuh"
+#include "cuda/flash/flash_tile_math.cuh"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
+
+namespace dpa::cuda {
+
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+struct FlashBackwardTraits {
+  using Element = ElementT;
+  static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
+  static constexpr bool kWide = kHeadDimQK > 128 || kHeadDimV > 128;
+  static constexpr int kWarps = 4, kThreads = 128;
+  // dq: 64 query rows (one 16-row slab per warp) against key tiles of 64 (32 for wide heads,
+  // whose dq accumulator alone is 128 registers).
+  static constexpr int kDqBlockM = 64, kDqBlockN = kWide ? 32 : 64;
+  // dk/dv: 64 keys against query tiles of 32. Wide heads accumulate dk and dv in two launches.
+  static constexpr int kDkvBlockN = 64, kDkvBlockM = 32;
+  static constexpr bool kFusedDkDv = !kWide;
+  static constexpr int kPad = 8;  // as the forward: conflict-free ldmatrix rows
+  static constexpr int kQkStride = kHeadDimQK + kPad, kVStride = kHeadDimV + kPad;
+  static constexpr int kStages = 2;
+  // Q and dO of the block, then two stages of K and V.
+  static constexpr int kDqSharedBytes =
+      2 * (kDqBlockM + kStages * kDqBlockN) * (kQkStride + kVStride);
+  // K and V of the block, two stages of Q and dO, and the stages' LSE and D.
+  static constexpr int kDkvSharedBytes =
+      2 * (kDkvBlockN + kStages * kDkvBlockM) * (kQkStride + kVStride) +
+      kStages * 2 * kDkvBlockM * 4;
+  static_assert(kHeadDimQK % 16 == 0 && kHeadDimV % 16 == 0, "head dims must be multiples of 16");
+  static_assert(kDqSharedBytes <= 163 * 1024 && kDkvSharedBytes <= 163 * 1024,
+                "tiles must fit sm_80 shared memory");
+};
+
+// acc[kN / 8] += A B^T for this warp's 16 rows of A (row-major, kK columns, at `a_lane`) and
+// the kN rows of B (row-major, kK columns, at `b_lane`). Lane addresses as the forward's Q and K.
+template <typename Element, int kN, int kK, int kBStride>
+__device__ __forceinline__ void mma_rows_by_rows(float (&acc)[kN / 8][4], uint32_t a_lane,
+                                                 uint32_t b_lane) {
+  static_assert(kN % 16 == 0, "B rows come in pairs of n8 tiles");
+  constexpr int kBytes = int(sizeof(Element));
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    uint32_t a[4];
+    ptx::ldmatrix_x4(a, a_lane + kk * 16 * kBytes);
+#pragma unroll
+    for (int pair = 0; pair < kN / 16; ++pair) {
+      uint32_t bk[4];
+      ptx::ldmatrix_x4(bk, b_lane + (pair * 16 * kBStride + kk * 16) * kBytes);
+      const uint32_t b_even[2] = {bk[0], bk[1]}, b_odd[2] = {bk[2], bk[3]};
+      ptx::mma_m16n8k16<Element>(acc[2 * pair], a, b_even);
+      ptx::mma_m16n8k16<Element>(acc[2 * pair + 1], a, b_odd);
+    }
+  }
+}
+
+// acc[kD / 8] += F B for fp32 fragments F (16 rows x kK, the mma C layout, rounded to Element
+// as the A operand) and B (row-major, kK rows x kD, at `b_lane`, read transposed). The
+// forward's O += P V.
+template <typename Element, int kK, int kD, int kBStride>
+__device__ __forceinline__ void mma_fragments_by_rows(float (&acc)[kD / 8][4],
+                                                      const float (&f)[kK / 8][4],
+                                                      uint32_t b_lane) {
+  static_assert(kD % 16 == 0 && kK % 16 == 0, "16-wide MMA steps");
+  constexpr int kBytes = int(sizeof(Element));
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    uint32_t a[4];
+    pack_p_operand<Element>(f, kk, a);
+#pragma unroll
+    for (int pair = 0; pair < kD / 16; ++pair) {
+      uint32_t bv[4];
+      ptx::ldmatrix_x4_trans(bv, b_lane + (kk * 16 * kBStride + pair * 16) * kBytes);
+      const uint32_t b_even[2] = {bv[0], bv[1]}, b_odd[2] = {bv[2], bv[3]};
+      ptx::mma_m16n8k16<Element>(acc[2 * pair], a, b_even);
+      ptx::mma_m16n8k16<Element>(acc[2 * pair + 1], a, b_odd);
+    }
+  }
+}
+
+// Lane addresses (ldmatrix row pointers) of the three operand roles above.
+template <typename Element, int kStride>
+__device__ __forceinline__ uint32_t a_operand_lane(const Element* rows, int lane) {
+  return ptx::shared_address(rows + (lane % 16) * kStride + (lane / 16) * 8);
+}
+template <typename Element, int kStride>
+__device__ __forceinline__ uint32_t b_operand_lane(const Element* rows, int lane) {
+  return ptx::shared_address(rows + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
+}
+template <typename Element, int kStride>
+__device__ __forceinline__ uint32_t b_transposed_lane(const Element* rows, int lane) {
+  return ptx::shared_address(rows + (lane % 16) * kStride + (lane / 16) * 8);
+}
+
+// Whether key j is visible to query i (DESIGN.md §3), both local to their sequence.
+__device__ __forceinline__ bool key_visible(const FlashForwardParams& p, int i, int j, int seqlen_q,
+                                            int seqlen_kv, int diagonal) {
+  if (i >= seqlen_q || j >= seqlen_kv) return false;
+  const int center = i + diagonal;
+  if (p.window_left >= 0 && j < center - p.window_left) return false;
+  if (p.window_right >= 0 && j > center + p.window_right) return false;
+  return true;
+}
+
+// The logit of a raw score x = q.k in log2 units (before ALiBi and the mask), and its
+// derivative with respect to u = scale * x relative to the uncapped case: 1 - tanh^2 with a cap
+// (the forward's tanh(y) = 1 - 2r, r = 1 / (exp(2y) + 1), so 1 - t^2 = 4 r (1 - r) without
+// cancellation), else 1.
+__device__ __forceinline__ float backward_logit(const FlashForwardParams& p, float x,
+                                                float& derivative) {
+  if (p.use_softcap) {
+    const float r = __fdividef(1.f, fast_exp2(x * (p.softcap_arg_scale * 2.f * kLog2e)) + 1.f);
+    derivative = 4.f * r * (1.f - r);
+    return fmaf(r, -2.f * p.softcap_log2, p.softcap_log2);
+  }
+  derivative = 1.f;
+  return x * p.scale_log2;
+}
+
+// LSE of query row i in log2 units, +inf where no probability may come out (no row, or a row
+// that saw no key and no sink: LSE = -inf), so exp2(s - lse) is 0 there instead of NaN.
+__device__ __forceinline__ float row_lse_log2(const FlashForwardParams& p, int batch, int head,
+                                              int i, int seqlen_q) {
+  if (i >= seqlen_q) return INFINITY;
+  const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
+  const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
+  return lse == -INFINITY ? INFINITY : lse * kLog2e;
+}
+
+__device__ __forceinline__ int64_t row_workspace_index(const FlashForwardParams& p, int batch,
+                                                       int head, int i) {
+  return (int64_t(batch) * p.heads_q + head) * p.max_seqlen_q + i;
+}
+
+// Stores fp32 fragments (a slab's rows g and g + 8, kDim columns) times `factor` as Element
+// rows: `row_pointer(i)` gives row i's first element, nullptr to skip it.
+template <typename Element, int kDim, typename RowPointer>
+__device__ __forceinline__ void store_fragment_rows(const float (&acc)[kDim / 8][4], float factor,
+                                                    int row0, int quad_col,
+                                                    RowPointer row_pointer) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    Element* row = row_pointer(row0 + 8 * half);
+    if (row == nullptr) continue;
+#pragma unroll
+    for (int t = 0; t < kDim / 8; ++t)
+      *reinterpret_cast<uint32_t*>(row + 8 * t + 2 * quad_col) =
+          ptx::pack2<Element>(acc[t][2 * half] * factor, acc[t][2 * half + 1] * factor);
+  }
+}
+
+// D and the sink-gradient share of each row: one warp per row.
+template <typename Element>
+__global__ void flash_backward_prepare_kernel(const __grid_constant__ FlashBackwardParams bp,
+                                              int dim_v) {
+  const FlashForwardParams& p = bp.fwd;
+  const int batch = blockIdx.z, head = blockIdx.y;
+  const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (i >= p.max_seqlen_q) return;
+  const int seqlen_q = p.seqlen_q[batch];
+  float delta = 0.f;
+  if (i < seqlen_q) {
+    const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
+    const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
+                       row * p.o_row_stride + head * p.o_head_stride;
+    const Element* d_o = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
+                         row * bp.do_row_stride + head * bp.do_head_stride;
+    for (int c = lane; c < dim_v; c += 32) delta += to_float(o[c]) * to_float(d_o[c]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      delta += __shfl_xor_sync(0xffffffffu, delta, offset);
+  }
+  if (lane != 0) return;
+  const int64_t index = row_workspace_index(p, batch, head, i);
+  bp.row_delta[index] = delta;
+  if (bp.row_dalpha != nullptr) {
+    float share = 0.f;
+    if (i < seqlen_q) {
+      const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
+      const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
+      const float sink = sink_logit(p.softmax_type, p.softmax_offset, head);
+      if (lse != -INFINITY) share = -__expf(sink - lse) * delta;
+    }
+    bp.row_dalpha[index] = share;
+  }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_backward_dq_kernel(const __grid_constant__ FlashBackwardParams bp) {
+  using Element = typename Traits::Element;
+  const FlashForwardParams& p = bp.fwd;
+  constexpr int kBlockM = Traits::kDqBlockM, kBlockN = Traits::kDqBlockN;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kQkStride = Traits::kQkStride, kVStride = Traits::kVStride;
+  constexpr int kNTiles = kBlockN / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Element* q_shared = reinterpret_cast<Element*>(shared_bytes);  // [kBlockM, kQkStride]
+  Element* do_shared = q_shared + kBlockM * kQkStride;           // [kBlockM, kVStride]
+  Element* k_stages = do_shared + kBlockM * kVStride;            // 2 x [kBlockN, kQkStride]
+  Element* v_stages = k_stages + 2 * kBlockN * kQkStride;        // 2 x [kBlockN, kVStride]
+
+  FlashBlock<Element> b;
+  if (!make_flash_block(p, kBlockM, kBlockN, b)) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int row0 = b.m0 + warp * 16 + quad_row;  // this thread's rows row0 and row0 + 8
+
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = row0 + 8 * half;
+    lse2[half] = row_lse_log2(p, b.batch, b.head, i, b.seqlen_q);
+    delta[half] = i < b.seqlen_q ? bp.row_delta[row_workspace_index(p, b.batch, b.head, i)] : 0.f;
+  }
+
+  const int64_t q_row0 = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
+  const Element* d_o = static_cast<const Element*>(bp.d_o) + b.batch * bp.do_batch_stride +
+                       q_row0 * bp.do_row_stride + b.head * bp.do_head_stride;
+  auto load_kv = [&](int n_block, int stage) {
+    const int n0 = n_block * kBlockN;
+    load_tile_async<Traits, kBlockN, kDimQK, kQkStride>(k_stages + stage * kBlockN * kQkStride,
+                                                        b.k + int64_t(n0) * p.k_row_stride,
+                                                        p.k_row_stride, b.seqlen_kv - n0);
+    load_tile_async<Traits, kBlockN, kDimV, kVStride>(v_stages + stage * kBlockN * kVStride,
+                                                      b.v + int64_t(n0) * p.v_row_stride,
+                                                      p.v_row_stride, b.seqlen_kv - n0);
+  };
+  load_tile_async<Traits, kBlockM, kDimQK, kQkStride>(q_shared, b.q, p.q_row_stride, b.rows_here);
+  load_tile_async<Traits, kBlockM, kDimV, kVStride>(do_shared, d_o, bp.do_row_stride, b.rows_here);
+  if (b.n_block_begin < b.n_block_end) load_kv(b.n_block_begin, 0);
+  ptx::cp_async_commit();
+
+  const uint32_t q_lane =
+      a_operand_lane<Element, kQkStride>(q_shared + warp * 16 * kQkStride, lane);
+  const uint32_t do_lane =
+      a_operand_lane<Element, kVStride>(do_shared + warp * 16 * kVStride, lane);
+
+  float dq_acc[kDimQK / 8][4];
+#pragma unroll
+  for (int t = 0; t < kDimQK / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq_acc[t][e] = 0.f;
+
+  for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block) {
+    const int stage = (n_block - b.n_block_begin) % 2;
+    const int n0 = n_block * kBlockN;
+    __syncthreads();  // every warp is done with tile n - 1, whose stage is refilled next
+    if (n_block + 1 < b.n_block_end) load_kv(n_block + 1, stage ^ 1);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
+    __syncthreads();  // tile n (and Q, dO) landed for every thread
+    const Element* k_tile = k_stages + stage * kBlockN * kQkStride;
+    const Element* v_tile = v_stages + stage * kBlockN * kVStride;
+
+    uint32_t keep[2] = {0u, 0u};
+    if (p.dropout_threshold != 0) draw_keep_bits<kNTiles>(p, b, row0, n0, quad_col, keep);
+
+    // P (in s) and the cap's derivative.
+    float s[kNTiles][4], derivative[kNTiles][4];
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+    mma_rows_by_rows<Element, kBlockN, kDimQK, kQkStride>(
+        s, q_lane, b_operand_lane<Element, kQkStride>(k_tile, lane));
+    const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row0 + 8 * (e / 2), j = n0 + 8 * t + 2 * quad_col + (e & 1);
+        float logit = backward_logit(p, s[t][e], derivative[t][e]);
+        if (p.alibi_slopes) logit -= b.alibi_slope * fabsf(float(i + b.diagonal - j));
+        const bool visible =
+            fully_visible || key_visible(p, i, j, b.seqlen_q, b.seqlen_kv, b.diagonal);
+        s[t][e] = visible ? fast_exp2(logit - lse2[e / 2]) : 0.f;
+      }
+
+    // dP = dO V^T, then dU = P (dP keep / keep_prob - D) (1 - t^2), in s.
+    float dp[kNTiles][4];
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[t][e] = 0.f;
+    mma_rows_by_rows<Element, kBlockN, kDimV, kVStride>(
+        dp, do_lane, b_operand_lane<Element, kVStride>(v_tile, lane));
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float d_prob = dp[t][e];
+        if (p.dropout_threshold != 0)
+          d_prob *= (keep[e / 2] >> (2 * t + (e & 1))) & 1u ? p.dropout_scale : 0.f;
+        s[t][e] = s[t][e] * (d_prob - delta[e / 2]) * derivative[t][e];
+      }
+
+    // dq += dU K.
+    mma_fragments_by_rows<Element, kBlockN, kDimQK, kQkStride>(
+        dq_acc, s, b_transposed_lane<Element, kQkStride>(k_tile, lane));
+  }
+  ptx::cp_async_wait<0>();
+
+  const int64_t q_start = p.start_q ? p.start_q[b.batch] : 0;
+  store_fragment_rows<Element, kDimQK>(dq_acc, bp.scale, row0, quad_col, [&](int i) -> Element* {
+    if (i >= b.seqlen_q) return nullptr;
+    return static_cast<Element*>(bp.dq) + b.batch * bp.dq_batch_stride +
+           (q_start + i) * bp.dq_row_stride + b.head * bp.dq_head_stride;
+  });
+}
+
+// kDk / kDv: which of the two gradients this launch accumulates (both, for narrow heads).
+template <typename Traits, bool kDk, bool kDv>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_backward_dkdv_kernel(const __grid_constant__ FlashBackwardParams bp) {
+  using Element = typename Traits::Element;
+  const FlashForwardParams& p = bp.fwd;
+  constexpr int kBlockN = Traits::kDkvBlockN, kBlockM = Traits::kDkvBlockM;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kQkStride = Traits::kQkStride, kVStride = Traits::kVStride;
+  constexpr int kMTiles = kBlockM / 8;  // n8 tiles of S^T: query columns
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Element* k_shared = reinterpret_cast<Element*>(shared_bytes);  // [kBlockN, kQkStride]
+  Element* v_shared = k_shared + kBlockN * kQkStride;            // [kBlockN, kVStride]
+  Element* q_stages = v_shared + kBlockN * kVStride;             // 2 x [kBlockM, kQkStride]
+  Element* do_stages = q_stages + 2 * kBlockM * kQkStride;       // 2 x [kBlockM, kVStride]
+  float* lse_stages = reinterpret_cast<float*>(do_stages + 2 * kBlockM * kVStride);  // 2 x kBlockM
+  float* delta_stages = lse_stages + 2 * kBlockM;                                    // 2 x kBlockM
+
+  const int batch = blockIdx.z, kv_head = blockIdx.y;
+  const int seqlen_q = p.seqlen_q[batch], seqlen_kv = p.seqlen_kv[batch];
+  const int j0 = blockIdx.x * kBlockN;
+  if (j0 >= seqlen_kv) return;
+  const int keys_here = min(kBlockN, seqlen_kv - j0);
+  const int diagonal = p.diagonal[batch];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int key0 = j0 + warp * 16 + quad_row;  // this thread's keys key0 and key0 + 8
+
+  // Query rows that can see a key of this block: i + delta - l <= j <= i + delta + r.
+  const int last_key = j0 + keys_here - 1;
+  const int i_first = p.window_right < 0 ? 0 : max(0, j0 - diagonal - p.window_right);
+  const int i_last =
+      p.window_left < 0 ? seqlen_q - 1 : min(seqlen_q - 1, last_key - diagonal + p.window_left);
+  const int m_begin = i_first / kBlockM;
+  const int m_tiles = i_last >= i_first ? i_last / kBlockM + 1 - m_begin : 0;
+  const int group = p.group_size;
+  const int iterations = m_tiles * group;
+
+  const int64_t q_start = p.start_q ? p.start_q[batch] : 0;
+  const int64_t kv_start = p.start_kv ? p.start_kv[batch] : 0;
+  const Element* k_rows = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                          (kv_start + j0) * p.k_row_stride + kv_head * p.k_head_stride;
+  const Element* v_rows = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                          (kv_start + j0) * p.v_row_stride + kv_head * p.v_head_stride;
+  load_tile_async<Traits, kBlockN, kDimQK, kQkStride>(k_shared, k_rows, p.k_row_stride, keys_here);
+  load_tile_async<Traits, kBlockN, kDimV, kVStride>(v_shared, v_rows, p.v_row_stride, keys_here);
+
+  // Iteration `it` covers query tile m_begin + it % m_tiles of head kv_head * group + it / m_tiles.
+  auto load_queries = [&](int it, int stage) {
+    const int head = kv_head * group + it / m_tiles;
+    const int i0 = (m_begin + it % m_tiles) * kBlockM;
+    const Element* q_rows = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                            (q_start + i0) * p.q_row_stride + head * p.q_head_stride;
+    const Element* do_rows = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
+                             (q_start + i0) * bp.do_row_stride + head * bp.do_head_stride;
+    load_tile_async<Traits, kBlockM, kDimQK, kQkStride>(q_stages + stage * kBlockM * kQkStride,
+                                                        q_rows, p.q_row_stride, seqlen_q - i0);
+    load_tile_async<Traits, kBlockM, kDimV, kVStride>(do_stages + stage * kBlockM * kVStride,
+                                                      do_rows, bp.do_row_stride, seqlen_q - i0);
+    for (int r = threadIdx.x; r < kBlockM; r += Traits::kThreads) {
+      const int i = i0 + r;
+      lse_stages[stage * kBlockM + r] = row_lse_log2(p, batch, head, i, seqlen_q);
+      delta_stages[stage * kBlockM + r] =
+          i < seqlen_q ? bp.row_delta[row_workspace_index(p, batch, head, i)] : 0.f;
+    }
+  };
+  if (iterations > 0) load_queries(0, 0);
+  ptx::cp_async_commit();
+
+  const uint32_t k_lane =
+      a_operand_lane<Element, kQkStride>(k_shared + warp * 16 * kQkStride, lane);
+  const uint32_t v_lane = a_operand_lane<Element, kVStride>(v_shared + warp * 16 * kVStride, lane);
+
+  float dk_acc[kDk ? kDimQK / 8 : 1][4], dv_acc[kDv ? kDimV / 8 : 1][4];
+#pragma unroll
+  for (int t = 0; t < (kDk ? kDimQK / 8 : 1); ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[t][e] = 0.f;
+#pragma unroll
+  for (int t = 0; t < (kDv ? kDimV / 8 : 1); ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv_acc[t][e] = 0.f;
+
+  for (int it = 0; it < iterations; ++it) {
+    const int stage = it % 2;
+    const int head = kv_head * group + it / m_tiles;
+    const int i0 = (m_begin + it % m_tiles) * kBlockM;
+    __syncthreads();  // every warp is done with iteration it - 1, whose stage is refilled next
+    if (it + 1 < iterations) load_queries(it + 1, stage ^ 1);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
+    __syncthreads();  // this iteration's Q, dO, LSE and D (and K, V) are in shared memory
+    const Element* q_tile = q_stages + stage * kBlockM * kQkStride;
+    const Element* do_tile = do_stages + stage * kBlockM * kVStride;
+    const float* lse_tile = lse_stages + stage * kBlockM;
+    const float* delta_tile = delta_stages + stage * kBlockM;
+    const float alibi_slope =
+        p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
+
+    // P^T (in s), the cap's derivative, and Pd^T (P with dropout applied) for dv.
+    float s[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
+    uint32_t keep = 0;  // bit 4t + e: element (t, e) is kept
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+    mma_rows_by_rows<Element, kBlockM, kDimQK, kQkStride>(
+        s, k_lane, b_operand_lane<Element, kQkStride>(q_tile, lane));
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = key0 + 8 * (e / 2), column = 8 * t + 2 * quad_col + (e & 1);
+        const int i = i0 + column;
+        float logit = backward_logit(p, s[t][e], derivative[t][e]);
+        if (p.alibi_slopes) logit -= alibi_slope * fabsf(float(i + diagonal - j));
+        const bool visible = key_visible(p, i, j, seqlen_q, seqlen_kv, diagonal);
+        s[t][e] = visible ? fast_exp2(logit - lse_tile[column]) : 0.f;
+        p_dropped[t][e] = s[t][e];
+        if (p.dropout_threshold != 0) {
+          // One Philox block per element: in this orientation a thread's keys of one query
+          // lie in different 8-key blocks.
+          const bool kept =
+              dropout_keep(p.seed, p.offset, batch, p.heads_total, head + p.head_offset,
+                           i + p.q_position[batch], j + p.kv_position[batch], p.dropout_threshold);
+          keep |= (kept ? 1u : 0u) << (4 * t + e);
+          p_dropped[t][e] = kept ? s[t][e] * p.dropout_scale : 0.f;
+        }
+      }
+
+    if constexpr (kDv) {
+      // dv += Pd^T dO.
+      mma_fragments_by_rows<Element, kBlockM, kDimV, kVStride>(
+          dv_acc, p_dropped, b_transposed_lane<Element, kVStride>(do_tile, lane));
+    }
+    if constexpr (kDk) {
+      // dP^T = V dO^T, dU^T = P^T (dP^T keep / keep_prob - D) (1 - t^2); dk += dU^T Q.
+      float dp[kMTiles][4];
+#pragma unroll
+      for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[t][e] = 0.f;
+      mma_rows_by_rows<Element, kBlockM, kDimV, kVStride>(
+          dp, v_lane, b_operand_lane<Element, kVStride>(do_tile, lane));
+#pragma unroll
+      for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int column = 8 * t + 2 * quad_col + (e & 1);
+          float d_prob = dp[t][e];
+          if (p.dropout_threshold != 0)
+            d_prob *= (keep >> (4 * t + e)) & 1u ? p.dropout_scale : 0.f;
+          s[t][e] = s[t][e] * (d_prob - delta_tile[column]) * derivative[t][e];
+        }
+      mma_fragments_by_rows<Element, kBlockM, kDimQK, kQkStride>(
+          dk_acc, s, b_transposed_lane<Element, kQkStride>(q_tile, lane));
+    }
+  }
+  ptx::cp_async_wait<0>();
+
+  auto key_row = [&](void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return [=](int j) -> Element* {
+      if (j >= seqlen_kv) return nullptr;
+      return static_cast<Element*>(base) + batch * batch_stride + (kv_start + j) * row_stride +
+             kv_head * head_stride;
+    };
+  };
+  if constexpr (kDk)
+    store_fragment_rows<Element, kDimQK>(
+        dk_acc, bp.scale, key0, quad_col,
+        key_row(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride));
+  if constexpr (kDv)
+    store_fragment_rows<Element, kDimV>(
+        dv_acc, 1.f, key0, quad_col,
+        key_row(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride));
+}
+
+}  // namespace dpa::cuda

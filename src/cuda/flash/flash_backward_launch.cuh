@@ -1,0 +1,65 @@
+// The launch template shared by the per-head-dim backward translation units.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/flash/flash_backward_kernel.cuh"
+#include "cuda/flash/flash_backward_launch.h"
+
+namespace dpa::cuda {
+
+template <typename Kernel>
+void launch_backward_kernel(Kernel kernel, dim3 grid, int threads, int shared_bytes,
+                            const FlashBackwardParams& p, cudaStream_t stream) {
+  // More than 48 KB of dynamic shared memory is opted into per function and device.
+  DPA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<grid, threads, shared_bytes, stream>>>(p);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+template <typename Element, int kHeadDimQK, int kHeadDimV>
+void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t stream) {
+  using Traits = FlashBackwardTraits<Element, kHeadDimQK, kHeadDimV>;
+  const FlashForwardParams& f = p.fwd;
+  if (f.batch == 0 || f.heads_q == 0) return;
+  const unsigned batch = unsigned(f.batch);
+  if (f.max_seqlen_q > 0) {
+    constexpr int kRowsPerPrepareBlock = 4;  // one warp per row
+    const dim3 prepare_grid(
+        unsigned((f.max_seqlen_q + kRowsPerPrepareBlock - 1) / kRowsPerPrepareBlock),
+        unsigned(f.heads_q), batch);
+    flash_backward_prepare_kernel<Element>
+        <<<prepare_grid, 32 * kRowsPerPrepareBlock, 0, stream>>>(p, kHeadDimV);
+    DPA_CUDA_CHECK_LAUNCH();
+    const dim3 dq_grid(unsigned((f.max_seqlen_q + Traits::kDqBlockM - 1) / Traits::kDqBlockM),
+                       unsigned(f.heads_q), batch);
+    launch_backward_kernel(flash_backward_dq_kernel<Traits>, dq_grid, Traits::kThreads,
+                           Traits::kDqSharedBytes, p, stream);
+  }
+  if (f.max_seqlen_kv > 0) {
+    const dim3 dkdv_grid(unsigned((f.max_seqlen_kv + Traits::kDkvBlockN - 1) / Traits::kDkvBlockN),
+                         unsigned(f.heads_kv), batch);
+    if constexpr (Traits::kFusedDkDv) {
+      launch_backward_kernel(flash_backward_dkdv_kernel<Traits, true, true>, dkdv_grid,
+                             Traits::kThreads, Traits::kDkvSharedBytes, p, stream);
+    } else {
+      launch_backward_kernel(flash_backward_dkdv_kernel<Traits, true, false>, dkdv_grid,
+                             Traits::kThreads, Traits::kDkvSharedBytes, p, stream);
+      launch_backward_kernel(flash_backward_dkdv_kernel<Traits, false, true>, dkdv_grid,
+                             Traits::kThreads, Traits::kDkvSharedBytes, p, stream);
+    }
+  }
+}
+
+template <int kHeadDimQK, int kHeadDimV>
+void launch_flash_backward_dims(const FlashBackwardParams& p, DType dtype, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16)
+    launch_flash_backward_element<__nv_bfloat16, kHeadDimQK, kHeadDimV>(p, stream);
+  else
+    launch_flash_backward_element<__half, kHeadDimQK, kHeadDimV>(p, stream);
+}
+
+}  // namespace dpa::cuda

@@ -1,0 +1,33 @@
+// Parameters of the flash backward kernels (flash_backward_kernel.cuh): the forward's
+// parameters (inputs, sequence tables, features; `o` and `lse` are the saved forward outputs)
+// plus dO, the gradients and the per-row workspace. Host-includable.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/flash/flash_params.h"
+
+namespace dpa::cuda {
+
+struct FlashBackwardParams {
+  FlashForwardParams fwd;
+
+  const void* d_o = nullptr;  // like o
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  void* dq = nullptr;  // like q
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  void* dk = nullptr;  // like k
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  void* dv = nullptr;  // like v
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  float scale = 1.f;  // the softmax scale (natural units): dq and dk carry it
+
+  // Workspace [b, H, max_sq] fp32: D = rowsum(dO * o) per row, and each row's share of the
+  // learnable sink's gradient, -exp(alpha_h - LSE) * D (nullptr when not wanted), both written
+  // by the prepare kernel (0 for rows outside a sequence).
+  float* row_delta = nullptr;
+  float* row_dalpha = nullptr;
+};
+
+}  // namespace dpa::cuda
