@@ -12,7 +12,12 @@ peers; GB/s for decode) and OUT/bench.json (everything).
 FLOPs (DESIGN.md §10): forward 4*b*H*sq*skv*d, half for causal; windows count the visible
 (query, key) pairs exactly, for us and for the peers alike, so every ratio is a time ratio.
 
+--pass bwd (or fwdbwd) compares the backward (or forward+backward) instead: ours through
+`dpa bench --pass`, the peers from peers.py's fwd/bwd times (it measures both; backward FLOPs
+are 2.5x the forward's, forward+backward 3.5x). The gpt-oss and decode rows are forward only.
+
 usage: python3 bench/compare.py --out DIR [--dpa build/tools/dpa] [--peers .device/peers.py]
+                                [--pass fwd|bwd|fwdbwd]
 """
 import argparse
 import datetime
@@ -81,6 +86,8 @@ def run_ours(args, cfg, causal, work, index):
         flags.append("--causal")
     cmd = [args.dpa, "bench", "--shapes", shape_text(cfg["shape"]), "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--label", cfg["name"], "--json", out] + flags
+    if args.bench_pass != "fwd":
+        cmd += ["--pass", args.bench_pass]
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
     started = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -224,7 +231,17 @@ def run_extra_peers(args, iters):
     return rows
 
 
-def peer_value(peer_rows, extra_rows, cfg, causal, column):
+def pass_tflops(row, bench_pass):
+    """A peers.py row's TFLOP/s for the pass compared (backward 2.5x, both 3.5x the forward)."""
+    if bench_pass == "fwd":
+        return row["fwd_tflops"]
+    if bench_pass == "bwd":
+        return row["bwd_tflops"]
+    forward_flops_e9 = row["fwd_tflops"] * row["fwd_ms"]
+    return 3.5 * forward_flops_e9 / (row["fwd_ms"] + row["bwd_ms"])
+
+
+def peer_value(peer_rows, extra_rows, cfg, causal, column, bench_pass="fwd"):
     """(peer name, value, unit) for one table cell, or None."""
     decode = cfg.get("extra") == "decode"
     if cfg.get("extra"):
@@ -246,11 +263,14 @@ def peer_value(peer_rows, extra_rows, cfg, causal, column):
                 bool(r.get("causal")) == causal:
             if "error" in r:
                 return (name, None, r["error"])
-            return (name, r["fwd_tflops"], None)
+            try:
+                return (name, pass_tflops(r, bench_pass), None)
+            except KeyError:
+                return (name, None, "no %s time" % bench_pass)
     return None
 
 
-def build_table(ours, peer_rows, extra_rows):
+def build_table(ours, peer_rows, extra_rows, bench_pass="fwd"):
     table = []
     for row in ours:
         cfg = row["cfg"]
@@ -261,7 +281,7 @@ def build_table(ours, peer_rows, extra_rows):
             entry["ours"] = row.get("gbps") if decode else row.get("tflops")
             entry["median_ms"] = row.get("median_ms")
         for column in PEER_COLUMNS:
-            cell = peer_value(peer_rows, extra_rows, cfg, row["causal"], column)
+            cell = peer_value(peer_rows, extra_rows, cfg, row["causal"], column, bench_pass)
             if cell is None:
                 continue
             name, value, error = cell
@@ -383,6 +403,8 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="d128 configs, the gpt-oss and decode rows, peers.py at 8192:128 only")
     ap.add_argument("--skip-peers", action="store_true", help="ours only")
+    ap.add_argument("--pass", dest="bench_pass", choices=["fwd", "bwd", "fwdbwd"], default="fwd",
+                    help="the pass compared (bwd, fwdbwd: the peers.py configurations only)")
     args = ap.parse_args()
     if args.iters < 20:
         ap.error("--iters must be >= 20 (DESIGN.md §10)")
@@ -402,7 +424,8 @@ def main():
     ours = []
     with tempfile.TemporaryDirectory(prefix="dpa_compare_") as work:
         runs = [(cfg, causal) for cfg in configs for causal in (False, True)]
-        runs += [(GPT_OSS, GPT_OSS["causal"]), (DECODE, DECODE["causal"])]
+        if args.bench_pass == "fwd":
+            runs += [(GPT_OSS, GPT_OSS["causal"]), (DECODE, DECODE["causal"])]
         for index, (cfg, causal) in enumerate(runs):
             row = run_ours(args, cfg, causal, work, index)
             row["cfg"] = cfg
@@ -414,7 +437,9 @@ def main():
                 log("peers.py not found at %s (run scripts/prepare_device.sh)" % args.peers)
                 peers_status = dict(error="peers.py not found at " + args.peers)
             else:
-                if left() >= 120:
+                if args.bench_pass != "fwd":
+                    pass  # the in-process peers are forward only
+                elif left() >= 120:
                     extra_rows = run_extra_peers(args, max(20, args.iters))
                 else:
                     log("in-process peers skipped: %.0f s left of --budget-s" % left())
@@ -425,14 +450,16 @@ def main():
                     log("peers.py skipped: %.0f s left of --budget-s" % left())
                     peers_status = dict(skipped="budget spent")
 
-    table = build_table(ours, peer_rows, extra_rows)
+    table = build_table(ours, peer_rows, extra_rows, args.bench_pass)
     markdown = table_markdown(table)
     log("\n" + markdown)
     commands = [r["command"] for r in ours] + [peers_status.get("command", "")]
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write("## dpa vs PyTorch peers (%s, %s, commit %s)\n\n" %
                 (info.get("gpu"), info["date"], info.get("commit")))
-        f.write("Forward only, bf16, median of >= 20 runs after warm-up, CUDA events. Ratios are "
+        what = dict(fwd="Forward only", bwd="Backward (2.5x the forward's FLOPs)",
+                    fwdbwd="Forward + backward (3.5x the forward's FLOPs)")[args.bench_pass]
+        f.write(what + ", bf16, median of >= 20 runs after warm-up, CUDA events. Ratios are "
                 "ours / peer (> 1: ours is faster). SDPA peers have no softcap and no sink; "
                 "`flex` is the FlexAttention variant with the same feature (softcap 50, learnable "
                 "sink, 128-token window).\n\n")

@@ -6,12 +6,14 @@
 # the others; the exit status is non-zero when any step failed.
 #
 # usage: scripts/gpu_check.sh OUTDIR [STEP...]
-#   steps: build test sanitize bench (default: all four, in that order); also `host` (the host
-#   suite through ctest, not run by default).
+#   steps: build test sanitize bench (default: all four, in that order); also `bench-bwd` (the
+#   backward against the peers, into OUTDIR/bwd) and `host` (the host suite through ctest), not
+#   run by default.
 #
-# OUTDIR receives at most 10 files: build.log, gpu_tests.log, gpu_tests.xml (JUnit),
-# gpu_tests_mma_sync.log, gpu_tests_wgmma.log, sanitizer.log,
-# bench.log, bench.md, bench.png, bench.json.
+# OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
+# (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
+# gpu_tests_flash_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
+# bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
 #   DPA_BUILD_DIR        build directory (default: build-device in the repository)
@@ -59,7 +61,11 @@ memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
     'Cases/UnfusedForwardBackward.MatchesExact/arbitrary' \
     'Cases/UnfusedForwardBackward.MatchesExact/bias_pre_scale_softcap' \
     'Cases/UnfusedForwardBackward.MatchesExact/dropout_causal_sink_softcap' \
-    'Cases/UnfusedForwardBackward.MatchesExact/decode_thd_window'
+    'Cases/UnfusedForwardBackward.MatchesExact/decode_thd_window' \
+    'Cases/FlashForwardBackward.MatchesExact/hdim256_fp16' \
+    'Cases/FlashForwardBackward.MatchesExact/thd_padded_offsets_causal' \
+    'Cases/FlashForwardBackward.MatchesExact/dropout_causal_sink_softcap' \
+    'Cases/FlashForwardBackward.MatchesExact/window_bottom_right'
 )}"
 racecheck_filter="${DPA_RACECHECK_FILTER:-$(
   printf '%s:' \
@@ -68,7 +74,9 @@ racecheck_filter="${DPA_RACECHECK_FILTER:-$(
     'Cases/FlashForward.MatchesExact/thd_sink_causal_bottom_right' \
     'Cases/FlashForward.MatchesExact/decode_thd_window' \
     'Cases/UnfusedForwardBackward.MatchesExact/thd_padded_offsets_causal' \
-    'Cases/UnfusedForwardBackward.MatchesExact/sink_learnable_softcap_causal'
+    'Cases/UnfusedForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
+    'Cases/FlashForwardBackward.MatchesExact/hdim128_bf16' \
+    'Cases/FlashForwardBackward.MatchesExact/thd_sink_causal_bottom_right'
 )}"
 
 summary=()
@@ -163,14 +171,21 @@ step_test() {
   # plain two-warpgroup form (wider heads); the mma.sync family (what sm_80 runs) gets the same
   # forward cases and the CP suite's GPU tiles, and the plain wgmma form the forward cases at
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
+  # The CP suite runs once more with the fused backward opted in (DPA_FLASH_BACKWARD=1: its
+  # tiles' backward on cuda_flash instead of cuda_unfused).
   local kernel filter
-  for kernel in mma_sync wgmma; do
+  for kernel in mma_sync wgmma flash_backward; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
+    local -a environment=(DPA_FLASH_FORWARD_KERNEL=$kernel)
     filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
     [ "$kernel" = wgmma ] && filter='Cases/FlashForward.*'
-    run_step "$log" "$(remaining)" env DPA_FLASH_FORWARD_KERNEL=$kernel "$exe" \
+    if [ "$kernel" = flash_backward ]; then
+      environment=(DPA_FLASH_BACKWARD=1)
+      filter='VirtualRanks/GpuCp.*'
+    fi
+    run_step "$log" "$(remaining)" env "${environment[@]}" "$exe" \
       --gtest_filter="$filter"
     rc=$?
     record "test-$kernel" "$(status_word "$rc")" $(($(date +%s) - t0)) \
@@ -235,6 +250,26 @@ step_bench() {
     "bench.md, bench.png, bench.json; bench.log"
 }
 
+# The backward against the peers' backward (compare.py --pass bwd), with the fused backward
+# opted in; into OUTDIR/bwd/.
+step_bench_bwd() {
+  local log="$out/bench_bwd.log" t0 rc limit
+  : >"$log"
+  t0=$(date +%s)
+  if [ ! -x "$build/tools/dpa" ]; then
+    record bench-bwd "NOT-RUN" 0 "no dpa binary"
+    return
+  fi
+  limit=$(remaining)
+  # shellcheck disable=SC2086
+  run_step "$log" "$limit" env DPA_FLASH_BACKWARD=1 python3 "$root/bench/compare.py" \
+    --out "$out/bwd" --pass bwd --dpa "$build/tools/dpa" --peers "$root/.device/peers.py" \
+    --budget-s $((limit - 10)) ${DPA_BENCH_ARGS:-}
+  rc=$?
+  record bench-bwd "$(status_word "$rc")" $(($(date +%s) - t0)) \
+    "bwd/bench.md, bwd/bench.png, bwd/bench.json; bench_bwd.log"
+}
+
 step_host() {
   local log="$out/host_tests.log" t0 rc
   : >"$log"
@@ -254,19 +289,26 @@ fi
 for step in "${steps[@]}"; do
   case "$step" in
     build | test | sanitize | bench | host) "step_$step" ;;
+    bench-bwd) step_bench_bwd ;;
     *)
-      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench, host)" >&2
+      echo "gpu_check: unknown step '$step' (build, test, sanitize, bench, bench-bwd, host)" >&2
       record "$step" "UNKNOWN" 0 ""
       ;;
   esac
 done
 
-if [ -f "$out/bench.md" ]; then
-  echo
-  sed -n '/^| config/,/^$/p' "$out/bench.md"
-fi
-echo
-echo "== gpu_check summary: ${gpu_info:-unknown GPU}, commit ${commit:-unknown}," \
-  "$(($(date +%s) - started))s, logs in $out =="
-printf '%s\n' "${summary[@]}"
+for table in "$out/bench.md" "$out/bwd/bench.md"; do
+  if [ -f "$table" ]; then
+    echo
+    sed -n '/^| config/,/^$/p' "$table"
+  fi
+done
+# The device tool returns at most 8 files: the logs travel as one archive.
+(cd "$out" && shopt -s nullglob && logs=(*.log *.xml) && [ ${#logs[@]} -gt 0 ] &&
+  tar czf logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}")
+{
+  echo "== gpu_check summary: ${gpu_info:-unknown GPU}, commit ${commit:-unknown}," \
+    "$(($(date +%s) - started))s, logs in $out (logs.tar.gz) =="
+  printf '%s\n' "${summary[@]}"
+} | tee "$out/summary.txt"
 exit $failed

@@ -67,7 +67,6 @@ class CudaFlashBackend final : public Backend {
     caps_.sink_grad = true;
     caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
       if (r.pass != Pass::kBackward) return std::nullopt;
-      if (r.cp_tile) return "no backward for context-parallel tiles yet";
       // The fused backward was written without a GPU run; until the GPU suite has passed on
       // it (docs/cuda_flash.md), it runs only when asked for.
       const char* opt_in = std::getenv("DPA_FLASH_BACKWARD");
