@@ -40,6 +40,10 @@ struct FeatureRequest {
   // tile-local (AttentionProblem::cp_dbias_local; cuda_unfused).
   bool cp_dbias_unsharded = false;
   bool cp_dbias_local = false;
+  // Every q/k/v/o (forward) and dO/dq/dk/dv (backward) row starts on a 16-byte boundary:
+  // aligned base pointers and batch/row/head strides (kernels that copy rows in 16-byte chunks
+  // need it; a misaligned access would be a sticky device error).
+  bool rows_16_byte_aligned = true;
   int device_arch = 0;   // e.g. 90 for sm_90; 0 on the CPU
   int device_index = 0;  // of q's device (size limits query its free memory)
 };

@@ -1,6 +1,7 @@
 #include "core/selector.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
@@ -140,6 +141,17 @@ const std::vector<Rule>& rules() {
 
 }  // namespace
 
+namespace {
+
+bool rows_16_byte_aligned(const TensorView& t, const RowLayout& layout) {
+  const int64_t size = int64_t(dtype_size(t.dtype));
+  const auto aligned = [&](int64_t stride) { return (stride * size) % 16 == 0; };
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && aligned(layout.stride_batch) &&
+         aligned(layout.stride_seq) && aligned(layout.stride_head);
+}
+
+}  // namespace
+
 FeatureRequest make_feature_request(const AttentionProblem& p) {
   FeatureRequest r;
   r.pass = p.pass;
@@ -168,6 +180,16 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   for (int64_t position : p.cp_kv_position) r.cp_keys_unaligned |= position % 8 != 0;
   r.cp_dbias_local = r.cp_tile && p.wants_dbias && p.cp_dbias_local;
   r.cp_dbias_unsharded = r.cp_tile && p.wants_dbias && !p.cp_dbias_local;
+  r.rows_16_byte_aligned = rows_16_byte_aligned(p.q, p.q_rows) &&
+                           rows_16_byte_aligned(p.k, p.k_rows) &&
+                           rows_16_byte_aligned(p.v, p.v_rows);
+  if (p.pass == Pass::kForward)
+    r.rows_16_byte_aligned = r.rows_16_byte_aligned && rows_16_byte_aligned(p.o, p.o_rows);
+  else
+    r.rows_16_byte_aligned =
+        r.rows_16_byte_aligned && rows_16_byte_aligned(p.o, p.o_rows) &&
+        rows_16_byte_aligned(p.d_o, p.do_rows) && rows_16_byte_aligned(p.dq, p.dq_rows) &&
+        rows_16_byte_aligned(p.dk, p.dk_rows) && rows_16_byte_aligned(p.dv, p.dv_rows);
   r.device_arch = p.device_arch;
   r.device_index = p.device_index;
   return r;

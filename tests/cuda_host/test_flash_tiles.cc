@@ -1,6 +1,8 @@
 // Host-side tile shapes and launch heuristics of the flash kernels (no GPU needed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "cuda/flash/flash_tiles.h"
 
 namespace dpa::cuda {
@@ -71,6 +73,25 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(128, 128));
   EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(192, 128));
   EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(256, 256));
+}
+
+TEST(FlashTiles, BackwardTilesFitSharedMemory) {
+  const int pairs[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+  for (const auto& pair : pairs) {
+    const int bytes = flash_backward_shared_bytes(pair[0], pair[1]);
+    EXPECT_LE(bytes, 163 * 1024) << pair[0] << "/" << pair[1];  // sm_80's opt-in maximum
+    EXPECT_EQ(bytes, std::max(flash_backward_dq_shared_bytes(pair[0], pair[1]),
+                              flash_backward_dkdv_shared_bytes(pair[0], pair[1])));
+  }
+  // Wide heads take 32-key dq tiles (the dq accumulator alone is 128 registers per thread).
+  EXPECT_EQ(flash_backward_dq_block_n(128, 128), 64);
+  EXPECT_EQ(flash_backward_dq_block_n(256, 256), 32);
+  EXPECT_EQ(flash_backward_dq_block_n(192, 128), 32);
+  // d = 128: Q and dO (64 rows) and two stages of 64-key K and V, rows padded to 136.
+  EXPECT_EQ(flash_backward_dq_shared_bytes(128, 128), 2 * (64 + 128) * 272);
+  // sm_86 / sm_89 (99 KB per block) fit the narrow heads only: the selector checks the device.
+  EXPECT_LE(flash_backward_shared_bytes(96, 96), 99 * 1024);
+  EXPECT_GT(flash_backward_shared_bytes(128, 128), 99 * 1024);
 }
 
 TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {

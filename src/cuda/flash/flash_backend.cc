@@ -63,6 +63,25 @@ class CudaFlashBackend final : public Backend {
         return "dropout in a context-parallel tile whose keys do not start on a multiple of 8";
       return std::nullopt;
     });
+    // Rows are copied in 16-byte chunks (cp.async) and stored in 4-byte pairs.
+    caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
+      if (r.rows_16_byte_aligned) return std::nullopt;
+      return "a tensor's rows do not start on 16-byte boundaries (base pointer or stride)";
+    });
+    // Tiles must fit the device's shared memory per block (sm_86 / sm_89 have 99 KB against
+    // sm_80's 163 KB and sm_90's 227 KB).
+    caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
+      const cuda::DeviceInfo& device = cuda::device_info(r.device_index);
+      if (!device.present) return std::nullopt;  // unavailable anyway, with its own reason
+      const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
+      const int need =
+          r.pass == Pass::kBackward
+              ? cuda::flash_backward_shared_bytes(dqk, dv)
+              : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, device.arch).shared_bytes;
+      if (size_t(need) <= device.shared_memory_per_block_optin) return std::nullopt;
+      return "its tiles need " + std::to_string(need) + " bytes of shared memory per block, the " +
+             "device has " + std::to_string(device.shared_memory_per_block_optin);
+    });
     caps_.backward = true;
     caps_.sink_grad = true;
     caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {

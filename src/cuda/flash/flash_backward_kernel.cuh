@@ -31,24 +31,29 @@ template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
 struct FlashBackwardTraits {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
-  static constexpr bool kWide = kHeadDimQK > 128 || kHeadDimV > 128;
+  static constexpr bool kWide = flash_backward_wide(kHeadDimQK, kHeadDimV);
   static constexpr int kWarps = 4, kThreads = 128;
   // dq: 64 query rows (one 16-row slab per warp) against key tiles of 64 (32 for wide heads,
   // whose dq accumulator alone is 128 registers).
-  static constexpr int kDqBlockM = 64, kDqBlockN = kWide ? 32 : 64;
-  // dk/dv: 64 keys against query tiles of 32. Wide heads accumulate dk and dv in two launches.
+  static constexpr int kDqBlockM = 64, kDqBlockN = flash_backward_dq_block_n(kHeadDimQK, kHeadDimV);
+  // dk/dv: 64 keys against query tiles of 32 (one query per lane for the dropout draws). Wide
+  // heads accumulate dk and dv in two launches.
   static constexpr int kDkvBlockN = 64, kDkvBlockM = 32;
   static constexpr bool kFusedDkDv = !kWide;
   static constexpr int kPad = 8;  // as the forward: conflict-free ldmatrix rows
   static constexpr int kQkStride = kHeadDimQK + kPad, kVStride = kHeadDimV + kPad;
   static constexpr int kStages = 2;
-  // Q and dO of the block, then two stages of K and V.
-  static constexpr int kDqSharedBytes =
-      2 * (kDqBlockM + kStages * kDqBlockN) * (kQkStride + kVStride);
-  // K and V of the block, two stages of Q and dO, and the stages' LSE and D.
-  static constexpr int kDkvSharedBytes =
-      2 * (kDkvBlockN + kStages * kDkvBlockM) * (kQkStride + kVStride) +
-      kStages * 2 * kDkvBlockM * 4;
+  // Host and device agree on the sizes (flash_tiles.h; the selector checks them against the
+  // device's shared memory per block).
+  static constexpr int kDqSharedBytes = flash_backward_dq_shared_bytes(kHeadDimQK, kHeadDimV);
+  static constexpr int kDkvSharedBytes = flash_backward_dkdv_shared_bytes(kHeadDimQK, kHeadDimV);
+  static_assert(kDqSharedBytes == 2 * (kDqBlockM + kStages * kDqBlockN) * (kQkStride + kVStride),
+                "dq shared layout");
+  static_assert(kDkvSharedBytes ==
+                    2 * (kDkvBlockN + kStages * kDkvBlockM) * (kQkStride + kVStride) +
+                        kStages * 2 * kDkvBlockM * 4 + kWarps * 2 * kDkvBlockM,
+                "dk/dv shared layout");
+  static_assert(kDkvBlockM == 32, "one query per lane draws the dropout keep masks");
   static_assert(kHeadDimQK % 16 == 0 && kHeadDimV % 16 == 0, "head dims must be multiples of 16");
   static_assert(kDqSharedBytes <= 163 * 1024 && kDkvSharedBytes <= 163 * 1024,
                 "tiles must fit sm_80 shared memory");
@@ -201,7 +206,7 @@ __global__ void flash_backward_prepare_kernel(const __grid_constant__ FlashBackw
       const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
       const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
       const float sink = sink_logit(p.softmax_type, p.softmax_offset, head);
-      if (lse != -INFINITY) share = -__expf(sink - lse) * delta;
+      if (lse != -INFINITY) share = -expf(sink - lse) * delta;
     }
     bp.row_dalpha[index] = share;
   }
@@ -350,6 +355,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Element* do_stages = q_stages + 2 * kBlockM * kQkStride;       // 2 x [kBlockM, kVStride]
   float* lse_stages = reinterpret_cast<float*>(do_stages + 2 * kBlockM * kVStride);  // 2 x kBlockM
   float* delta_stages = lse_stages + 2 * kBlockM;                                    // 2 x kBlockM
+  // Per warp, per 8-key block of its 16 keys, per query: bit k = key 8 * half + k is kept.
+  uint8_t* keep_masks =
+      reinterpret_cast<uint8_t*>(delta_stages + 2 * kBlockM) + (threadIdx.x / 32) * 2 * kBlockM;
 
   const int batch = blockIdx.z, kv_head = blockIdx.y;
   const int seqlen_q = p.seqlen_q[batch], seqlen_kv = p.seqlen_kv[batch];
@@ -359,7 +367,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int diagonal = p.diagonal[batch];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int key0 = j0 + warp * 16 + quad_row;  // this thread's keys key0 and key0 + 8
+  const int warp_key0 = j0 + warp * 16;
+  const int key0 = warp_key0 + quad_row;  // this thread's keys key0 and key0 + 8
 
   // Query rows that can see a key of this block: i + delta - l <= j <= i + delta + r.
   const int last_key = j0 + keys_here - 1;
@@ -432,6 +441,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float alibi_slope =
         p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
 
+    // Dropout keep masks, drawn before S exists (as the forward): lane l draws the two Philox
+    // blocks (8 keys each) of query i0 + l for this warp's 16 keys, then every thread reads its
+    // elements' bits. The warp's keys start on a multiple of 8 in the unsharded sequence (a CP
+    // tile whose keys do not is refused with dropout). The loop-top barrier orders these
+    // writes after the previous iteration's reads.
+    if (p.dropout_threshold != 0) {
+      const int64_t global_row = i0 + lane + int64_t(p.q_position[batch]);
+      const int64_t global_key = warp_key0 + int64_t(p.kv_position[batch]);
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        const Philox4 block =
+            dropout_block(p.seed, p.offset, batch, p.heads_total, head + p.head_offset, global_row,
+                          global_key + 8 * half);
+        uint32_t mask = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          mask |= (dropout_u16(block, k) >= p.dropout_threshold ? 1u : 0u) << k;
+        keep_masks[half * kBlockM + lane] = uint8_t(mask);
+      }
+      __syncwarp();
+    }
+
     // P^T (in s), the cap's derivative, and Pd^T (P with dropout applied) for dv.
     float s[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
     uint32_t keep = 0;  // bit 4t + e: element (t, e) is kept
@@ -453,11 +484,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         s[t][e] = visible ? fast_exp2(logit - lse_tile[column]) : 0.f;
         p_dropped[t][e] = s[t][e];
         if (p.dropout_threshold != 0) {
-          // One Philox block per element: in this orientation a thread's keys of one query
-          // lie in different 8-key blocks.
-          const bool kept =
-              dropout_keep(p.seed, p.offset, batch, p.heads_total, head + p.head_offset,
-                           i + p.q_position[batch], j + p.kv_position[batch], p.dropout_threshold);
+          const bool kept = (keep_masks[(e / 2) * kBlockM + column] >> quad_row) & 1u;
           keep |= (kept ? 1u : 0u) << (4 * t + e);
           p_dropped[t][e] = kept ? s[t][e] * p.dropout_scale : 0.f;
         }

@@ -1,5 +1,6 @@
 #include "cuda/flash/flash_forward_plan.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -52,8 +53,15 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
     params.softcap_arg_scale = float(p.scale / p.softcap);
     params.softcap_log2 = float(p.softcap * kLog2e);
   }
-  params.window_left = int(p.window_left);
-  params.window_right = int(p.window_right);
+  // A window at least as long as any distance between a query and a key (diagonal included)
+  // is unbounded; passing it as -1 keeps the kernels' int arithmetic (center +- window) from
+  // overflowing for huge windows such as INT_MAX.
+  int64_t reach = p.max_seqlen_q + p.max_seqlen_kv;
+  for (int64_t b = 0; b < p.batch; ++b)
+    reach = std::max(reach, p.max_seqlen_q + p.max_seqlen_kv + std::abs(p.diagonal_offset(b)));
+  auto window = [&](int64_t bound) { return bound < 0 || bound >= reach ? -1 : int(bound); };
+  params.window_left = window(p.window_left);
+  params.window_right = window(p.window_right);
   params.diagonal = plan.tables.diagonal;
   params.q_position = plan.tables.q_position;
   params.kv_position = plan.tables.kv_position;
@@ -90,7 +98,8 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   return plan;
 }
 
-FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
+FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
+                                   int arch) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
   // On Hopper the warp-specialised wgmma kernel where it measured fastest
   // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form. For
@@ -98,14 +107,19 @@ FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
   // plain wgmma form.
   const char* forced = std::getenv("DPA_FLASH_FORWARD_KERNEL");
   const std::string_view kernel = forced ? forced : "";
-  const bool hopper = device_info(p.device_index).arch == 90 && kernel != "mma_sync";
-  FlashTileShape shape = flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v),
-                                                  p.max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
+  const bool hopper = arch == 90 && kernel != "mma_sync";
+  FlashTileShape shape = flash_forward_tile_shape(int(head_dim_qk), int(head_dim_v),
+                                                  max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
   const bool warp_specialized = kernel != "wgmma" && flash_forward_wgmma_prefers_warp_specialized(
-                                                         int(p.head_dim_qk), int(p.head_dim_v));
+                                                         int(head_dim_qk), int(head_dim_v));
   if (shape.wgmma && warp_specialized)
-    shape = flash_forward_wgmma_ws_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
+    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v));
   return shape;
+}
+
+FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
+  return flash_forward_shape(p.head_dim_qk, p.head_dim_v, p.max_seqlen_q,
+                             device_info(p.device_index).arch);
 }
 
 }  // namespace dpa::cuda

@@ -23,7 +23,10 @@ struct FlashForwardPlan {
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
                                     cudaStream_t stream, bool split_kv = true);
 
-// The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows.
+// The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
+// the wgmma forms on compute capability 9.0 (`arch` 90).
+FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
+                                   int arch);
 FlashTileShape flash_forward_shape_for(const AttentionProblem& problem);
 
 }  // namespace dpa::cuda

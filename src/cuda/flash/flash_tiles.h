@@ -102,6 +102,31 @@ constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_
   return shape;
 }
 
+// The fused backward's tiles (flash_backward_kernel.cuh reads these): a dq block of 64 query
+// rows against key tiles of 64 (32 for head dims above 128), a dk/dv block of 64 keys against
+// query tiles of 32; rows padded by 8 elements; two stages of the streamed operand.
+constexpr bool flash_backward_wide(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk > 128 || head_dim_v > 128;
+}
+constexpr int flash_backward_dq_block_n(int head_dim_qk, int head_dim_v) {
+  return flash_backward_wide(head_dim_qk, head_dim_v) ? 32 : 64;
+}
+constexpr int flash_backward_dq_shared_bytes(int head_dim_qk, int head_dim_v) {
+  // Q and dO of the block, two stages of K and V.
+  return 2 * (64 + 2 * flash_backward_dq_block_n(head_dim_qk, head_dim_v)) *
+         (head_dim_qk + 8 + head_dim_v + 8);
+}
+constexpr int flash_backward_dkdv_shared_bytes(int head_dim_qk, int head_dim_v) {
+  // K and V of the block, two stages of Q and dO with their LSE and D (fp32), and each warp's
+  // dropout keep masks (one byte per query and 8-key block).
+  return 2 * (64 + 2 * 32) * (head_dim_qk + 8 + head_dim_v + 8) + 2 * 2 * 32 * 4 + 4 * 2 * 32;
+}
+constexpr int flash_backward_shared_bytes(int head_dim_qk, int head_dim_v) {
+  const int dq = flash_backward_dq_shared_bytes(head_dim_qk, head_dim_v);
+  const int dkdv = flash_backward_dkdv_shared_bytes(head_dim_qk, head_dim_v);
+  return dq > dkdv ? dq : dkdv;
+}
+
 // The (dqk, dv) pairs with compiled kernels (both dtypes).
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v);
 
