@@ -126,6 +126,14 @@ class NcclCommunicator : public Communicator {
   virtual bool healthy() const = 0;
 };
 
+// Host buffers over an NCCL communicator: every operation copies its host inputs to device
+// memory on `device_comm`'s stream, runs there, and copies its outputs back to the host buffers
+// when its wait() returns (the same rules as `device_comm` otherwise: matching, deferral,
+// timeouts). Context parallelism with CUDA tensors exchanges host buffers (it stages through the
+// host), so cp_attention over NCCL uses this; a copy in and out per message is the price.
+// `device_comm` must outlive the result. Throws kNotSupported without NCCL.
+std::unique_ptr<Communicator> make_host_staged_communicator(NcclCommunicator& device_comm);
+
 // Creates this rank's communicator on CUDA device `device`. Every rank calls it with the same
 // `size` and bootstrap; it returns when all `size` ranks have joined, and throws
 // kBackendFailure (after ncclCommAbort) when that takes longer than `timeout`. `stream`: a

@@ -1,10 +1,12 @@
 // Context parallelism with virtual ranks on one GPU (DESIGN.md §8): ranks are threads of this
 // process, every tensor of the call lives on the device, and the tiles run on the CUDA
-// backends (cuda_flash forward where it takes the tile, cuda_unfused backward). Every output
+// backends (cuda_flash forward where it takes the tile, cuda_unfused backward unless the fused
+// backward is opted in). Every output
 // and gradient (dbias as the sum of the ranks' partials) is compared with the unsharded
 // cpu_exact oracle on the same rounded inputs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -366,7 +368,13 @@ TEST_P(GpuCp, MatchesExact) {
   if (gpu_case.flash_forward) {
     EXPECT_EQ(run.forward_backend, BackendKind::kCudaFlash);
   }
-  EXPECT_EQ(run.backward_backend, BackendKind::kCudaUnfused);
+  // The fused backward takes the tiles the flash forward takes once opted in (gpu_check re-runs
+  // this suite with DPA_FLASH_BACKWARD=1).
+  const char* opt_in = std::getenv("DPA_FLASH_BACKWARD");
+  const bool flash_backward = opt_in != nullptr && std::string(opt_in) == "1";
+  EXPECT_EQ(run.backward_backend, flash_backward && gpu_case.flash_forward
+                                      ? BackendKind::kCudaFlash
+                                      : BackendKind::kCudaUnfused);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

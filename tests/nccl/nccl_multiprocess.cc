@@ -7,7 +7,9 @@
 //
 // Every value is checked on the host: byte patterns that depend on (source, destination, what,
 // index), so a block from the wrong rank or a message matched to the wrong receive shows up;
-// reductions of small integers, exact in fp32. The last phase kills one rank and checks that
+// reductions of small integers, exact in fp32. Then context parallelism over NCCL
+// (nccl_cp.cc): every CP configuration and comm type against the single-GPU result, and with
+// --cp-bench the scaling benchmark. The last phase kills one rank and checks that
 // every other rank gets a dpa::Error within the timeout instead of hanging.
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -29,6 +31,7 @@ extern char** environ;
 
 #include "dpa/error.h"
 #include "dpa/nccl.h"
+#include "nccl/nccl_cp.h"
 
 namespace {
 
@@ -284,6 +287,8 @@ struct WorkerSettings {
   std::string id_file, id_key;
   std::chrono::milliseconds dead_peer_timeout{5000};
   bool dead_peer = true;
+  int64_t cp_seqlen = 2048;  // DPA_NCCL_TEST_CP_SEQLEN (--cp-seqlen); 0 skips the CP phase
+  int64_t cp_bench = 0;      // DPA_NCCL_TEST_CP_BENCH (--cp-bench): tokens per GPU
 };
 
 void log(int rank, const std::string& message) {
@@ -433,6 +438,14 @@ int worker(const WorkerSettings& settings) {
     cuda_check(cudaSetDevice(config.device), "cudaSetDevice");
     main_communicator(settings);
     id_bytes_communicator(settings, config.launch, config.device);
+    dpa::nccl_test::CpPhaseSettings cp;
+    cp.id_file = settings.id_file + ".cp";
+    cp.id_key = settings.id_key;
+    cp.seqlen = settings.cp_seqlen;
+    cp.bench_seqlen_per_gpu = settings.cp_bench;
+    dpa::nccl_test::run_cp_correctness(config.launch, config.device, cp);
+    if (cp.seqlen > 0 && env->rank == 0) log(0, "context parallelism over NCCL ok");
+    dpa::nccl_test::run_cp_scaling(config.launch, config.device, cp);
     if (settings.dead_peer && env->size >= 2) dead_peer(settings, config.launch, config.device);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "%s: rank %d: FAILED: %s\n", kName, env->rank, error.what());
@@ -576,10 +589,18 @@ int main(int argc, char** argv) {
       worker_mode = true;
     } else if (arg == "--no-dead-peer") {
       settings.dead_peer = false;
+    } else if ((arg == "--cp-seqlen" || arg == "--cp-bench") && i + 1 < argc) {
+      // Through the environment, so that the workers (and torchrun's) see it too.
+      setenv(arg == "--cp-seqlen" ? "DPA_NCCL_TEST_CP_SEQLEN" : "DPA_NCCL_TEST_CP_BENCH",
+             argv[++i], 1);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--nproc N] [--deadline-s S] [--no-dead-peer]   (launcher)\n"
-                   "       %s [--no-dead-peer]   (worker, under torchrun/mpirun/srun)\n",
+                   "usage: %s [--nproc N] [--deadline-s S] [--no-dead-peer] [--cp-seqlen S]\n"
+                   "          [--cp-bench TOKENS_PER_GPU]   (launcher)\n"
+                   "       %s [--no-dead-peer]   (worker, under torchrun/mpirun/srun)\n"
+                   "  --cp-seqlen: unsharded length of the CP configurations (default 2048, 0 "
+                   "skips them)\n"
+                   "  --cp-bench: run the CP scaling benchmark with this many tokens per GPU\n",
                    argv[0], argv[0]);
       return 2;
     }
@@ -596,5 +617,9 @@ int main(int argc, char** argv) {
     settings.id_key = run_id;
   if (const char* ms = std::getenv("DPA_NCCL_TEST_DEAD_PEER_TIMEOUT_MS"))
     settings.dead_peer_timeout = std::chrono::milliseconds(std::atol(ms));
+  if (const char* seqlen = std::getenv("DPA_NCCL_TEST_CP_SEQLEN"))
+    settings.cp_seqlen = std::atoll(seqlen);
+  if (const char* tokens = std::getenv("DPA_NCCL_TEST_CP_BENCH"))
+    settings.cp_bench = std::atoll(tokens);
   return worker(settings);
 }

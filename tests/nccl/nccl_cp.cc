@@ -1,0 +1,409 @@
+// Context parallelism across processes over NCCL (nccl_cp.h). Every rank builds the same
+// inputs (make_case is seeded), computes the unsharded call on its own GPU as the reference,
+// then runs its shard through ContextParallelAttention over the host-staged NCCL communicator
+// and compares what it got with its shard of the reference.
+#include "nccl_cp.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpa/cp.h"
+#include "support/attention_case.h"
+#include "support/cp_case.h"
+
+namespace dpa::nccl_test {
+namespace {
+
+using test::CaseSpec;
+using test::CaseTensors;
+using test::HostTensor;
+using Clock = std::chrono::steady_clock;
+
+void cuda_ok(cudaError_t error, const char* what) {
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+// A tensor in this rank's GPU memory (poisoned with 0xFF: NaN, when not copied from the host).
+class DeviceCopy {
+ public:
+  DeviceCopy() = default;
+  DeviceCopy(DType dtype, const std::vector<int64_t>& shape, int device) : shape_(shape) {
+    int64_t count = 1;
+    for (int64_t extent : shape) count *= extent;
+    bytes_ = size_t(count) * dtype_size(dtype);
+    cuda_ok(cudaMalloc(&data_, std::max<size_t>(bytes_, 1)), "cudaMalloc");
+    cuda_ok(cudaMemset(data_, 0xFF, std::max<size_t>(bytes_, 1)), "cudaMemset");
+    view_ = TensorView::contiguous(data_, dtype, shape.data(), int(shape.size()), Device::kCUDA);
+    view_.device_index = device;
+  }
+  DeviceCopy(const HostTensor& host, int device) : DeviceCopy(host.dtype(), host.shape(), device) {
+    cuda_ok(cudaMemcpy(data_, host.view().data, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  ~DeviceCopy() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  DeviceCopy(DeviceCopy&& other) noexcept { *this = std::move(other); }
+  DeviceCopy& operator=(DeviceCopy&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    std::swap(shape_, other.shape_);
+    std::swap(view_, other.view_);
+    return *this;
+  }
+  bool defined() const { return data_ != nullptr; }
+  const TensorView& view() const { return view_; }
+  HostTensor download() const {
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    HostTensor host(view_.dtype, shape_);
+    cuda_ok(cudaMemcpy(host.view().data, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return host;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::vector<int64_t> shape_;
+  TensorView view_;
+};
+
+// The forward and backward outputs of one call; `lse_shape` as the backends store it.
+struct Outputs {
+  HostTensor o, lse, dq, dk, dv, dalpha;
+};
+
+std::vector<int64_t> lse_shape_of(const CaseSpec& spec, int64_t rows) {
+  if (spec.config.format == Format::kTHD) return {spec.heads_q, rows};
+  return {spec.batch, spec.heads_q, rows};
+}
+
+// One call's tensors on this rank's GPU: the inputs of `t` (q, k, v and dO given separately:
+// the full ones or a shard) and every output.
+class DeviceCall {
+ public:
+  DeviceCall(const CaseSpec& spec, const CaseTensors& t, const HostTensor& q, const HostTensor& k,
+             const HostTensor& v, const HostTensor& d_o, const std::vector<int64_t>& lse_shape,
+             int device)
+      : q_(q, device),
+        k_(k, device),
+        v_(v, device),
+        d_o_(d_o, device),
+        o_(spec.dtype, d_o.shape(), device),
+        lse_(DType::kFloat32, lse_shape, device),
+        dq_(spec.dtype, q.shape(), device),
+        dk_(spec.dtype, k.shape(), device),
+        dv_(spec.dtype, v.shape(), device) {
+    if (t.softmax_offset.defined()) {
+      offsets_ = DeviceCopy(t.softmax_offset, device);
+      dalpha_ = DeviceCopy(DType::kFloat32, {spec.heads_q}, device);
+    }
+    if (t.alibi_slopes.defined()) slopes_ = DeviceCopy(t.alibi_slopes, device);
+    in_ = t.inputs();  // host sequence tables (unsharded lengths)
+    in_.q = q_.view();
+    in_.k = k_.view();
+    in_.v = v_.view();
+    in_.softmax_offset = offsets_.defined() ? offsets_.view() : TensorView{};
+    in_.alibi_slopes = slopes_.defined() ? slopes_.view() : TensorView{};
+    seed_ = spec.config.seed;
+  }
+
+  // Forward, then backward; returns when the GPU is done.
+  void run(const std::function<ForwardResult(const ForwardArgs&)>& forward,
+           const std::function<void(const BackwardArgs&)>& backward) {
+    ForwardArgs fwd;
+    fwd.in = in_;
+    fwd.o = o_.view();
+    fwd.lse = lse_.view();
+    fwd.rng = RngState{seed_, 7};
+    const ForwardResult result = forward(fwd);
+    BackwardArgs bwd;
+    bwd.in = in_;
+    bwd.o = o_.view();
+    bwd.lse = lse_.view();
+    bwd.d_o = d_o_.view();
+    bwd.dq = dq_.view();
+    bwd.dk = dk_.view();
+    bwd.dv = dv_.view();
+    bwd.rng = result.rng;
+    if (dalpha_.defined()) bwd.dsoftmax_offset = dalpha_.view();
+    backward(bwd);
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
+  Outputs download() const {
+    Outputs out;
+    out.o = o_.download();
+    out.lse = lse_.download();
+    out.dq = dq_.download();
+    out.dk = dk_.download();
+    out.dv = dv_.download();
+    if (dalpha_.defined()) out.dalpha = dalpha_.download();
+    return out;
+  }
+
+ private:
+  DeviceCopy q_, k_, v_, d_o_, o_, lse_, dq_, dk_, dv_, offsets_, dalpha_, slopes_;
+  AttentionInputs in_;
+  uint64_t seed_ = 0;
+};
+
+// LSE within 5e-3 + 1e-3 |ref| everywhere (equal infinities count as equal); the worst ratio.
+double lse_violation(const HostTensor& got, const HostTensor& ref) {
+  double worst = 0;
+  for (int64_t n = 0; n < ref.numel(); ++n) {
+    const double a = got.get(n), b = ref.get(n);
+    if (a == b) continue;
+    if (!std::isfinite(a) || !std::isfinite(b)) return INFINITY;
+    worst = std::max(worst, std::fabs(a - b) / (5e-3 + 1e-3 * std::fabs(b)));
+  }
+  return worst;
+}
+
+struct CpCase {
+  std::string name;
+  CaseSpec spec;
+};
+
+// The context-parallelism issue's configurations at `seqlen` tokens, bf16, d = 128.
+std::vector<CpCase> cp_cases(int64_t seqlen) {
+  auto base = [&] {
+    CaseSpec s;
+    s.dtype = DType::kBFloat16;
+    s.batch = 1;
+    s.seqlen_q = s.seqlen_kv = seqlen;
+    s.heads_q = 16;
+    s.heads_kv = 4;
+    s.head_dim_qk = s.head_dim_v = 128;
+    s.qk_stddev = 1.0;
+    return s;
+  };
+  std::vector<CpCase> cases;
+  CaseSpec s = base();
+  s.config.mask_type = MaskType::kCausal;
+  cases.push_back({"causal_gqa", s});
+  s = base();
+  s.config.window_left = s.config.window_right = 512;
+  cases.push_back({"window512_gqa", s});
+  s = base();
+  s.config.mask_type = MaskType::kCausal;
+  s.config.window_left = 128;
+  s.config.softmax_type = SoftmaxType::kLearnable;
+  cases.push_back({"causal_window128_sink", s});
+  s = base();
+  s.config.mask_type = MaskType::kCausal;
+  s.head_dim_qk = 192;
+  s.heads_kv = 16;
+  cases.push_back({"mla_192_128", s});
+  s = base();
+  s.config.mask_type = MaskType::kCausal;
+  s.config.softmax_type = SoftmaxType::kOffByOne;
+  cases.push_back({"off_by_one", s});
+  s = base();
+  s.config.mask_type = MaskType::kCausal;
+  s.config.softcap = 1.0;
+  s.config.scale = 1.0;
+  s.config.softmax_type = SoftmaxType::kLearnable;
+  cases.push_back({"softcap1_sink", s});
+  s = base();
+  s.config.format = Format::kTHD;
+  s.config.mask_type = MaskType::kPaddingCausalBottomRight;
+  s.config.softmax_type = SoftmaxType::kLearnable;
+  s.lengths_q = s.lengths_kv = {int32_t(seqlen / 2 + 37), int32_t(seqlen / 4 - 11),
+                                int32_t(seqlen / 8 + 5)};
+  cases.push_back({"thd_uneven", s});
+  s = base();
+  s.config.mask_type = MaskType::kCausal;
+  s.config.dropout = 0.1;
+  s.config.seed = 1234;
+  s.config.softmax_type = SoftmaxType::kLearnable;
+  cases.push_back({"dropout", s});
+  return cases;
+}
+
+std::vector<test::CpLayout> layouts_for(int size) {
+  std::vector<test::CpLayout> layouts = {{CpCommType::kP2P, size, 0},
+                                         {CpCommType::kAllGather, size, 0},
+                                         {CpCommType::kA2A, size, 0}};
+  if (size >= 4 && size % 2 == 0) layouts.push_back({CpCommType::kA2AP2P, size, 2});
+  return layouts;
+}
+
+}  // namespace
+
+void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings& settings) {
+  if (settings.seqlen <= 0) return;
+  std::unique_ptr<NcclCommunicator> nccl = make_nccl_communicator(
+      env.rank, env.size, device, NcclBootstrap::from_file(settings.id_file, settings.id_key),
+      std::chrono::milliseconds(600000));
+  std::unique_ptr<Communicator> comm = make_host_staged_communicator(*nccl);
+  const int cp = env.size, rank = env.rank;
+  int failures = 0;
+  for (const CpCase& c : cp_cases(settings.seqlen)) {
+    for (const test::CpLayout& layout : layouts_for(cp)) {
+      const auto started = Clock::now();
+      CaseSpec spec = c.spec;
+      test::pad_thd_for_cp(spec, cp);
+      const CaseTensors t = test::make_case(spec);
+      const Format format = spec.config.format;
+      const bool thd = format == Format::kTHD;
+      const std::vector<int64_t> full_lse = lse_shape_of(spec, thd ? t.q.shape()[0] : spec.seqlen_q);
+
+      // The reference: the same call without CP on this rank's GPU.
+      DotProductAttention single(spec.config);
+      Outputs reference;
+      {
+        DeviceCall call(spec, t, t.q, t.k, t.v, t.d_o, full_lse, device);
+        call.run([&](const ForwardArgs& a) { return single.forward(a); },
+                 [&](const BackwardArgs& a) { single.backward(a); });
+        reference = call.download();
+      }
+
+      ThdCpPartition part;
+      if (thd) part = thd_cp_partition(spec.lengths_q, cp);
+      const std::vector<int32_t>& cu_padded = part.cu_seqlens_padded;
+      auto shard = [&](const HostTensor& full) {
+        HostTensor local(full.dtype(), test::cp_local_shape(full.shape(), format, cp, part));
+        shard_sequence(full.view(), local.view(), format, cp, rank, cu_padded);
+        return local;
+      };
+      std::vector<int64_t> local_lse = full_lse;
+      local_lse.back() = thd ? part.local_cu_padded.back() : spec.seqlen_q / cp;
+      HostTensor reference_lse(DType::kFloat32, local_lse);
+      shard_lse(reference.lse.view(), reference_lse.view(), format, cp, rank, cu_padded);
+
+      CpConfig cp_config;
+      cp_config.comm_type = layout.type;
+      cp_config.a2a_group_size = layout.group;
+      cp_config.reduce_dalpha = true;  // every rank holds the whole gradient
+      ContextParallelAttention attention(spec.config, cp_config, *comm);
+      Outputs got;
+      {
+        DeviceCall call(spec, t, shard(t.q), shard(t.k), shard(t.v), shard(t.d_o), local_lse,
+                        device);
+        call.run([&](const ForwardArgs& a) { return attention.forward(a); },
+                 [&](const BackwardArgs& a) { attention.backward(a); });
+        got = call.download();
+      }
+
+      const double o = test::relative_error(got.o, shard(reference.o));
+      const double lse = lse_violation(got.lse, reference_lse);
+      const double dq = test::relative_error(got.dq, shard(reference.dq));
+      const double dk = test::relative_error(got.dk, shard(reference.dk));
+      const double dv = test::relative_error(got.dv, shard(reference.dv));
+      const double dalpha =
+          reference.dalpha.defined() ? test::relative_error(got.dalpha, reference.dalpha) : 0.0;
+      // Both sides are bf16 GPU results: the GPU suite's tolerances against cpu_exact.
+      const bool ok = o <= 2e-2 && lse <= 1.0 && dq <= 3e-2 && dk <= 3e-2 && dv <= 3e-2 &&
+                      dalpha <= 3e-2;
+      failures += ok ? 0 : 1;
+      std::printf(
+          "dpa_nccl_tests: rank %d: cp %-22s %-18s s=%lld: o %.1e lse %.2f dq %.1e dk %.1e dv "
+          "%.1e dalpha %.1e  %s (%.1f s)\n",
+          rank, c.name.c_str(), test::cp_layout_name(layout).c_str(),
+          static_cast<long long>(spec.seqlen_q), o, lse, dq, dk, dv, dalpha, ok ? "ok" : "FAILED",
+          std::chrono::duration<double>(Clock::now() - started).count());
+      std::fflush(stdout);
+    }
+  }
+  if (failures > 0)
+    throw std::runtime_error("context parallelism over NCCL: " + std::to_string(failures) +
+                             " configuration(s) differ from the single-GPU result");
+}
+
+void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& settings) {
+  if (settings.bench_seqlen_per_gpu <= 0) return;
+  std::unique_ptr<NcclCommunicator> nccl = make_nccl_communicator(
+      env.rank, env.size, device,
+      NcclBootstrap::from_file(settings.id_file + ".bench", settings.id_key),
+      std::chrono::milliseconds(600000));
+  std::unique_ptr<Communicator> comm = make_host_staged_communicator(*nccl);
+  const int cp = env.size;
+  auto spec_for = [&](int64_t seqlen) {
+    CaseSpec s;
+    s.dtype = DType::kBFloat16;
+    s.batch = 1;
+    s.seqlen_q = s.seqlen_kv = seqlen;
+    s.heads_q = s.heads_kv = 16;
+    s.head_dim_qk = s.head_dim_v = 128;
+    s.config.mask_type = MaskType::kCausal;
+    s.config.softcap = 50.0;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    return s;
+  };
+  // Every rank waits for every other before and after a timed step; the slowest rank's time.
+  std::vector<float> token(1, 0.f);
+  auto barrier = [&] { comm->all_reduce(token.data(), 1, DType::kFloat32)->wait(); };
+  auto median_seconds = [&](const std::function<void()>& step) {
+    step();  // warm-up
+    std::vector<double> times;
+    for (int i = 0; i < 5; ++i) {
+      barrier();
+      const auto start = Clock::now();
+      step();  // returns when the GPU is done
+      std::vector<float> mine(1, float(std::chrono::duration<double>(Clock::now() - start).count()));
+      std::vector<float> all(static_cast<size_t>(cp), 0.f);
+      comm->all_gather(mine.data(), all.data(), sizeof(float))->wait();
+      times.push_back(*std::max_element(all.begin(), all.end()));
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  };
+  // Causal forward + backward FLOPs (DESIGN.md §10): 3.5x the forward's 4 b H s^2 d / 2.
+  auto flops = [](const CaseSpec& s) {
+    return 3.5 * 4.0 * double(s.batch) * double(s.heads_q) * double(s.seqlen_q) *
+           double(s.seqlen_kv) * double(s.head_dim_qk) / 2.0;
+  };
+
+  const int64_t per_gpu = settings.bench_seqlen_per_gpu;
+  // One GPU alone with per_gpu tokens (every rank measures its own; rank 0 reports).
+  const CaseSpec alone = spec_for(per_gpu);
+  const CaseTensors alone_tensors = test::make_case(alone);
+  DotProductAttention single(alone.config);
+  DeviceCall alone_call(alone, alone_tensors, alone_tensors.q, alone_tensors.k, alone_tensors.v,
+                        alone_tensors.d_o, lse_shape_of(alone, per_gpu), device);
+  const double alone_s = median_seconds([&] {
+    alone_call.run([&](const ForwardArgs& a) { return single.forward(a); },
+                   [&](const BackwardArgs& a) { single.backward(a); });
+  });
+  const double alone_tflops = flops(alone) / alone_s * 1e-12;
+
+  // cp ranks with per_gpu tokens each (p2p).
+  const CaseSpec together = spec_for(per_gpu * cp);
+  const CaseTensors t = test::make_case(together);
+  ThdCpPartition part;
+  auto shard = [&](const HostTensor& full) {
+    HostTensor local(full.dtype(), test::cp_local_shape(full.shape(), Format::kBSHD, cp, part));
+    shard_sequence(full.view(), local.view(), Format::kBSHD, cp, env.rank);
+    return local;
+  };
+  const HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
+  CpConfig cp_config;
+  cp_config.comm_type = CpCommType::kP2P;
+  ContextParallelAttention attention(together.config, cp_config, *comm);
+  DeviceCall together_call(together, t, q, k, v, d_o, lse_shape_of(together, per_gpu), device);
+  const double together_s = median_seconds([&] {
+    together_call.run([&](const ForwardArgs& a) { return attention.forward(a); },
+                      [&](const BackwardArgs& a) { attention.backward(a); });
+  });
+  const double per_gpu_tflops = flops(together) / together_s / cp * 1e-12;
+  if (env.rank == 0) {
+    std::printf(
+        "dpa_nccl_tests: cp scaling (p2p, causal, softcap 50, learnable sink, bf16, H=16, "
+        "d=128, %lld tokens per GPU; fwd+bwd, CP through host-staged NCCL): cp=1 %.1f TFLOP/s, "
+        "cp=%d %.1f TFLOP/s per GPU, efficiency %.0f%% of ideal\n",
+        static_cast<long long>(per_gpu), alone_tflops, cp, per_gpu_tflops,
+        100.0 * per_gpu_tflops / alone_tflops);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace dpa::nccl_test
