@@ -16,9 +16,9 @@ namespace dpa {
 namespace {
 
 Error staging_error(const std::string& what, cudaError_t error) {
-  return Error(ErrorCode::kBackendFailure, "communicator",
-               "host staging: " + what + ": " + cudaGetErrorName(error) + " " +
-                   cudaGetErrorString(error));
+  return Error(
+      ErrorCode::kBackendFailure, "communicator",
+      "host staging: " + what + ": " + cudaGetErrorName(error) + " " + cudaGetErrorString(error));
 }
 
 void check(cudaError_t error, const std::string& what) {

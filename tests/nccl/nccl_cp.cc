@@ -217,8 +217,8 @@ std::vector<CpCase> cp_cases(int64_t seqlen) {
   s.config.format = Format::kTHD;
   s.config.mask_type = MaskType::kPaddingCausalBottomRight;
   s.config.softmax_type = SoftmaxType::kLearnable;
-  s.lengths_q = s.lengths_kv = {int32_t(seqlen / 2 + 37), int32_t(seqlen / 4 - 11),
-                                int32_t(seqlen / 8 + 5)};
+  s.lengths_q =
+      s.lengths_kv = {int32_t(seqlen / 2 + 37), int32_t(seqlen / 4 - 11), int32_t(seqlen / 8 + 5)};
   cases.push_back({"thd_uneven", s});
   s = base();
   s.config.mask_type = MaskType::kCausal;
@@ -230,9 +230,8 @@ std::vector<CpCase> cp_cases(int64_t seqlen) {
 }
 
 std::vector<test::CpLayout> layouts_for(int size) {
-  std::vector<test::CpLayout> layouts = {{CpCommType::kP2P, size, 0},
-                                         {CpCommType::kAllGather, size, 0},
-                                         {CpCommType::kA2A, size, 0}};
+  std::vector<test::CpLayout> layouts = {
+      {CpCommType::kP2P, size, 0}, {CpCommType::kAllGather, size, 0}, {CpCommType::kA2A, size, 0}};
   if (size >= 4 && size % 2 == 0) layouts.push_back({CpCommType::kA2AP2P, size, 2});
   return layouts;
 }
@@ -255,7 +254,8 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
       const CaseTensors t = test::make_case(spec);
       const Format format = spec.config.format;
       const bool thd = format == Format::kTHD;
-      const std::vector<int64_t> full_lse = lse_shape_of(spec, thd ? t.q.shape()[0] : spec.seqlen_q);
+      const std::vector<int64_t> full_lse =
+          lse_shape_of(spec, thd ? t.q.shape()[0] : spec.seqlen_q);
 
       // The reference: the same call without CP on this rank's GPU.
       DotProductAttention single(spec.config);
@@ -302,8 +302,8 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
       const double dalpha =
           reference.dalpha.defined() ? test::relative_error(got.dalpha, reference.dalpha) : 0.0;
       // Both sides are bf16 GPU results: the GPU suite's tolerances against cpu_exact.
-      const bool ok = o <= 2e-2 && lse <= 1.0 && dq <= 3e-2 && dk <= 3e-2 && dv <= 3e-2 &&
-                      dalpha <= 3e-2;
+      const bool ok =
+          o <= 2e-2 && lse <= 1.0 && dq <= 3e-2 && dk <= 3e-2 && dv <= 3e-2 && dalpha <= 3e-2;
       failures += ok ? 0 : 1;
       std::printf(
           "dpa_nccl_tests: rank %d: cp %-22s %-18s s=%lld: o %.1e lse %.2f dq %.1e dk %.1e dv "
@@ -321,10 +321,10 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
 
 void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& settings) {
   if (settings.bench_seqlen_per_gpu <= 0) return;
-  std::unique_ptr<NcclCommunicator> nccl = make_nccl_communicator(
-      env.rank, env.size, device,
-      NcclBootstrap::from_file(settings.id_file + ".bench", settings.id_key),
-      std::chrono::milliseconds(600000));
+  std::unique_ptr<NcclCommunicator> nccl =
+      make_nccl_communicator(env.rank, env.size, device,
+                             NcclBootstrap::from_file(settings.id_file + ".bench", settings.id_key),
+                             std::chrono::milliseconds(600000));
   std::unique_ptr<Communicator> comm = make_host_staged_communicator(*nccl);
   const int cp = env.size;
   auto spec_for = [&](int64_t seqlen) {
@@ -349,7 +349,8 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
       barrier();
       const auto start = Clock::now();
       step();  // returns when the GPU is done
-      std::vector<float> mine(1, float(std::chrono::duration<double>(Clock::now() - start).count()));
+      std::vector<float> mine(1,
+                              float(std::chrono::duration<double>(Clock::now() - start).count()));
       std::vector<float> all(static_cast<size_t>(cp), 0.f);
       comm->all_gather(mine.data(), all.data(), sizeof(float))->wait();
       times.push_back(*std::max_element(all.begin(), all.end()));

@@ -591,8 +591,8 @@ int main(int argc, char** argv) {
       settings.dead_peer = false;
     } else if ((arg == "--cp-seqlen" || arg == "--cp-bench") && i + 1 < argc) {
       // Through the environment, so that the workers (and torchrun's) see it too.
-      setenv(arg == "--cp-seqlen" ? "DPA_NCCL_TEST_CP_SEQLEN" : "DPA_NCCL_TEST_CP_BENCH",
-             argv[++i], 1);
+      setenv(arg == "--cp-seqlen" ? "DPA_NCCL_TEST_CP_SEQLEN" : "DPA_NCCL_TEST_CP_BENCH", argv[++i],
+             1);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--nproc N] [--deadline-s S] [--no-dead-peer] [--cp-seqlen S]\n"
