@@ -7,7 +7,7 @@ repository root after changing the instantiated N values.
 """
 import pathlib
 
-WIDTHS = (64, 96, 128, 192, 256)
+WIDTHS = (32, 64, 96, 128, 192, 256)
 ELEMENTS = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

@@ -176,6 +176,121 @@ __device__ __forceinline__ void store_fragment_rows(const float (&acc)[kDim / 8]
   }
 }
 
+// ---- Per-tile math shared by the mma.sync and wgmma backward kernels (the fragment layout is
+// the same: a thread holds rows g and g + 8 of a 16-row slab, columns 8t + 2q + {0, 1}). ----
+
+// Query rows as fragment rows (the dq kernels): S becomes P (0 where invisible) and
+// `derivative` the cap's derivative. `row0` is the thread's first row, `n0` the tile's first key.
+template <int kNTiles, typename Element>
+__device__ __forceinline__ void query_tile_probabilities(
+    const FlashForwardParams& p, const FlashBlock<Element>& b, float (&s)[kNTiles][4],
+    float (&derivative)[kNTiles][4], int row0, int n0, int quad_col, const float (&lse2)[2],
+    bool fully_visible) {
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + 8 * (e / 2), j = n0 + 8 * t + 2 * quad_col + (e & 1);
+      float logit = backward_logit(p, s[t][e], derivative[t][e]);
+      if (p.alibi_slopes) logit -= b.alibi_slope * fabsf(float(i + b.diagonal - j));
+      const bool visible =
+          fully_visible || key_visible(p, i, j, b.seqlen_q, b.seqlen_kv, b.diagonal);
+      s[t][e] = visible ? fast_exp2(logit - lse2[e / 2]) : 0.f;
+    }
+}
+
+// P (in s) becomes dU = P (dP keep / keep_prob - D) (1 - t^2). `keep` as draw_keep_bits.
+template <int kNTiles>
+__device__ __forceinline__ void query_tile_logit_gradients(
+    const FlashForwardParams& p, float (&s)[kNTiles][4], const float (&dp)[kNTiles][4],
+    const float (&derivative)[kNTiles][4], const uint32_t (&keep)[2], const float (&delta)[2]) {
+#pragma unroll
+  for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float d_prob = dp[t][e];
+      if (p.dropout_threshold != 0)
+        d_prob *= (keep[e / 2] >> (2 * t + (e & 1))) & 1u ? p.dropout_scale : 0.f;
+      s[t][e] = s[t][e] * (d_prob - delta[e / 2]) * derivative[t][e];
+    }
+}
+
+// Keys as fragment rows (the dk/dv kernels) of one (batch, query head).
+struct KeyTile {
+  int batch, head, seqlen_q, seqlen_kv, diagonal;
+  float alibi_slope;  // log2 units
+};
+
+// Dropout keep masks of a warp's 16 keys (from `warp_key0`, a multiple of 8 in the unsharded
+// sequence: a CP tile whose keys are not is refused with dropout) against 32 queries from i0:
+// lane l draws the two Philox blocks of query i0 + l into masks[half * 32 + l], bit k = key
+// warp_key0 + 8 half + k kept. A thread's keys of one query lie in different 8-key blocks in
+// this orientation, so drawing per element would cost 8x more. Callers order these writes
+// after the previous tile's reads (a barrier) and before this tile's reads (__syncwarp here).
+__device__ __forceinline__ void draw_key_tile_keep_masks(const FlashForwardParams& p,
+                                                         const KeyTile& k, int i0, int warp_key0,
+                                                         int lane, uint8_t* masks) {
+  const int64_t global_row = i0 + lane + int64_t(p.q_position[k.batch]);
+  const int64_t global_key = warp_key0 + int64_t(p.kv_position[k.batch]);
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const Philox4 block = dropout_block(p.seed, p.offset, k.batch, p.heads_total,
+                                        k.head + p.head_offset, global_row, global_key + 8 * half);
+    uint32_t mask = 0;
+#pragma unroll
+    for (int bit = 0; bit < 8; ++bit)
+      mask |= (dropout_u16(block, bit) >= p.dropout_threshold ? 1u : 0u) << bit;
+    masks[half * 32 + lane] = uint8_t(mask);
+  }
+  __syncwarp();
+}
+
+// S^T becomes P^T (0 where invisible), `derivative` the cap's derivative, `p_dropped` Pd^T;
+// `keep` gets bit 4t + e for each kept element. `key0` is the thread's first key, `i0` the
+// tile's first query; `lse2` the tile's LSE in log2 units (row_lse_log2) per column; `masks`
+// from draw_key_tile_keep_masks (read only with dropout).
+template <int kMTiles>
+__device__ __forceinline__ void key_tile_probabilities(
+    const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4],
+    float (&derivative)[kMTiles][4], float (&p_dropped)[kMTiles][4], uint32_t& keep, int key0,
+    int i0, int quad_row, int quad_col, const float* lse2, const uint8_t* masks) {
+  static_assert(kMTiles == 4, "32 query columns: one per lane for the keep masks");
+  keep = 0;
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = key0 + 8 * (e / 2), column = 8 * t + 2 * quad_col + (e & 1);
+      const int i = i0 + column;
+      float logit = backward_logit(p, s[t][e], derivative[t][e]);
+      if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+      const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
+      s[t][e] = visible ? fast_exp2(logit - lse2[column]) : 0.f;
+      p_dropped[t][e] = s[t][e];
+      if (p.dropout_threshold != 0) {
+        const bool kept = (masks[(e / 2) * 32 + column] >> quad_row) & 1u;
+        keep |= (kept ? 1u : 0u) << (4 * t + e);
+        p_dropped[t][e] = kept ? s[t][e] * p.dropout_scale : 0.f;
+      }
+    }
+}
+
+// P^T (in s) becomes dU^T = P^T (dP^T keep / keep_prob - D) (1 - t^2); `delta` per column.
+template <int kMTiles>
+__device__ __forceinline__ void key_tile_logit_gradients(
+    const FlashForwardParams& p, float (&s)[kMTiles][4], const float (&dp)[kMTiles][4],
+    const float (&derivative)[kMTiles][4], uint32_t keep, const float* delta, int quad_col) {
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int column = 8 * t + 2 * quad_col + (e & 1);
+      float d_prob = dp[t][e];
+      if (p.dropout_threshold != 0) d_prob *= (keep >> (4 * t + e)) & 1u ? p.dropout_scale : 0.f;
+      s[t][e] = s[t][e] * (d_prob - delta[column]) * derivative[t][e];
+    }
+}
+
 // D and the sink-gradient share of each row: one warp per row.
 template <typename Element>
 __global__ void flash_backward_prepare_kernel(const __grid_constant__ FlashBackwardParams bp,
@@ -293,17 +408,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     mma_rows_by_rows<Element, kBlockN, kDimQK, kQkStride>(
         s, q_lane, b_operand_lane<Element, kQkStride>(k_tile, lane));
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = row0 + 8 * (e / 2), j = n0 + 8 * t + 2 * quad_col + (e & 1);
-        float logit = backward_logit(p, s[t][e], derivative[t][e]);
-        if (p.alibi_slopes) logit -= b.alibi_slope * fabsf(float(i + b.diagonal - j));
-        const bool visible =
-            fully_visible || key_visible(p, i, j, b.seqlen_q, b.seqlen_kv, b.diagonal);
-        s[t][e] = visible ? fast_exp2(logit - lse2[e / 2]) : 0.f;
-      }
+    query_tile_probabilities(p, b, s, derivative, row0, n0, quad_col, lse2, fully_visible);
 
     // dP = dO V^T, then dU = P (dP keep / keep_prob - D) (1 - t^2), in s.
     float dp[kNTiles][4];
@@ -313,15 +418,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int e = 0; e < 4; ++e) dp[t][e] = 0.f;
     mma_rows_by_rows<Element, kBlockN, kDimV, kVStride>(
         dp, do_lane, b_operand_lane<Element, kVStride>(v_tile, lane));
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float d_prob = dp[t][e];
-        if (p.dropout_threshold != 0)
-          d_prob *= (keep[e / 2] >> (2 * t + (e & 1))) & 1u ? p.dropout_scale : 0.f;
-        s[t][e] = s[t][e] * (d_prob - delta[e / 2]) * derivative[t][e];
-      }
+    query_tile_logit_gradients(p, s, dp, derivative, keep, delta);
 
     // dq += dU K.
     mma_fragments_by_rows<Element, kBlockN, kDimQK, kQkStride>(
@@ -441,54 +538,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float alibi_slope =
         p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
 
-    // Dropout keep masks, drawn before S exists (as the forward): lane l draws the two Philox
-    // blocks (8 keys each) of query i0 + l for this warp's 16 keys, then every thread reads its
-    // elements' bits. The warp's keys start on a multiple of 8 in the unsharded sequence (a CP
-    // tile whose keys do not is refused with dropout). The loop-top barrier orders these
-    // writes after the previous iteration's reads.
-    if (p.dropout_threshold != 0) {
-      const int64_t global_row = i0 + lane + int64_t(p.q_position[batch]);
-      const int64_t global_key = warp_key0 + int64_t(p.kv_position[batch]);
-#pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
-        const Philox4 block =
-            dropout_block(p.seed, p.offset, batch, p.heads_total, head + p.head_offset, global_row,
-                          global_key + 8 * half);
-        uint32_t mask = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          mask |= (dropout_u16(block, k) >= p.dropout_threshold ? 1u : 0u) << k;
-        keep_masks[half * kBlockM + lane] = uint8_t(mask);
-      }
-      __syncwarp();
-    }
+    const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, alibi_slope};
+    // Dropout keep masks, drawn before S exists (as the forward); the loop-top barrier orders
+    // them after the previous iteration's reads.
+    if (p.dropout_threshold != 0)
+      draw_key_tile_keep_masks(p, key_tile, i0, warp_key0, lane, keep_masks);
 
     // P^T (in s), the cap's derivative, and Pd^T (P with dropout applied) for dv.
     float s[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
-    uint32_t keep = 0;  // bit 4t + e: element (t, e) is kept
+    uint32_t keep = 0;
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
     mma_rows_by_rows<Element, kBlockM, kDimQK, kQkStride>(
         s, k_lane, b_operand_lane<Element, kQkStride>(q_tile, lane));
-#pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = key0 + 8 * (e / 2), column = 8 * t + 2 * quad_col + (e & 1);
-        const int i = i0 + column;
-        float logit = backward_logit(p, s[t][e], derivative[t][e]);
-        if (p.alibi_slopes) logit -= alibi_slope * fabsf(float(i + diagonal - j));
-        const bool visible = key_visible(p, i, j, seqlen_q, seqlen_kv, diagonal);
-        s[t][e] = visible ? fast_exp2(logit - lse_tile[column]) : 0.f;
-        p_dropped[t][e] = s[t][e];
-        if (p.dropout_threshold != 0) {
-          const bool kept = (keep_masks[(e / 2) * kBlockM + column] >> quad_row) & 1u;
-          keep |= (kept ? 1u : 0u) << (4 * t + e);
-          p_dropped[t][e] = kept ? s[t][e] * p.dropout_scale : 0.f;
-        }
-      }
+    key_tile_probabilities(p, key_tile, s, derivative, p_dropped, keep, key0, i0, quad_row,
+                           quad_col, lse_tile, keep_masks);
 
     if constexpr (kDv) {
       // dv += Pd^T dO.
@@ -504,16 +570,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         for (int e = 0; e < 4; ++e) dp[t][e] = 0.f;
       mma_rows_by_rows<Element, kBlockM, kDimV, kVStride>(
           dp, v_lane, b_operand_lane<Element, kVStride>(do_tile, lane));
-#pragma unroll
-      for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int column = 8 * t + 2 * quad_col + (e & 1);
-          float d_prob = dp[t][e];
-          if (p.dropout_threshold != 0)
-            d_prob *= (keep >> (4 * t + e)) & 1u ? p.dropout_scale : 0.f;
-          s[t][e] = s[t][e] * (d_prob - delta_tile[column]) * derivative[t][e];
-        }
+      key_tile_logit_gradients(p, s, dp, derivative, keep, delta_tile, quad_col);
       mma_fragments_by_rows<Element, kBlockM, kDimQK, kQkStride>(
           dk_acc, s, b_transposed_lane<Element, kQkStride>(q_tile, lane));
     }
