@@ -1,11 +1,15 @@
 // cuda_flash backward orchestration: validated problem -> kernel parameters, workspace, the
 // rows outside every sequence, the kernels and the sink gradient's reduction.
+#include <cstdlib>
+#include <string_view>
+
 #include "core/problem.h"
 #include "cuda/device_buffer.h"
 #include "cuda/fill_rows.h"
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_forward_plan.h"
 #include "cuda/flash/flash_tiles.h"
+#include "cuda/runtime.h"
 #include "cuda/unfused/unfused_kernels.h"
 #include "dpa/error.h"
 
@@ -63,6 +67,12 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   bp.dv = p.dv.data;
   copy_strides(p.dv_rows, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride);
   bp.scale = float(p.scale);
+  // DPA_FLASH_BACKWARD_KERNEL=wgmma takes the sm_90a kernels (head dims 64 and 128) until they
+  // are measured against the mma.sync ones.
+  const char* kernel = std::getenv("DPA_FLASH_BACKWARD_KERNEL");
+  bp.wgmma = kernel != nullptr && std::string_view(kernel) == "wgmma" &&
+             device_info(p.device_index).arch == 90 &&
+             flash_backward_wgmma_eligible(int(p.head_dim_qk), int(p.head_dim_v));
 
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
   DeviceBuffer row_delta(rows * sizeof(float), stream);

@@ -7,6 +7,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
+#include "cuda/flash/flash_backward_sm90.cuh"
 
 namespace dpa::cuda {
 

@@ -21,7 +21,8 @@ struct FlashBackwardParams {
   void* dv = nullptr;  // like v
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
-  float scale = 1.f;  // the softmax scale (natural units): dq and dk carry it
+  float scale = 1.f;   // the softmax scale (natural units): dq and dk carry it
+  bool wgmma = false;  // the sm_90a kernels (flash_backward_sm90.cuh) instead of mma.sync
 
   // Workspace [b, H, max_sq] fp32: D = rowsum(dO * o) per row, and each row's share of the
   // learnable sink's gradient, -exp(alpha_h - LSE) * D (nullptr when not wanted), both written

@@ -127,6 +127,12 @@ constexpr int flash_backward_shared_bytes(int head_dim_qk, int head_dim_v) {
   return dq > dkdv ? dq : dkdv;
 }
 
+// The wgmma backward (flash_backward_sm90.cuh) takes head dims 64 and 128: wider heads' tiles
+// and accumulators do not fit beside each other.
+constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
+  return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
+}
+
 // The (dqk, dv) pairs with compiled kernels (both dtypes).
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v);
 
