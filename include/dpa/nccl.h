@@ -131,7 +131,8 @@ class NcclCommunicator : public Communicator {
 // when its wait() returns (the same rules as `device_comm` otherwise: matching, deferral,
 // timeouts). Context parallelism with CUDA tensors exchanges host buffers (it stages through the
 // host), so cp_attention over NCCL uses this; a copy in and out per message is the price.
-// `device_comm` must outlive the result. Throws kNotSupported without NCCL.
+// `device_comm` must outlive the result and every handle it returns. Throws kNotSupported
+// without NCCL.
 std::unique_ptr<Communicator> make_host_staged_communicator(NcclCommunicator& device_comm);
 
 // Creates this rank's communicator on CUDA device `device`. Every rank calls it with the same

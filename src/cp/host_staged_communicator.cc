@@ -22,7 +22,9 @@ Error staging_error(const std::string& what, cudaError_t error) {
 }
 
 void check(cudaError_t error, const std::string& what) {
-  if (error != cudaSuccess) throw staging_error(what, error);
+  if (error == cudaSuccess) return;
+  cudaGetLastError();  // clear it, so that a later launch check does not report it again
+  throw staging_error(what, error);
 }
 
 // Device memory ordered on the communicator's stream (allocated and freed there), so it is
@@ -55,12 +57,24 @@ class StagedRequest final : public CommRequest {
         output_bytes_(output_bytes),
         inner_(std::move(inner)) {}
 
+  // A finished operation releases its buffers first (while the communicator's stream surely
+  // exists); an unfinished one aborts the communicator first, so that no queued operation is
+  // left to run on released memory.
+  ~StagedRequest() override {
+    if (done_) {
+      input_.reset();
+      output_.reset();
+    }
+  }
+  StagedRequest(const StagedRequest&) = delete;
+  StagedRequest& operator=(const StagedRequest&) = delete;
+
   void wait() override {
     if (done_) return;
     inner_->wait();  // throws on failure, timeout or abort (the communicator is then aborted)
     if (host_output_ != nullptr && output_bytes_ > 0) {
       // The operation has completed (its event was reached): the device data is final.
-      check(cudaMemcpy(host_output_, output_->get(), output_bytes_, cudaMemcpyDeviceToHost),
+      check(cudaMemcpy(host_output_, output_->get(), output_bytes_, cudaMemcpyDefault),
             "copying the result to the host");
     }
     done_ = true;
@@ -97,6 +111,7 @@ class HostStagedCommunicator final : public Communicator {
   }
 
   CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
+    require(count >= 0, "count", "must not be negative, got " + std::to_string(count));
     const size_t bytes = size_t(count) * dtype_size(dtype);
     auto buffer = upload(data, bytes);
     void* device = buffer->get();
@@ -114,6 +129,8 @@ class HostStagedCommunicator final : public Communicator {
 
   CommHandle reduce_scatter(const void* send_data, void* recv_data, int64_t count_per_rank,
                             DType dtype) override {
+    require(count_per_rank >= 0, "count_per_rank",
+            "must not be negative, got " + std::to_string(count_per_rank));
     const size_t block = size_t(count_per_rank) * dtype_size(dtype);
     auto input = upload(send_data, block * size_t(size()));
     auto output = std::make_unique<StreamBuffer>(block, stream_);
@@ -131,12 +148,13 @@ class HostStagedCommunicator final : public Communicator {
 
  private:
   // A device copy of `bytes` host bytes, ordered on the stream before the operation that reads
-  // it. cudaMemcpyAsync from pageable memory has read the source when it returns, so the
-  // caller's buffer may change afterwards.
+  // it. From pageable memory the copy may run synchronously (the caller keeps inputs unchanged
+  // until wait() anyway, as every communicator requires). cudaMemcpyDefault also takes a device
+  // pointer.
   std::unique_ptr<StreamBuffer> upload(const void* data, size_t bytes) {
     auto buffer = std::make_unique<StreamBuffer>(bytes, stream_);
     if (bytes > 0)
-      check(cudaMemcpyAsync(buffer->get(), data, bytes, cudaMemcpyHostToDevice, stream_),
+      check(cudaMemcpyAsync(buffer->get(), data, bytes, cudaMemcpyDefault, stream_),
             "copying the input to the device");
     return buffer;
   }

@@ -19,12 +19,15 @@ struct CpPhaseSettings {
 // size allows (a2a+p2p on groups of 2 when the size is even and >= 4), forward and backward
 // with CUDA tensors over NCCL (host-staged), each rank's outputs and gradients against its
 // shard of the single-GPU result (the same call without CP on its own GPU). Throws on a
-// mismatch. Rank 0 prints one line per (configuration, layout).
+// mismatch. Every rank prints one line per (configuration, layout). Above ~16k tokens the
+// single-GPU reference needs the fused backward (DPA_FLASH_BACKWARD=1): cuda_unfused's O(s^2)
+// scores no longer fit.
 void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings& settings);
 
 // Forward + backward throughput per GPU with `bench_seqlen_per_gpu` tokens per GPU (causal,
 // softcap 50, learnable sink, bf16, d = 128), for p2p at this world size against one GPU
-// alone; rank 0 prints TFLOP/s per GPU and the efficiency against ideal scaling.
+// alone (20 runs each, host clock; the fused backward opted in); rank 0 prints TFLOP/s per GPU
+// and the efficiency against ideal scaling.
 void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& settings);
 
 }  // namespace dpa::nccl_test
