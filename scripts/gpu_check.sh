@@ -12,7 +12,7 @@
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
 # (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
-# gpu_tests_flash_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
+# gpu_tests_flash_backward.log, gpu_tests_wgmma_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
 # bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
@@ -172,9 +172,10 @@ step_test() {
   # forward cases and the CP suite's GPU tiles, and the plain wgmma form the forward cases at
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
   # The CP suite runs once more with the fused backward opted in (DPA_FLASH_BACKWARD=1: its
-  # tiles' backward on cuda_flash instead of cuda_unfused).
+  # tiles' backward on cuda_flash instead of cuda_unfused), and the backward cases once more on
+  # the wgmma backward kernels (DPA_FLASH_BACKWARD_KERNEL=wgmma).
   local kernel filter
-  for kernel in mma_sync wgmma flash_backward; do
+  for kernel in mma_sync wgmma flash_backward wgmma_backward; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
@@ -184,6 +185,11 @@ step_test() {
     if [ "$kernel" = flash_backward ]; then
       environment=(DPA_FLASH_BACKWARD=1)
       filter='VirtualRanks/GpuCp.*'
+    fi
+    # The wgmma backward kernels (opt-in, head dims 64 and 128) on every backward case.
+    if [ "$kernel" = wgmma_backward ]; then
+      environment=(DPA_FLASH_BACKWARD_KERNEL=wgmma)
+      filter='Cases/FlashForwardBackward.*:Backends/DropoutMask.*:FlashOnGpu.Deterministic*'
     fi
     run_step "$log" "$(remaining)" env "${environment[@]}" "$exe" \
       --gtest_filter="$filter"
