@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 
 #include "cuda/flash/flash_tiles.h"
 
@@ -92,6 +93,39 @@ TEST(FlashTiles, BackwardTilesFitSharedMemory) {
   // sm_86 / sm_89 (99 KB per block) fit the narrow heads only: the selector checks the device.
   EXPECT_LE(flash_backward_shared_bytes(96, 96), 99 * 1024);
   EXPECT_GT(flash_backward_shared_bytes(128, 128), 99 * 1024);
+}
+
+// The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the
+// rows that see some key of the block (DESIGN.md §3), for any window, alignment or CP diagonal.
+TEST(FlashTiles, QueriesSeeingKeysIsExact) {
+  std::mt19937 rng(7);
+  auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int seqlen_q = draw(1, 90), seqlen_kv = draw(1, 90);
+    const int diagonal = draw(-seqlen_q - 5, seqlen_kv + 5);
+    const int window_left = draw(0, 3) == 0 ? -1 : draw(0, 60);
+    const int window_right = draw(0, 3) == 0 ? -1 : draw(0, 60);
+    const int first_key = draw(0, seqlen_kv - 1);
+    const int last_key = std::min(seqlen_kv - 1, first_key + draw(0, 20));
+    int lowest = seqlen_q, highest = -1;
+    for (int i = 0; i < seqlen_q; ++i)
+      for (int j = first_key; j <= last_key; ++j) {
+        const bool left_ok = window_left < 0 || j >= i + diagonal - window_left;
+        const bool right_ok = window_right < 0 || j <= i + diagonal + window_right;
+        if (left_ok && right_ok) {
+          lowest = std::min(lowest, i);
+          highest = std::max(highest, i);
+        }
+      }
+    const QueryRange range =
+        queries_seeing_keys(first_key, last_key, seqlen_q, diagonal, window_left, window_right);
+    if (highest < 0) {
+      EXPECT_LT(range.last, range.first) << "trial " << trial << ": no row sees the keys";
+    } else {
+      EXPECT_EQ(range.first, lowest) << "trial " << trial;
+      EXPECT_EQ(range.last, highest) << "trial " << trial;
+    }
+  }
 }
 
 TEST(FlashTiles, HeadDimPairsWithoutKernelsAreReported) {

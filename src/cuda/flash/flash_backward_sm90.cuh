@@ -229,9 +229,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // Query rows that can see a key of this block (as the mma.sync kernel).
   const int last_key = j0 + keys_here - 1;
-  const int i_first = p.window_right < 0 ? 0 : max(0, j0 - diagonal - p.window_right);
-  const int i_last =
-      p.window_left < 0 ? seqlen_q - 1 : min(seqlen_q - 1, last_key - diagonal + p.window_left);
+  const QueryRange queries =
+      queries_seeing_keys(j0, last_key, seqlen_q, diagonal, p.window_left, p.window_right);
+  const int i_first = queries.first, i_last = queries.last;
   const int m_begin = i_first / kBlockM;
   const int m_tiles = i_last >= i_first ? i_last / kBlockM + 1 - m_begin : 0;
   const int group = p.group_size;

@@ -133,6 +133,30 @@ constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
+// The query rows [first, last] (empty when last < first) that see at least one key of
+// [first_key, last_key] (DESIGN.md §3: i + delta - l <= j <= i + delta + r, -1 unbounded), for
+// the backward's dk/dv kernels, which walk only those query tiles. Host and device.
+struct QueryRange {
+  int first, last;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    constexpr QueryRange
+    queries_seeing_keys(int first_key, int last_key, int seqlen_q, int diagonal, int window_left,
+                        int window_right) {
+  QueryRange range{0, seqlen_q - 1};
+  if (window_right >= 0) {
+    const int lowest = first_key - diagonal - window_right;
+    range.first = lowest > 0 ? lowest : 0;
+  }
+  if (window_left >= 0) {
+    const int highest = last_key - diagonal + window_left;
+    range.last = highest < seqlen_q - 1 ? highest : seqlen_q - 1;
+  }
+  return range;
+}
+
 // The (dqk, dv) pairs with compiled kernels (both dtypes).
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v);
 
