@@ -14,16 +14,6 @@
 #include "dpa/error.h"
 
 namespace dpa::cuda {
-namespace {
-
-void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
-                  int64_t& head_stride) {
-  batch_stride = layout.stride_batch;
-  row_stride = layout.stride_seq;
-  head_stride = layout.stride_head;
-}
-
-}  // namespace
 
 void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_dim_qk,
                            int head_dim_v, cudaStream_t stream) {

@@ -11,14 +11,14 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
 
+}  // namespace
+
 void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
                   int64_t& head_stride) {
   batch_stride = layout.stride_batch;
   row_stride = layout.stride_seq;
   head_stride = layout.stride_head;
 }
-
-}  // namespace
 
 FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileShape& shape,
                                     cudaStream_t stream, bool split_kv) {

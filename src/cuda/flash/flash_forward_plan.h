@@ -18,6 +18,10 @@ struct FlashForwardPlan {
   DeviceBuffer partials;  // split-KV partial o / lse, when params.num_splits > 1
 };
 
+// A tensor's batch, row and head strides (elements) into kernel parameters.
+void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
+                  int64_t& head_stride);
+
 // `shape` is the tile shape the launch will use (it decides the split count); `split_kv` false
 // keeps one split (the backward, whose kernels walk every tile themselves).
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
