@@ -8,6 +8,7 @@
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_backward_sm90.cuh"
+#include "dpa/error.h"
 
 namespace dpa::cuda {
 
@@ -19,6 +20,33 @@ void launch_backward_kernel(Kernel kernel, dim3 grid, int threads, int shared_by
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   kernel<<<grid, threads, shared_bytes, stream>>>(p);
   DPA_CUDA_CHECK_LAUNCH();
+}
+
+// The wgmma kernels (flash_backward_sm90.cuh; head dims 64 and 128), after the prepare kernel.
+template <typename Element, int kHeadDimQK, int kHeadDimV>
+void launch_flash_backward_sm90(const FlashBackwardParams& p, cudaStream_t stream) {
+  if constexpr (flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
+    using Traits = FlashBackwardSm90Traits<Element, kHeadDimQK, kHeadDimV>;
+    const FlashForwardParams& f = p.fwd;
+    const unsigned batch = unsigned(f.batch);
+    if (f.max_seqlen_q > 0) {
+      const dim3 dq_grid(unsigned((f.max_seqlen_q + Traits::kDqBlockM - 1) / Traits::kDqBlockM),
+                         unsigned(f.heads_q), batch);
+      launch_backward_kernel(flash_backward_dq_sm90_kernel<Traits>, dq_grid, Traits::kThreads,
+                             Traits::kDqSharedBytes, p, stream);
+    }
+    if (f.max_seqlen_kv > 0) {
+      const dim3 dkdv_grid(
+          unsigned((f.max_seqlen_kv + Traits::kDkvBlockN - 1) / Traits::kDkvBlockN),
+          unsigned(f.heads_kv), batch);
+      launch_backward_kernel(flash_backward_dkdv_sm90_kernel<Traits>, dkdv_grid, Traits::kThreads,
+                             Traits::kDkvSharedBytes, p, stream);
+    }
+  } else {
+    (void)p, (void)stream;
+    // The host sets p.wgmma only where flash_backward_wgmma_eligible holds.
+    throw Error(ErrorCode::kInternal, "", "wgmma backward asked for head dims it does not take");
+  }
 }
 
 template <typename Element, int kHeadDimQK, int kHeadDimV>
@@ -35,6 +63,9 @@ void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t st
     flash_backward_prepare_kernel<Element>
         <<<prepare_grid, 32 * kRowsPerPrepareBlock, 0, stream>>>(p, kHeadDimV);
     DPA_CUDA_CHECK_LAUNCH();
+  }
+  if (p.wgmma) return launch_flash_backward_sm90<Element, kHeadDimQK, kHeadDimV>(p, stream);
+  if (f.max_seqlen_q > 0) {
     const dim3 dq_grid(unsigned((f.max_seqlen_q + Traits::kDqBlockM - 1) / Traits::kDqBlockM),
                        unsigned(f.heads_q), batch);
     launch_backward_kernel(flash_backward_dq_kernel<Traits>, dq_grid, Traits::kThreads,

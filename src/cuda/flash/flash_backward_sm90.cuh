@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::fence_accumulators(dq_acc);
+    ptx::fence_registers(du_operand);
   }
   ptx::cp_async_wait<0>();
 
