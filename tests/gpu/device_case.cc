@@ -10,7 +10,9 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace dpa::test {
 namespace {
@@ -256,6 +258,37 @@ double lse_violation(const HostTensor& got, const HostTensor& ref) {
   return worst;
 }
 
+// Where a failing output is worst, for debugging a kernel from the log alone: the element with
+// the largest absolute error (the first NaN, if any) in the tensor's coordinates, its values,
+// and how many elements are NaN.
+std::string worst_element(const HostTensor& got, const HostTensor& ref) {
+  if (got.numel() != ref.numel()) return "; shapes differ";
+  int64_t worst = -1, nans = 0;
+  double worst_error = -1;
+  for (int64_t n = 0; n < got.numel(); ++n) {
+    const double x = got.get(n), y = ref.get(n);
+    const bool nan = std::isnan(x) || std::isnan(y);
+    nans += nan;
+    const double error = nan ? std::numeric_limits<double>::infinity() : std::fabs(x - y);
+    if (error > worst_error && !(nan && worst_error == std::numeric_limits<double>::infinity())) {
+      worst_error = error;
+      worst = n;
+    }
+  }
+  if (worst < 0) return "";
+  std::vector<int64_t> coordinates(got.shape().size());
+  int64_t rest = worst;
+  for (size_t axis = coordinates.size(); axis-- > 0;) {
+    coordinates[axis] = rest % got.shape()[axis];
+    rest /= got.shape()[axis];
+  }
+  std::string at = "; worst at [";
+  for (size_t axis = 0; axis < coordinates.size(); ++axis)
+    at += (axis ? ", " : "") + std::to_string(coordinates[axis]);
+  return at + "]: got " + std::to_string(got.get(worst)) + ", want " +
+         std::to_string(ref.get(worst)) + "; " + std::to_string(nans) + " NaN";
+}
+
 void expect_matches_reference(const CaseOutputs& got, const CaseOutputs& reference, DType dtype,
                               bool backward, const std::string& what) {
   SCOPED_TRACE(what);
@@ -266,11 +299,13 @@ void expect_matches_reference(const CaseOutputs& got, const CaseOutputs& referen
   const double o_tolerance = output_tolerance(dtype);
   const double o_error = relative_error(got.o, reference.o);
   EXPECT_LE(o_error, o_tolerance) << describe("o", o_error, o_tolerance) << "; max abs error "
-                                  << max_abs_error(got.o, reference.o);
+                                  << max_abs_error(got.o, reference.o)
+                                  << worst_element(got.o, reference.o);
   const double lse_error = lse_violation(got.lse, reference.lse);
   EXPECT_LE(lse_error, 1.0) << "lse differs by " << lse_error << "x its tolerance ("
                             << kLseAbsoluteTolerance << " + " << kLseRelativeTolerance
-                            << " |ref|); max abs error " << max_abs_error(got.lse, reference.lse);
+                            << " |ref|); max abs error " << max_abs_error(got.lse, reference.lse)
+                            << worst_element(got.lse, reference.lse);
   if (!backward) return;
 
   const double g_tolerance = gradient_tolerance(dtype);
@@ -299,7 +334,7 @@ void expect_matches_reference(const CaseOutputs& got, const CaseOutputs& referen
     }
     const double error = relative_error(g.got, g.ref);
     EXPECT_LE(error, g_tolerance) << describe(g.name, error, g_tolerance) << "; max abs error "
-                                  << max_abs_error(g.got, g.ref);
+                                  << max_abs_error(g.got, g.ref) << worst_element(g.got, g.ref);
   }
 }
 
