@@ -1,13 +1,16 @@
 // Dev bench for the flash forward kernels (llm.c's dev/cuda style): one small correctness
 // check against cpu_exact per feature set, then timings of the shapes with CUDA
 // events. Calls the backends directly (no selector) so it builds before every backend exists.
+// --backward times the fused backward on both kernel families (mma.sync, wgmma) and prints
+// how far apart their gradients are (the GPU suite checks both against cpu_exact).
 //
-//   flash_dev [--check-only] [--time-only]
+//   flash_dev [--check-only] [--time-only] [--variants] [--backward]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -203,6 +206,99 @@ bool check(const Shape& s, const Features& f, int variant = -1) {
   return ok;
 }
 
+double visible_pairs(const Shape& s, const Features& f);
+
+// The fused backward after one forward (for o and LSE): median ms of 20 runs per kernel family
+// (DPA_FLASH_BACKWARD_KERNEL unset, then =wgmma), TFLOP/s at 2.5x the forward's FLOPs, and the
+// largest relative difference between the families' gradients.
+void time_backward(const Shape& s, const Features& f) {
+  std::mt19937_64 rng(99);
+  const int64_t nq = int64_t(s.b) * s.sq * s.H * s.d, nk = int64_t(s.b) * s.skv * s.G * s.d;
+  const int64_t nv = int64_t(s.b) * s.skv * s.G * s.dv, no = int64_t(s.b) * s.sq * s.H * s.dv;
+  DeviceTensor q(DType::kBFloat16, {s.b, s.sq, s.H, s.d}),
+      k(DType::kBFloat16, {s.b, s.skv, s.G, s.d}), v(DType::kBFloat16, {s.b, s.skv, s.G, s.dv});
+  DeviceTensor o(DType::kBFloat16, {s.b, s.sq, s.H, s.dv}),
+      d_o(DType::kBFloat16, {s.b, s.sq, s.H, s.dv});
+  DeviceTensor lse(DType::kFloat32, {s.b, s.H, s.sq}), sink(DType::kFloat32, {s.H}),
+      dsink(DType::kFloat32, {s.H});
+  DeviceTensor dq(DType::kBFloat16, {s.b, s.sq, s.H, s.d}),
+      dk(DType::kBFloat16, {s.b, s.skv, s.G, s.d}), dv(DType::kBFloat16, {s.b, s.skv, s.G, s.dv});
+  q.upload(random_bf16(nq, rng, 1.5));
+  k.upload(random_bf16(nk, rng, 1.5));
+  v.upload(random_bf16(nv, rng, 1.0));
+  d_o.upload(random_bf16(no, rng, 1.0));
+  std::vector<float> offsets(size_t(s.H));
+  for (auto& x : offsets) x = float(std::normal_distribution<double>(0, 5)(rng));
+  DPA_CUDA_CHECK(cudaMemcpy(sink.data, offsets.data(), sink.bytes, cudaMemcpyHostToDevice));
+
+  ForwardArgs fwd;
+  fwd.in.q = q.view;
+  fwd.in.k = k.view;
+  fwd.in.v = v.view;
+  if (f.softmax == SoftmaxType::kLearnable) fwd.in.softmax_offset = sink.view;
+  fwd.o = o.view;
+  fwd.lse = lse.view;
+  const AttentionConfig config = make_config(f);
+  const RngState state{7, 3};
+  cuda_flash_backend().forward(build_forward_problem(config, fwd, config.dropout, state));
+  BackwardArgs bwd;
+  bwd.in = fwd.in;
+  bwd.o = o.view;
+  bwd.lse = lse.view;
+  bwd.d_o = d_o.view;
+  bwd.dq = dq.view;
+  bwd.dk = dk.view;
+  bwd.dv = dv.view;
+  bwd.rng = state;
+  if (f.softmax == SoftmaxType::kLearnable) bwd.dsoftmax_offset = dsink.view;
+  const AttentionProblem problem = build_backward_problem(config, bwd, config.dropout);
+
+  const double flops = 2.5 * 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
+  std::vector<std::vector<unsigned char>> gradients[2];
+  for (int family = 0; family < 2; ++family) {
+    if (family == 0)
+      unsetenv("DPA_FLASH_BACKWARD_KERNEL");
+    else
+      setenv("DPA_FLASH_BACKWARD_KERNEL", "wgmma", 1);
+    auto launch = [&] { cuda_flash_backend().backward(problem); };
+    for (int i = 0; i < 2; ++i) launch();
+    DPA_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t start, stop;
+    DPA_CUDA_CHECK(cudaEventCreate(&start));
+    DPA_CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> times;
+    for (int i = 0; i < 20; ++i) {
+      DPA_CUDA_CHECK(cudaEventRecord(start));
+      launch();
+      DPA_CUDA_CHECK(cudaEventRecord(stop));
+      DPA_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      DPA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    const double ms = times[times.size() / 2];
+    gradients[family] = {dq.download(), dk.download(), dv.download()};
+    std::printf("bwd   %-28s b%d H%d G%d sq%d skv%d d%d/%d [%s]: %.3f ms  %.1f TFLOP/s\n",
+                f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv,
+                family == 0 ? "mma.sync" : "wgmma", ms, flops / ms * 1e-9);
+  }
+  unsetenv("DPA_FLASH_BACKWARD_KERNEL");
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int g = 0; g < 3; ++g) {
+    double diff = 0, norm = 0;
+    const int64_t n = int64_t(gradients[0][size_t(g)].size() / 2);
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = load_element(gradients[0][size_t(g)].data(), DType::kBFloat16, i);
+      const double b = load_element(gradients[1][size_t(g)].data(), DType::kBFloat16, i);
+      diff += (a - b) * (a - b);
+      norm += a * a;
+    }
+    std::printf("      %s: mma.sync vs wgmma relative difference %.2e\n", names[g],
+                std::sqrt(diff / std::max(norm, 1e-30)));
+  }
+}
+
 double visible_pairs(const Shape& s, const Features& f) {
   // Exact count of (query, key) pairs the mask leaves visible, per (b, h).
   double pairs = 0;
@@ -231,9 +327,10 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool do_check = true, do_time = true, do_variants = false;
+  bool do_check = true, do_time = true, do_variants = false, do_backward = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--variants") == 0) do_variants = true;
+    if (std::strcmp(argv[i], "--backward") == 0) do_backward = true;
     if (std::strcmp(argv[i], "--check-only") == 0) do_time = false;
     if (std::strcmp(argv[i], "--time-only") == 0) do_check = false;
   }
@@ -286,6 +383,10 @@ int main(int argc, char** argv) {
       const Shape big{2, 16, 16, 8192, 8192, 128, 128};
       for (int v = 0; cuda::flash_variant_name(v); ++v)
         for (const Features& f : {plain, cap, causal_cap, causal_sink}) time_config(big, f, v);
+    }
+    if (do_backward) {
+      const Shape big{2, 16, 16, 8192, 8192, 128, 128};
+      for (const Features& f : {plain, cap, sink, causal_cap, causal_sink}) time_backward(big, f);
     }
     std::printf("flash_dev: %d check failures\n", failures);
     return failures ? 1 : 0;
