@@ -1,8 +1,8 @@
 // Dev bench for the flash forward kernels (llm.c's dev/cuda style): one small correctness
 // check against cpu_exact per feature set, then timings of the shapes with CUDA
 // events. Calls the backends directly (no selector) so it builds before every backend exists.
-// --backward times the fused backward on both kernel families (mma.sync, wgmma) and prints
-// how far apart their gradients are (the GPU suite checks both against cpu_exact).
+// --backward times the fused backward on its kernel families (mma.sync, wgmma, wgmma_ws) and
+// prints how far apart their gradients are (the GPU suite checks each against cpu_exact).
 //
 //   flash_dev [--check-only] [--time-only] [--variants] [--backward]
 #include <cuda_runtime_api.h>
@@ -209,8 +209,8 @@ bool check(const Shape& s, const Features& f, int variant = -1) {
 double visible_pairs(const Shape& s, const Features& f);
 
 // The fused backward after one forward (for o and LSE): median ms of 20 runs per kernel family
-// (DPA_FLASH_BACKWARD_KERNEL unset, then =wgmma), TFLOP/s at 2.5x the forward's FLOPs, and the
-// largest relative difference between the families' gradients.
+// (DPA_FLASH_BACKWARD_KERNEL unset, =wgmma, =wgmma_ws), TFLOP/s at 2.5x the forward's FLOPs,
+// and each wgmma family's relative difference from the mma.sync gradients.
 void time_backward(const Shape& s, const Features& f) {
   std::mt19937_64 rng(99);
   const int64_t nq = int64_t(s.b) * s.sq * s.H * s.d, nk = int64_t(s.b) * s.skv * s.G * s.d;
@@ -254,12 +254,13 @@ void time_backward(const Shape& s, const Features& f) {
   const AttentionProblem problem = build_backward_problem(config, bwd, config.dropout);
 
   const double flops = 2.5 * 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
-  std::vector<std::vector<unsigned char>> gradients[2];
-  for (int family = 0; family < 2; ++family) {
+  const char* families[] = {"mma.sync", "wgmma", "wgmma_ws"};
+  std::vector<std::vector<unsigned char>> gradients[3];
+  for (int family = 0; family < 3; ++family) {
     if (family == 0)
       unsetenv("DPA_FLASH_BACKWARD_KERNEL");
     else
-      setenv("DPA_FLASH_BACKWARD_KERNEL", "wgmma", 1);
+      setenv("DPA_FLASH_BACKWARD_KERNEL", families[family], 1);
     auto launch = [&] { cuda_flash_backend().backward(problem); };
     for (int i = 0; i < 2; ++i) launch();
     DPA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -280,23 +281,24 @@ void time_backward(const Shape& s, const Features& f) {
     const double ms = times[times.size() / 2];
     gradients[family] = {dq.download(), dk.download(), dv.download()};
     std::printf("bwd   %-28s b%d H%d G%d sq%d skv%d d%d/%d [%s]: %.3f ms  %.1f TFLOP/s\n",
-                f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv,
-                family == 0 ? "mma.sync" : "wgmma", ms, flops / ms * 1e-9);
+                f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, families[family], ms,
+                flops / ms * 1e-9);
   }
   unsetenv("DPA_FLASH_BACKWARD_KERNEL");
   const char* names[] = {"dq", "dk", "dv"};
-  for (int g = 0; g < 3; ++g) {
-    double diff = 0, norm = 0;
-    const int64_t n = int64_t(gradients[0][size_t(g)].size() / 2);
-    for (int64_t i = 0; i < n; ++i) {
-      const double a = load_element(gradients[0][size_t(g)].data(), DType::kBFloat16, i);
-      const double b = load_element(gradients[1][size_t(g)].data(), DType::kBFloat16, i);
-      diff += (a - b) * (a - b);
-      norm += a * a;
+  for (int family = 1; family < 3; ++family)
+    for (int g = 0; g < 3; ++g) {
+      double diff = 0, norm = 0;
+      const int64_t n = int64_t(gradients[0][size_t(g)].size() / 2);
+      for (int64_t i = 0; i < n; ++i) {
+        const double a = load_element(gradients[0][size_t(g)].data(), DType::kBFloat16, i);
+        const double b = load_element(gradients[family][size_t(g)].data(), DType::kBFloat16, i);
+        diff += (a - b) * (a - b);
+        norm += a * a;
+      }
+      std::printf("      %s: mma.sync vs %s relative difference %.2e\n", names[g], families[family],
+                  std::sqrt(diff / std::max(norm, 1e-30)));
     }
-    std::printf("      %s: mma.sync vs wgmma relative difference %.2e\n", names[g],
-                std::sqrt(diff / std::max(norm, 1e-30)));
-  }
 }
 
 double visible_pairs(const Shape& s, const Features& f) {

@@ -12,7 +12,7 @@
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
 # (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
-# gpu_tests_flash_backward.log, gpu_tests_wgmma_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
+# gpu_tests_flash_backward.log, gpu_tests_wgmma_backward.log, gpu_tests_wgmma_ws_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
 # bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
@@ -173,9 +173,9 @@ step_test() {
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
   # The CP suite runs once more with the fused backward opted in (DPA_FLASH_BACKWARD=1: its
   # tiles' backward on cuda_flash instead of cuda_unfused), and the backward cases once more on
-  # the wgmma backward kernels (DPA_FLASH_BACKWARD_KERNEL=wgmma).
+  # each form of the wgmma backward kernels (DPA_FLASH_BACKWARD_KERNEL=wgmma, =wgmma_ws).
   local kernel filter
-  for kernel in mma_sync wgmma flash_backward wgmma_backward; do
+  for kernel in mma_sync wgmma flash_backward wgmma_backward wgmma_ws_backward; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
@@ -187,8 +187,8 @@ step_test() {
       filter='VirtualRanks/GpuCp.*'
     fi
     # The wgmma backward kernels (opt-in, head dims 64 and 128) on every backward case.
-    if [ "$kernel" = wgmma_backward ]; then
-      environment=(DPA_FLASH_BACKWARD_KERNEL=wgmma)
+    if [ "$kernel" = wgmma_backward ] || [ "$kernel" = wgmma_ws_backward ]; then
+      environment=(DPA_FLASH_BACKWARD_KERNEL=${kernel%_backward})
       filter='Cases/FlashForwardBackward.*:Backends/DropoutMask.*:FlashOnGpu.Deterministic*'
     fi
     run_step "$log" "$(remaining)" env "${environment[@]}" "$exe" \

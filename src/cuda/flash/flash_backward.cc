@@ -59,10 +59,13 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   bp.scale = float(p.scale);
   // DPA_FLASH_BACKWARD_KERNEL=wgmma takes the sm_90a kernels (head dims 64 and 128) until they
   // are measured against the mma.sync ones.
+  // =wgmma_ws their warp-specialised form.
   const char* kernel = std::getenv("DPA_FLASH_BACKWARD_KERNEL");
-  bp.wgmma = kernel != nullptr && std::string_view(kernel) == "wgmma" &&
+  const std::string_view chosen = kernel != nullptr ? kernel : "";
+  bp.wgmma = (chosen == "wgmma" || chosen == "wgmma_ws") &&
              device_info(p.device_index).arch == 90 &&
              flash_backward_wgmma_eligible(int(p.head_dim_qk), int(p.head_dim_v));
+  bp.warp_specialized = bp.wgmma && chosen == "wgmma_ws";
 
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
   DeviceBuffer row_delta(rows * sizeof(float), stream);

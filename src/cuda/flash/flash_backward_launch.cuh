@@ -8,6 +8,7 @@
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_backward_sm90.cuh"
+#include "cuda/flash/flash_backward_sm90_ws.cuh"
 #include "dpa/error.h"
 
 namespace dpa::cuda {
@@ -29,6 +30,21 @@ void launch_flash_backward_sm90(const FlashBackwardParams& p, cudaStream_t strea
     using Traits = FlashBackwardSm90Traits<Element, kHeadDimQK, kHeadDimV>;
     const FlashForwardParams& f = p.fwd;
     const unsigned batch = unsigned(f.batch);
+    if (p.warp_specialized) {
+      using Ws = FlashBackwardSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
+      if (f.max_seqlen_q > 0)
+        launch_backward_kernel(flash_backward_dq_sm90_ws_kernel<Ws>,
+                               dim3(unsigned((f.max_seqlen_q + Ws::kDqBlockM - 1) / Ws::kDqBlockM),
+                                    unsigned(f.heads_q), batch),
+                               Ws::kThreads, Ws::kDqSharedBytes, p, stream);
+      if (f.max_seqlen_kv > 0)
+        launch_backward_kernel(
+            flash_backward_dkdv_sm90_ws_kernel<Ws>,
+            dim3(unsigned((f.max_seqlen_kv + Ws::kDkvBlockN - 1) / Ws::kDkvBlockN),
+                 unsigned(f.heads_kv), batch),
+            Ws::kThreads, Ws::kDkvSharedBytes, p, stream);
+      return;
+    }
     if (f.max_seqlen_q > 0) {
       const dim3 dq_grid(unsigned((f.max_seqlen_q + Traits::kDqBlockM - 1) / Traits::kDqBlockM),
                          unsigned(f.heads_q), batch);

@@ -1,0 +1,481 @@
+// The warp-specialised forms of the wgmma backward kernels (flash_backward_sm90.cuh), with the
+// schedule that took the forward from 0.80x to 1.04x of SDPA-flash (flash_forward_sm90_ws.cuh):
+// a producer warpgroup fills stages with cp.async and arrives on each stage's `full` mbarrier
+// through cp.async.mbarrier.arrive.noinc (it never waits for a copy); two consumer warpgroups
+// take turns issuing their MMAs (named barriers 1 and 2), so one's elementwise phase runs under
+// the other's MMAs; within a consumer, the register-operand products of tile n - 1 are issued
+// together with the shared-operand products of tile n. setmaxnreg 40 / 232. Opt-in
+// (DPA_FLASH_BACKWARD_KERNEL=wgmma_ws) until measured.
+//
+// - dq: the producer copies Q and dO once and K, V per 64-key tile; a consumer issues
+//   S(n) = Q K(n)^T, dP(n) = dO V(n)^T and dq += dU(n-1) K(n-1), then releases stage n - 1.
+// - dk/dv: the producer copies K and V once and, per (query head, 32-row query tile), Q, dO and
+//   the rows' LSE and D (plain loads, transformed as row_lse_log2 does, stored with a plain
+//   arrive); a consumer issues S^T(n), dP^T(n), dv += Pd^T(n-1) dO(n-1) and
+//   dk += dU^T(n-1) Q(n-1).
+#pragma once
+
+#include "cuda/flash/flash_backward_sm90.cuh"
+#include "cuda/flash/flash_forward_sm90_ws.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+
+namespace dpa::cuda {
+
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+struct FlashBackwardSm90WsTraits {
+  using Element = ElementT;
+  static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumers
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kStages = 3;
+  static constexpr int kDqBlockM = 128, kDqBlockN = 64;
+  static constexpr int kDkvBlockN = 128, kDkvBlockM = 32;
+  static constexpr int kBarrierBytes = 64;  // full and empty per stage, one for the fixed tiles
+  // Q and dO of the block, kStages of K and V, barriers, 1 KB of alignment.
+  static constexpr int kDqSharedBytes =
+      2 * (kDqBlockM + kStages * kDqBlockN) * (kHeadDimQK + kHeadDimV) + kBarrierBytes + 1024;
+  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, the 8 consumer
+  // warps' keep masks, barriers, alignment.
+  static constexpr int kDkvSharedBytes =
+      2 * (kDkvBlockN + kStages * kDkvBlockM) * (kHeadDimQK + kHeadDimV) +
+      kStages * 2 * kDkvBlockM * 4 + 8 * 2 * kDkvBlockM + kBarrierBytes + 1024;
+  static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
+  static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(kDqSharedBytes <= 227 * 1024 && kDkvSharedBytes <= 227 * 1024,
+                "tiles must fit sm_90 shared memory");
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_backward_dq_sm90_ws_kernel(const __grid_constant__ FlashBackwardParams bp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  const FlashForwardParams& p = bp.fwd;
+  constexpr int kBlockM = Traits::kDqBlockM, kBlockN = Traits::kDqBlockN;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
+  constexpr int kNTiles = kBlockN / 8;
+
+  extern __shared__ __align__(1024) unsigned char shared_storage[];
+  const uint32_t base = (ptx::shared_address(shared_storage) + 1023u) & ~1023u;
+  const uint32_t q_shared = base;
+  const uint32_t do_shared = q_shared + kBlockM * kDimQK * 2;
+  const uint32_t stages = do_shared + kBlockM * kDimV * 2;
+  auto k_shared = [&](int stage) { return stages + uint32_t(stage) * kBlockN * kDimQK * 2; };
+  auto v_shared = [&](int stage) {
+    return stages + kStages * kBlockN * kDimQK * 2 + uint32_t(stage) * kBlockN * kDimV * 2;
+  };
+  const uint32_t barriers = stages + kStages * kBlockN * (kDimQK + kDimV) * 2;
+  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
+  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
+  const uint32_t q_barrier = barriers + 8u * (2 * kStages);
+
+  FlashBlock<Element> b;
+  if (!make_flash_block(p, kBlockM, kBlockN, b)) return;
+  const int tiles = b.n_block_end - b.n_block_begin;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full_barrier(s), 128);
+      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
+    }
+    ptx::mbarrier_init(q_barrier, 128);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    // Producer: Q and dO once, then K and V of each tile into the next free stage.
+    ptx::setmaxnreg_decrease<40>();
+    if (tiles == 0) return;
+    const int64_t q_row0 = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
+    const Element* d_o = static_cast<const Element*>(bp.d_o) + b.batch * bp.do_batch_stride +
+                         q_row0 * bp.do_row_stride + b.head * bp.do_head_stride;
+    produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
+    produce_swizzled_tile<Element, kBlockM, kDimV>(do_shared, d_o, bp.do_row_stride, b.rows_here);
+    ptx::cp_async_mbarrier_arrive_noinc(q_barrier);
+#pragma unroll 1
+    for (int it = 0; it < tiles; ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
+      const int n0 = (b.n_block_begin + it) * kBlockN;
+      produce_swizzled_tile<Element, kBlockN, kDimQK>(
+          k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, b.seqlen_kv - n0);
+      produce_swizzled_tile<Element, kBlockN, kDimV>(
+          v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, b.seqlen_kv - n0);
+      ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+    }
+    ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
+    ptx::cp_async_wait<0>();
+    return;
+  }
+
+  ptx::setmaxnreg_increase<232>();
+  const int consumer = warpgroup - 1;
+  const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
+  const int my_turn = 1 + consumer, their_turn = 2 - consumer;  // named barrier ids
+
+  float dq_acc[kDimQK / 8][4];
+  zero_fragments(dq_acc);
+  if (tiles > 0) {
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = row0 + 8 * half;
+      lse2[half] = row_lse_log2(p, b.batch, b.head, i, b.seqlen_q);
+      delta[half] = i < b.seqlen_q ? bp.row_delta[row_workspace_index(p, b.batch, b.head, i)] : 0.f;
+    }
+    auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
+      ptx::mbarrier_wait(barrier, parity);
+      ptx::fence_proxy_async_shared();
+    };
+    float s[kNTiles][4], dp[kNTiles][4], derivative[kNTiles][4];
+    uint32_t du_operand[kBlockN / 16][4];
+    // S(n) and dP(n), then (after their wait) P, dU into s.
+    auto issue_s_dp = [&](int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kDimQK / 16; ++kk)
+        ptx::wgmma_ss<Element, kBlockN>(s, k_major_descriptor(q_shared, kBlockM, consumer * 64, kk),
+                                        k_major_descriptor(k_shared(stage), kBlockN, 0, kk),
+                                        kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < kDimV / 16; ++kk)
+        ptx::wgmma_ss<Element, kBlockN>(
+            dp, k_major_descriptor(do_shared, kBlockM, consumer * 64, kk),
+            k_major_descriptor(v_shared(stage), kBlockN, 0, kk), kk > 0);
+      ptx::wgmma_commit();
+    };
+    auto issue_dq = [&](int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        ptx::wgmma_rs<Element, kDimQK>(dq_acc, du_operand[kk],
+                                       mn_major_descriptor(k_shared(stage), kBlockN, kk), true);
+      ptx::wgmma_commit();
+    };
+    auto logit_gradients = [&](int n_block, const uint32_t(&keep)[2]) {
+      const int n0 = n_block * kBlockN;
+      const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
+      query_tile_probabilities(p, b, s, derivative, row0, n0, quad_col, lse2, fully_visible);
+      query_tile_logit_gradients(p, s, dp, derivative, keep, delta);
+    };
+    auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
+      keep[0] = keep[1] = 0;
+      if (p.dropout_threshold != 0)
+        draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
+    };
+
+    wait_landed(q_barrier, 0);
+    if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
+
+    uint32_t keep[2];
+    draw_keep(b.n_block_begin, keep);
+    wait_landed(full_barrier(0), 0);
+    ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    ptx::wgmma_fence();
+    issue_s_dp(0);
+    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(s);
+    ptx::fence_accumulators(dp);
+    logit_gradients(b.n_block_begin, keep);
+    pack_operands<Element>(s, du_operand);
+
+#pragma unroll 1
+    for (int it = 1; it < tiles; ++it) {
+      const int stage = it % kStages, previous = (it - 1) % kStages;
+      const int n_block = b.n_block_begin + it;
+      draw_keep(n_block, keep);
+      wait_landed(full_barrier(stage), (it / kStages) & 1);
+      ptx::named_barrier_sync(my_turn, kConsumerThreads);
+      ptx::fence_accumulators(dq_acc);
+      ptx::wgmma_fence();
+      issue_s_dp(stage);
+      issue_dq(previous);  // dU(n-1) K(n-1)
+      ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+      ptx::wgmma_wait<1>();  // S(n) and dP(n) are ready; dq may still run
+      ptx::fence_accumulators(s);
+      ptx::fence_accumulators(dp);
+      logit_gradients(n_block, keep);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(dq_acc);
+      ptx::fence_registers(du_operand);
+      ptx::mbarrier_arrive(empty_barrier(previous));  // K(n-1) and V(n-1) are read
+      pack_operands<Element>(s, du_operand);
+    }
+
+    // dq += dU(last) K(last).
+    ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    ptx::fence_accumulators(dq_acc);
+    ptx::wgmma_fence();
+    issue_dq((tiles - 1) % kStages);
+    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(dq_acc);
+    ptx::fence_registers(du_operand);
+    if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);  // balance
+  }
+
+  const int64_t q_start = p.start_q ? p.start_q[b.batch] : 0;
+  store_fragment_rows<Element, kDimQK>(dq_acc, bp.scale, row0, quad_col, [&](int i) -> Element* {
+    if (i >= b.seqlen_q) return nullptr;
+    return static_cast<Element*>(bp.dq) + b.batch * bp.dq_batch_stride +
+           (q_start + i) * bp.dq_row_stride + b.head * bp.dq_head_stride;
+  });
+#else
+  (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
+#endif
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_backward_dkdv_sm90_ws_kernel(const __grid_constant__ FlashBackwardParams bp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  const FlashForwardParams& p = bp.fwd;
+  constexpr int kBlockN = Traits::kDkvBlockN, kBlockM = Traits::kDkvBlockM;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
+  constexpr int kMTiles = kBlockM / 8;
+
+  extern __shared__ __align__(1024) unsigned char shared_storage[];
+  const uint32_t base = (ptx::shared_address(shared_storage) + 1023u) & ~1023u;
+  const uint32_t k_shared = base;
+  const uint32_t v_shared = k_shared + kBlockN * kDimQK * 2;
+  const uint32_t stages = v_shared + kBlockN * kDimV * 2;
+  auto q_shared = [&](int stage) { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; };
+  auto do_shared = [&](int stage) {
+    return stages + kStages * kBlockM * kDimQK * 2 + uint32_t(stage) * kBlockM * kDimV * 2;
+  };
+  const uint32_t tiles_end = stages + kStages * kBlockM * (kDimQK + kDimV) * 2;
+  // Generic pointers for the plain loads and stores: the rows' LSE (log2 units) and D per
+  // stage, then the consumer warps' keep masks; the mbarriers after them.
+  unsigned char* const generic = shared_storage + (tiles_end - ptx::shared_address(shared_storage));
+  float* lse_stages = reinterpret_cast<float*>(generic);  // kStages x kBlockM
+  float* delta_stages = lse_stages + kStages * kBlockM;   // kStages x kBlockM
+  uint8_t* masks = reinterpret_cast<uint8_t*>(delta_stages + kStages * kBlockM);  // 8 x 64
+  const uint32_t barriers = tiles_end + kStages * 2 * kBlockM * 4 + 8 * 2 * kBlockM;
+  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
+  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
+  const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
+
+  const int batch = blockIdx.z, kv_head = blockIdx.y;
+  const int seqlen_q = p.seqlen_q[batch], seqlen_kv = p.seqlen_kv[batch];
+  const int j0 = blockIdx.x * kBlockN;
+  if (j0 >= seqlen_kv) return;
+  const int keys_here = min(kBlockN, seqlen_kv - j0);
+  const int diagonal = p.diagonal[batch];
+  const QueryRange queries = queries_seeing_keys(j0, j0 + keys_here - 1, seqlen_q, diagonal,
+                                                 p.window_left, p.window_right);
+  const int m_begin = queries.first / kBlockM;
+  const int m_tiles = queries.last >= queries.first ? queries.last / kBlockM + 1 - m_begin : 0;
+  const int group = p.group_size;
+  const int iterations = m_tiles * group;
+  const int64_t q_start = p.start_q ? p.start_q[batch] : 0;
+  const int64_t kv_start = p.start_kv ? p.start_kv[batch] : 0;
+
+  // 64 producer threads store LSE and D with plain stores and arrive: 128 cp.async arrivals +
+  // 64 plain ones per stage.
+  constexpr int kFullArrivals = 128 + 2 * kBlockM;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full_barrier(s), kFullArrivals);
+      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
+    }
+    ptx::mbarrier_init(kv_barrier, 128);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_decrease<40>();
+    if (iterations == 0) return;
+    const Element* k_rows = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                            (kv_start + j0) * p.k_row_stride + kv_head * p.k_head_stride;
+    const Element* v_rows = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                            (kv_start + j0) * p.v_row_stride + kv_head * p.v_head_stride;
+    produce_swizzled_tile<Element, kBlockN, kDimQK>(k_shared, k_rows, p.k_row_stride, keys_here);
+    produce_swizzled_tile<Element, kBlockN, kDimV>(v_shared, v_rows, p.v_row_stride, keys_here);
+    ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
+#pragma unroll 1
+    for (int it = 0; it < iterations; ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
+      const int head = kv_head * group + it / m_tiles;
+      const int i0 = (m_begin + it % m_tiles) * kBlockM;
+      const Element* q_rows = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                              (q_start + i0) * p.q_row_stride + head * p.q_head_stride;
+      const Element* do_rows = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
+                               (q_start + i0) * bp.do_row_stride + head * bp.do_head_stride;
+      produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared(stage), q_rows, p.q_row_stride,
+                                                      seqlen_q - i0);
+      produce_swizzled_tile<Element, kBlockM, kDimV>(do_shared(stage), do_rows, bp.do_row_stride,
+                                                     seqlen_q - i0);
+      ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+      const int r = int(threadIdx.x);
+      if (r < 2 * kBlockM) {
+        const int i = i0 + r % kBlockM;
+        if (r < kBlockM)
+          lse_stages[stage * kBlockM + r] = row_lse_log2(p, batch, head, i, seqlen_q);
+        else
+          delta_stages[stage * kBlockM + r - kBlockM] =
+              i < seqlen_q ? bp.row_delta[row_workspace_index(p, batch, head, i)] : 0.f;
+        ptx::mbarrier_arrive(full_barrier(stage));  // release: the store above is visible
+      }
+    }
+    ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
+    ptx::cp_async_wait<0>();
+    return;
+  }
+
+  ptx::setmaxnreg_increase<232>();
+  const int consumer = warpgroup - 1;
+  const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int warp_key0 = j0 + consumer * 64 + warp_in_group * 16;
+  const int key0 = warp_key0 + quad_row;
+  uint8_t* keep_masks = masks + (consumer * 4 + warp_in_group) * 2 * kBlockM;  // this warp's
+  const int my_turn = 1 + consumer, their_turn = 2 - consumer;
+
+  float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
+  zero_fragments(dk_acc);
+  zero_fragments(dv_acc);
+  if (iterations > 0) {
+    auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
+      ptx::mbarrier_wait(barrier, parity);
+      ptx::fence_proxy_async_shared();
+    };
+    float s[kMTiles][4], dp[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
+    uint32_t pd_operand[kBlockM / 16][4], du_operand[kBlockM / 16][4];
+    auto issue_s_dp = [&](int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kDimQK / 16; ++kk)
+        ptx::wgmma_ss<Element, kBlockM>(s, k_major_descriptor(k_shared, kBlockN, consumer * 64, kk),
+                                        k_major_descriptor(q_shared(stage), kBlockM, 0, kk),
+                                        kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < kDimV / 16; ++kk)
+        ptx::wgmma_ss<Element, kBlockM>(
+            dp, k_major_descriptor(v_shared, kBlockN, consumer * 64, kk),
+            k_major_descriptor(do_shared(stage), kBlockM, 0, kk), kk > 0);
+      ptx::wgmma_commit();
+    };
+    auto issue_dv_dk = [&](int stage) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        ptx::wgmma_rs<Element, kDimV>(dv_acc, pd_operand[kk],
+                                      mn_major_descriptor(do_shared(stage), kBlockM, kk), true);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        ptx::wgmma_rs<Element, kDimQK>(dk_acc, du_operand[kk],
+                                       mn_major_descriptor(q_shared(stage), kBlockM, kk), true);
+      ptx::wgmma_commit();
+    };
+    // P^T, Pd^T and dU^T (into dp) of iteration it, once S^T and dP^T are ready.
+    auto logit_gradients = [&](int it, int stage) {
+      const int head = kv_head * group + it / m_tiles;
+      const int i0 = (m_begin + it % m_tiles) * kBlockM;
+      const float alibi_slope =
+          p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
+      const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, alibi_slope};
+      uint32_t keep = 0;
+      key_tile_probabilities(p, key_tile, s, derivative, p_dropped, keep, key0, i0, quad_row,
+                             quad_col, lse_stages + stage * kBlockM, keep_masks);
+      // dU^T into dp (s keeps P^T for it).
+#pragma unroll
+      for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = dp[t][e];
+          dp[t][e] = s[t][e];
+          s[t][e] = d;
+        }
+      // Now s holds dP^T and dp holds P^T: key_tile_logit_gradients works in its first argument.
+      key_tile_logit_gradients(p, dp, s, derivative, keep, delta_stages + stage * kBlockM,
+                               quad_col);
+    };
+    auto draw_masks = [&](int it) {
+      if (p.dropout_threshold == 0) return;
+      const int head = kv_head * group + it / m_tiles;
+      const int i0 = (m_begin + it % m_tiles) * kBlockM;
+      const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, 0.f};
+      __syncwarp();  // every lane has read the previous iteration's masks
+      draw_key_tile_keep_masks(p, key_tile, i0, warp_key0, lane, keep_masks);
+    };
+
+    wait_landed(kv_barrier, 0);
+    if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
+
+    draw_masks(0);
+    wait_landed(full_barrier(0), 0);
+    ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    ptx::wgmma_fence();
+    issue_s_dp(0);
+    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(s);
+    ptx::fence_accumulators(dp);
+    logit_gradients(0, 0);
+    pack_operands<Element>(p_dropped, pd_operand);
+    pack_operands<Element>(dp, du_operand);
+
+#pragma unroll 1
+    for (int it = 1; it < iterations; ++it) {
+      const int stage = it % kStages, previous = (it - 1) % kStages;
+      draw_masks(it);
+      wait_landed(full_barrier(stage), (it / kStages) & 1);
+      ptx::named_barrier_sync(my_turn, kConsumerThreads);
+      ptx::fence_accumulators(dk_acc);
+      ptx::fence_accumulators(dv_acc);
+      ptx::wgmma_fence();
+      issue_s_dp(stage);
+      issue_dv_dk(previous);  // iteration it - 1's dv and dk
+      ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+      ptx::wgmma_wait<1>();  // S^T(it) and dP^T(it) are ready; dv, dk may still run
+      ptx::fence_accumulators(s);
+      ptx::fence_accumulators(dp);
+      logit_gradients(it, stage);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(dk_acc);
+      ptx::fence_accumulators(dv_acc);
+      ptx::fence_registers(pd_operand);
+      ptx::fence_registers(du_operand);
+      ptx::mbarrier_arrive(empty_barrier(previous));  // Q, dO, LSE, D of it - 1 are read
+      pack_operands<Element>(p_dropped, pd_operand);
+      pack_operands<Element>(dp, du_operand);
+    }
+
+    // The last iteration's dv and dk.
+    ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    ptx::fence_accumulators(dk_acc);
+    ptx::fence_accumulators(dv_acc);
+    ptx::wgmma_fence();
+    issue_dv_dk((iterations - 1) % kStages);
+    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_accumulators(dk_acc);
+    ptx::fence_accumulators(dv_acc);
+    ptx::fence_registers(pd_operand);
+    ptx::fence_registers(du_operand);
+    if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);  // balance
+  }
+
+  auto key_row = [&](void* out, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return [=](int j) -> Element* {
+      if (j >= seqlen_kv) return nullptr;
+      return static_cast<Element*>(out) + batch * batch_stride + (kv_start + j) * row_stride +
+             kv_head * head_stride;
+    };
+  };
+  store_fragment_rows<Element, kDimQK>(
+      dk_acc, bp.scale, key0, quad_col,
+      key_row(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride));
+  store_fragment_rows<Element, kDimV>(
+      dv_acc, 1.f, key0, quad_col,
+      key_row(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride));
+#else
+  (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
+#endif
+}
+
+}  // namespace dpa::cuda
