@@ -40,6 +40,7 @@ struct FlashBackwardSm90WsTraits {
       2 * (kDkvBlockN + kStages * kDkvBlockM) * (kHeadDimQK + kHeadDimV) +
       kStages * 2 * kDkvBlockM * 4 + 8 * 2 * kDkvBlockM + kBarrierBytes + 1024;
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
+  static_assert(kDkvBlockM == 32, "one query per lane for the keep masks (8 x 64 bytes)");
   static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kDqSharedBytes <= 227 * 1024 && kDkvSharedBytes <= 227 * 1024,
                 "tiles must fit sm_90 shared memory");
@@ -277,6 +278,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // 64 producer threads store LSE and D with plain stores and arrive: 128 cp.async arrivals +
   // 64 plain ones per stage.
   constexpr int kFullArrivals = 128 + 2 * kBlockM;
+  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(full_barrier(s), kFullArrivals);
@@ -371,7 +373,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                        mn_major_descriptor(q_shared(stage), kBlockM, kk), true);
       ptx::wgmma_commit();
     };
-    // P^T, Pd^T and dU^T (into dp) of iteration it, once S^T and dP^T are ready.
+    // Pd^T (into p_dropped) and dU^T (into s) of iteration it, once S^T and dP^T are ready.
     auto logit_gradients = [&](int it, int stage) {
       const int head = kv_head * group + it / m_tiles;
       const int i0 = (m_begin + it % m_tiles) * kBlockM;
@@ -381,18 +383,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       uint32_t keep = 0;
       key_tile_probabilities(p, key_tile, s, derivative, p_dropped, keep, key0, i0, quad_row,
                              quad_col, lse_stages + stage * kBlockM, keep_masks);
-      // dU^T into dp (s keeps P^T for it).
-#pragma unroll
-      for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float d = dp[t][e];
-          dp[t][e] = s[t][e];
-          s[t][e] = d;
-        }
-      // Now s holds dP^T and dp holds P^T: key_tile_logit_gradients works in its first argument.
-      key_tile_logit_gradients(p, dp, s, derivative, keep, delta_stages + stage * kBlockM,
-                               quad_col);
+      key_tile_logit_gradients(p, s, dp, derivative, keep, delta_stages + stage * kBlockM,
+                               quad_col);  // s becomes dU^T
     };
     auto draw_masks = [&](int it) {
       if (p.dropout_threshold == 0) return;
@@ -417,7 +409,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::fence_accumulators(dp);
     logit_gradients(0, 0);
     pack_operands<Element>(p_dropped, pd_operand);
-    pack_operands<Element>(dp, du_operand);
+    pack_operands<Element>(s, du_operand);
 
 #pragma unroll 1
     for (int it = 1; it < iterations; ++it) {
@@ -442,7 +434,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_registers(du_operand);
       ptx::mbarrier_arrive(empty_barrier(previous));  // Q, dO, LSE, D of it - 1 are read
       pack_operands<Element>(p_dropped, pd_operand);
-      pack_operands<Element>(dp, du_operand);
+      pack_operands<Element>(s, du_operand);
     }
 
     // The last iteration's dv and dk.
