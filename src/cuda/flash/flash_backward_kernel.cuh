@@ -291,6 +291,133 @@ __device__ __forceinline__ void key_tile_logit_gradients(
     }
 }
 
+// ---- Block setup and stores shared by every backward kernel family ----
+
+template <int kTiles>
+__device__ __forceinline__ void zero_fragments(float (&f)[kTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[t][e] = 0.f;
+}
+
+// D of query row i (0 outside the sequence).
+__device__ __forceinline__ float row_delta_of(const FlashBackwardParams& bp, int batch, int head,
+                                              int i, int seqlen_q) {
+  return i < seqlen_q ? bp.row_delta[row_workspace_index(bp.fwd, batch, head, i)] : 0.f;
+}
+
+// A dq block's LSE (log2 units) and D for a thread's rows row0 and row0 + 8.
+template <typename Element>
+__device__ __forceinline__ void load_row_statistics(const FlashBackwardParams& bp,
+                                                    const FlashBlock<Element>& b, int row0,
+                                                    float (&lse2)[2], float (&delta)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = row0 + 8 * half;
+    lse2[half] = row_lse_log2(bp.fwd, b.batch, b.head, i, b.seqlen_q);
+    delta[half] = row_delta_of(bp, b.batch, b.head, i, b.seqlen_q);
+  }
+}
+
+// dO rows of a dq block (its first row).
+template <typename Element>
+__device__ __forceinline__ const Element* block_d_o(const FlashBackwardParams& bp,
+                                                    const FlashBlock<Element>& b) {
+  const int64_t row = (bp.fwd.start_q ? bp.fwd.start_q[b.batch] : 0) + b.m0;
+  return static_cast<const Element*>(bp.d_o) + b.batch * bp.do_batch_stride +
+         row * bp.do_row_stride + b.head * bp.do_head_stride;
+}
+
+// scale * dq of a thread's rows row0 and row0 + 8 (rows past the sequence skipped).
+template <typename Element, int kDimQK>
+__device__ __forceinline__ void store_dq_rows(const FlashBackwardParams& bp,
+                                              const FlashBlock<Element>& b,
+                                              const float (&dq)[kDimQK / 8][4], int row0,
+                                              int quad_col) {
+  const int64_t q_start = bp.fwd.start_q ? bp.fwd.start_q[b.batch] : 0;
+  store_fragment_rows<Element, kDimQK>(dq, bp.scale, row0, quad_col, [&](int i) -> Element* {
+    if (i >= b.seqlen_q) return nullptr;
+    return static_cast<Element*>(bp.dq) + b.batch * bp.dq_batch_stride +
+           (q_start + i) * bp.dq_row_stride + b.head * bp.dq_head_stride;
+  });
+}
+
+// What a dk/dv block (block_n keys of one batch and KV head) walks: iteration `it` covers the
+// block_m-row query tile first_query(it) of query head head(it), over the group's heads and the
+// query tiles that see the block's keys (queries_seeing_keys).
+struct KeyBlock {
+  int batch, kv_head, seqlen_q, seqlen_kv, j0, keys_here, diagonal;
+  int block_m, m_begin, m_tiles, group, iterations;
+  int64_t q_start, kv_start;
+  __device__ int head(int it) const { return kv_head * group + it / m_tiles; }
+  __device__ int first_query(int it) const { return (m_begin + it % m_tiles) * block_m; }
+};
+
+// Returns false when the block has no keys (nothing to do).
+__device__ __forceinline__ bool make_key_block(const FlashForwardParams& p, int block_n,
+                                               int block_m, KeyBlock& k) {
+  k.batch = blockIdx.z;
+  k.kv_head = blockIdx.y;
+  k.seqlen_q = p.seqlen_q[k.batch];
+  k.seqlen_kv = p.seqlen_kv[k.batch];
+  k.j0 = blockIdx.x * block_n;
+  if (k.j0 >= k.seqlen_kv) return false;
+  k.keys_here = min(block_n, k.seqlen_kv - k.j0);
+  k.diagonal = p.diagonal[k.batch];
+  const QueryRange queries = queries_seeing_keys(k.j0, k.j0 + k.keys_here - 1, k.seqlen_q,
+                                                 k.diagonal, p.window_left, p.window_right);
+  k.block_m = block_m;
+  k.m_begin = queries.first / block_m;
+  k.m_tiles = queries.last >= queries.first ? queries.last / block_m + 1 - k.m_begin : 0;
+  k.group = p.group_size;
+  k.iterations = k.m_tiles * k.group;
+  k.q_start = p.start_q ? p.start_q[k.batch] : 0;
+  k.kv_start = p.start_kv ? p.start_kv[k.batch] : 0;
+  return true;
+}
+
+// The block's first K (or V) row: `rows` is p.k or p.v with its strides.
+template <typename Element>
+__device__ __forceinline__ const Element* key_block_rows(const KeyBlock& k, const void* rows,
+                                                         int64_t batch_stride, int64_t row_stride,
+                                                         int64_t head_stride) {
+  return static_cast<const Element*>(rows) + k.batch * batch_stride +
+         (k.kv_start + k.j0) * row_stride + k.kv_head * head_stride;
+}
+
+// Iteration it's first Q (or dO) row.
+template <typename Element>
+__device__ __forceinline__ const Element* query_tile_rows(const KeyBlock& k, int it,
+                                                          const void* rows, int64_t batch_stride,
+                                                          int64_t row_stride, int64_t head_stride) {
+  return static_cast<const Element*>(rows) + k.batch * batch_stride +
+         (k.q_start + k.first_query(it)) * row_stride + k.head(it) * head_stride;
+}
+
+// Iteration it's per-tile context for key_tile_probabilities.
+__device__ __forceinline__ KeyTile key_tile_of(const FlashForwardParams& p, const KeyBlock& k,
+                                               int it) {
+  const int head = k.head(it);
+  const float slope =
+      p.alibi_slopes ? p.alibi_slopes[k.batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
+  return KeyTile{k.batch, head, k.seqlen_q, k.seqlen_kv, k.diagonal, slope};
+}
+
+// factor * acc into a thread's key rows key0 and key0 + 8 of dk (or dv): `out` with its
+// strides; keys past the sequence skipped.
+template <typename Element, int kDim>
+__device__ __forceinline__ void store_key_rows(const KeyBlock& k, const float (&acc)[kDim / 8][4],
+                                               float factor, int key0, int quad_col, void* out,
+                                               int64_t batch_stride, int64_t row_stride,
+                                               int64_t head_stride) {
+  store_fragment_rows<Element, kDim>(acc, factor, key0, quad_col, [&](int j) -> Element* {
+    if (j >= k.seqlen_kv) return nullptr;
+    return static_cast<Element*>(out) + k.batch * batch_stride + (k.kv_start + j) * row_stride +
+           k.kv_head * head_stride;
+  });
+}
+
 // D and the sink-gradient share of each row: one warp per row.
 template <typename Element>
 __global__ void flash_backward_prepare_kernel(const __grid_constant__ FlashBackwardParams bp,
@@ -350,16 +477,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int row0 = b.m0 + warp * 16 + quad_row;  // this thread's rows row0 and row0 + 8
 
   float lse2[2], delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = row0 + 8 * half;
-    lse2[half] = row_lse_log2(p, b.batch, b.head, i, b.seqlen_q);
-    delta[half] = i < b.seqlen_q ? bp.row_delta[row_workspace_index(p, b.batch, b.head, i)] : 0.f;
-  }
-
-  const int64_t q_row0 = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
-  const Element* d_o = static_cast<const Element*>(bp.d_o) + b.batch * bp.do_batch_stride +
-                       q_row0 * bp.do_row_stride + b.head * bp.do_head_stride;
+  load_row_statistics(bp, b, row0, lse2, delta);
+  const Element* d_o = block_d_o(bp, b);
   auto load_kv = [&](int n_block, int stage) {
     const int n0 = n_block * kBlockN;
     load_tile_async<Traits, kBlockN, kDimQK, kQkStride>(k_stages + stage * kBlockN * kQkStride,
@@ -380,10 +499,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       a_operand_lane<Element, kVStride>(do_shared + warp * 16 * kVStride, lane);
 
   float dq_acc[kDimQK / 8][4];
-#pragma unroll
-  for (int t = 0; t < kDimQK / 8; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dq_acc[t][e] = 0.f;
+  zero_fragments(dq_acc);
 
   for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block) {
     const int stage = (n_block - b.n_block_begin) % 2;
@@ -401,10 +517,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // P (in s) and the cap's derivative.
     float s[kNTiles][4], derivative[kNTiles][4];
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+    zero_fragments(s);
     mma_rows_by_rows<Element, kBlockN, kDimQK, kQkStride>(
         s, q_lane, b_operand_lane<Element, kQkStride>(k_tile, lane));
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
@@ -412,10 +525,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // dP = dO V^T, then dU = P (dP keep / keep_prob - D) (1 - t^2), in s.
     float dp[kNTiles][4];
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[t][e] = 0.f;
+    zero_fragments(dp);
     mma_rows_by_rows<Element, kBlockN, kDimV, kVStride>(
         dp, do_lane, b_operand_lane<Element, kVStride>(v_tile, lane));
     query_tile_logit_gradients(p, s, dp, derivative, keep, delta);
@@ -426,12 +536,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::cp_async_wait<0>();
 
-  const int64_t q_start = p.start_q ? p.start_q[b.batch] : 0;
-  store_fragment_rows<Element, kDimQK>(dq_acc, bp.scale, row0, quad_col, [&](int i) -> Element* {
-    if (i >= b.seqlen_q) return nullptr;
-    return static_cast<Element*>(bp.dq) + b.batch * bp.dq_batch_stride +
-           (q_start + i) * bp.dq_row_stride + b.head * bp.dq_head_stride;
-  });
+  store_dq_rows<Element, kDimQK>(bp, b, dq_acc, row0, quad_col);
 }
 
 // kDk / kDv: which of the two gradients this launch accumulates (both, for narrow heads).
@@ -456,56 +561,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* keep_masks =
       reinterpret_cast<uint8_t*>(delta_stages + 2 * kBlockM) + (threadIdx.x / 32) * 2 * kBlockM;
 
-  const int batch = blockIdx.z, kv_head = blockIdx.y;
-  const int seqlen_q = p.seqlen_q[batch], seqlen_kv = p.seqlen_kv[batch];
-  const int j0 = blockIdx.x * kBlockN;
-  if (j0 >= seqlen_kv) return;
-  const int keys_here = min(kBlockN, seqlen_kv - j0);
-  const int diagonal = p.diagonal[batch];
+  KeyBlock kb;
+  if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int warp_key0 = j0 + warp * 16;
+  const int warp_key0 = kb.j0 + warp * 16;
   const int key0 = warp_key0 + quad_row;  // this thread's keys key0 and key0 + 8
 
-  // Query rows that can see a key of this block: i + delta - l <= j <= i + delta + r.
-  const int last_key = j0 + keys_here - 1;
-  const QueryRange queries =
-      queries_seeing_keys(j0, last_key, seqlen_q, diagonal, p.window_left, p.window_right);
-  const int i_first = queries.first, i_last = queries.last;
-  const int m_begin = i_first / kBlockM;
-  const int m_tiles = i_last >= i_first ? i_last / kBlockM + 1 - m_begin : 0;
-  const int group = p.group_size;
-  const int iterations = m_tiles * group;
+  const Element* k_rows =
+      key_block_rows<Element>(kb, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  const Element* v_rows =
+      key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  load_tile_async<Traits, kBlockN, kDimQK, kQkStride>(k_shared, k_rows, p.k_row_stride,
+                                                      kb.keys_here);
+  load_tile_async<Traits, kBlockN, kDimV, kVStride>(v_shared, v_rows, p.v_row_stride, kb.keys_here);
 
-  const int64_t q_start = p.start_q ? p.start_q[batch] : 0;
-  const int64_t kv_start = p.start_kv ? p.start_kv[batch] : 0;
-  const Element* k_rows = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                          (kv_start + j0) * p.k_row_stride + kv_head * p.k_head_stride;
-  const Element* v_rows = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                          (kv_start + j0) * p.v_row_stride + kv_head * p.v_head_stride;
-  load_tile_async<Traits, kBlockN, kDimQK, kQkStride>(k_shared, k_rows, p.k_row_stride, keys_here);
-  load_tile_async<Traits, kBlockN, kDimV, kVStride>(v_shared, v_rows, p.v_row_stride, keys_here);
-
-  // Iteration `it` covers query tile m_begin + it % m_tiles of head kv_head * group + it / m_tiles.
+  // Q, dO and the rows' LSE and D of iteration it.
   auto load_queries = [&](int it, int stage) {
-    const int head = kv_head * group + it / m_tiles;
-    const int i0 = (m_begin + it % m_tiles) * kBlockM;
-    const Element* q_rows = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                            (q_start + i0) * p.q_row_stride + head * p.q_head_stride;
-    const Element* do_rows = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
-                             (q_start + i0) * bp.do_row_stride + head * bp.do_head_stride;
+    const int head = kb.head(it), i0 = kb.first_query(it);
+    const Element* q_rows =
+        query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    const Element* do_rows = query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride,
+                                                      bp.do_row_stride, bp.do_head_stride);
     load_tile_async<Traits, kBlockM, kDimQK, kQkStride>(q_stages + stage * kBlockM * kQkStride,
-                                                        q_rows, p.q_row_stride, seqlen_q - i0);
+                                                        q_rows, p.q_row_stride, kb.seqlen_q - i0);
     load_tile_async<Traits, kBlockM, kDimV, kVStride>(do_stages + stage * kBlockM * kVStride,
-                                                      do_rows, bp.do_row_stride, seqlen_q - i0);
+                                                      do_rows, bp.do_row_stride, kb.seqlen_q - i0);
     for (int r = threadIdx.x; r < kBlockM; r += Traits::kThreads) {
-      const int i = i0 + r;
-      lse_stages[stage * kBlockM + r] = row_lse_log2(p, batch, head, i, seqlen_q);
-      delta_stages[stage * kBlockM + r] =
-          i < seqlen_q ? bp.row_delta[row_workspace_index(p, batch, head, i)] : 0.f;
+      lse_stages[stage * kBlockM + r] = row_lse_log2(p, kb.batch, head, i0 + r, kb.seqlen_q);
+      delta_stages[stage * kBlockM + r] = row_delta_of(bp, kb.batch, head, i0 + r, kb.seqlen_q);
     }
   };
-  if (iterations > 0) load_queries(0, 0);
+  if (kb.iterations > 0) load_queries(0, 0);
   ptx::cp_async_commit();
 
   const uint32_t k_lane =
@@ -513,21 +600,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t v_lane = a_operand_lane<Element, kVStride>(v_shared + warp * 16 * kVStride, lane);
 
   float dk_acc[kDk ? kDimQK / 8 : 1][4], dv_acc[kDv ? kDimV / 8 : 1][4];
-#pragma unroll
-  for (int t = 0; t < (kDk ? kDimQK / 8 : 1); ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk_acc[t][e] = 0.f;
-#pragma unroll
-  for (int t = 0; t < (kDv ? kDimV / 8 : 1); ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dv_acc[t][e] = 0.f;
+  zero_fragments(dk_acc);
+  zero_fragments(dv_acc);
 
-  for (int it = 0; it < iterations; ++it) {
+  for (int it = 0; it < kb.iterations; ++it) {
     const int stage = it % 2;
-    const int head = kv_head * group + it / m_tiles;
-    const int i0 = (m_begin + it % m_tiles) * kBlockM;
+    const int i0 = kb.first_query(it);
     __syncthreads();  // every warp is done with iteration it - 1, whose stage is refilled next
-    if (it + 1 < iterations) load_queries(it + 1, stage ^ 1);
+    if (it + 1 < kb.iterations) load_queries(it + 1, stage ^ 1);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();
     __syncthreads();  // this iteration's Q, dO, LSE and D (and K, V) are in shared memory
@@ -535,10 +615,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const Element* do_tile = do_stages + stage * kBlockM * kVStride;
     const float* lse_tile = lse_stages + stage * kBlockM;
     const float* delta_tile = delta_stages + stage * kBlockM;
-    const float alibi_slope =
-        p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
-
-    const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, alibi_slope};
+    const KeyTile key_tile = key_tile_of(p, kb, it);
     // Dropout keep masks, drawn before S exists (as the forward); the loop-top barrier orders
     // them after the previous iteration's reads.
     if (p.dropout_threshold != 0)
@@ -547,10 +624,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // P^T (in s), the cap's derivative, and Pd^T (P with dropout applied) for dv.
     float s[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
     uint32_t keep = 0;
-#pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+    zero_fragments(s);
     mma_rows_by_rows<Element, kBlockM, kDimQK, kQkStride>(
         s, k_lane, b_operand_lane<Element, kQkStride>(q_tile, lane));
     key_tile_probabilities(p, key_tile, s, derivative, p_dropped, keep, key0, i0, quad_row,
@@ -564,10 +638,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kDk) {
       // dP^T = V dO^T, dU^T = P^T (dP^T keep / keep_prob - D) (1 - t^2); dk += dU^T Q.
       float dp[kMTiles][4];
-#pragma unroll
-      for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[t][e] = 0.f;
+      zero_fragments(dp);
       mma_rows_by_rows<Element, kBlockM, kDimV, kVStride>(
           dp, v_lane, b_operand_lane<Element, kVStride>(do_tile, lane));
       key_tile_logit_gradients(p, s, dp, derivative, keep, delta_tile, quad_col);
@@ -577,21 +648,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::cp_async_wait<0>();
 
-  auto key_row = [&](void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return [=](int j) -> Element* {
-      if (j >= seqlen_kv) return nullptr;
-      return static_cast<Element*>(base) + batch * batch_stride + (kv_start + j) * row_stride +
-             kv_head * head_stride;
-    };
-  };
   if constexpr (kDk)
-    store_fragment_rows<Element, kDimQK>(
-        dk_acc, bp.scale, key0, quad_col,
-        key_row(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride));
+    store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
+                                    bp.dk_row_stride, bp.dk_head_stride);
   if constexpr (kDv)
-    store_fragment_rows<Element, kDimV>(
-        dv_acc, 1.f, key0, quad_col,
-        key_row(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride));
+    store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
+                                   bp.dv_row_stride, bp.dv_head_stride);
 }
 
 }  // namespace dpa::cuda

@@ -51,12 +51,27 @@ __device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int rows,
   return ptx::smem_descriptor(tile + kk * 16 * 128, rows * 128, 1024);
 }
 
-template <int kTiles>
-__device__ __forceinline__ void zero_fragments(float (&f)[kTiles][4]) {
+// acc (+)= A B^T over kK columns (the wgmma counterpart of mma_rows_by_rows): A is rows
+// a_row0..a_row0+63 of a K-major tile of a_rows rows, B a K-major tile of kN rows. Issues only
+// (no commit).
+template <typename Element, int kN, int kK>
+__device__ __forceinline__ void wgmma_rows_by_rows(float (&acc)[kN / 8][4], uint32_t a_tile,
+                                                   int a_rows, int a_row0, uint32_t b_tile) {
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t)
+  for (int kk = 0; kk < kK / 16; ++kk)
+    ptx::wgmma_ss<Element, kN>(acc, k_major_descriptor(a_tile, a_rows, a_row0, kk),
+                               k_major_descriptor(b_tile, kN, 0, kk), kk > 0);
+}
+
+// acc += F B (the counterpart of mma_fragments_by_rows): F packed register operands over kK,
+// B an MN-major tile of kK rows. Issues only (no commit).
+template <typename Element, int kN, int kK>
+__device__ __forceinline__ void wgmma_fragments_by_rows(float (&acc)[kN / 8][4],
+                                                        const uint32_t (&f)[kK / 16][4],
+                                                        uint32_t b_tile) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f[t][e] = 0.f;
+  for (int kk = 0; kk < kK / 16; ++kk)
+    ptx::wgmma_rs<Element, kN>(acc, f[kk], mn_major_descriptor(b_tile, kK, kk), true);
 }
 
 template <typename Element, int kKTiles>
@@ -97,16 +112,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int row0 = b.m0 + warpgroup * 64 + warp_in_group * 16 + quad_row;
 
   float lse2[2], delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = row0 + 8 * half;
-    lse2[half] = row_lse_log2(p, b.batch, b.head, i, b.seqlen_q);
-    delta[half] = i < b.seqlen_q ? bp.row_delta[row_workspace_index(p, b.batch, b.head, i)] : 0.f;
-  }
-
-  const int64_t q_row0 = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
-  const Element* d_o = static_cast<const Element*>(bp.d_o) + b.batch * bp.do_batch_stride +
-                       q_row0 * bp.do_row_stride + b.head * bp.do_head_stride;
+  load_row_statistics(bp, b, row0, lse2, delta);
+  const Element* d_o = block_d_o(bp, b);
   auto load_kv = [&](int n_block, int stage) {
     const int n0 = n_block * kBlockN;
     load_swizzled_tile_async<Element, kBlockN, kDimQK, kThreads>(
@@ -140,16 +147,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // S = Q K^T and dP = dO V^T, issued together.
     float s[kNTiles][4], dp[kNTiles][4], derivative[kNTiles][4];
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kDimQK / 16; ++kk)
-      ptx::wgmma_ss<Element, kBlockN>(s, k_major_descriptor(q_shared, kBlockM, warpgroup * 64, kk),
-                                      k_major_descriptor(k_shared(stage), kBlockN, 0, kk), kk > 0);
+    wgmma_rows_by_rows<Element, kBlockN, kDimQK>(s, q_shared, kBlockM, warpgroup * 64,
+                                                 k_shared(stage));
     ptx::wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kDimV / 16; ++kk)
-      ptx::wgmma_ss<Element, kBlockN>(dp,
-                                      k_major_descriptor(do_shared, kBlockM, warpgroup * 64, kk),
-                                      k_major_descriptor(v_shared(stage), kBlockN, 0, kk), kk > 0);
+    wgmma_rows_by_rows<Element, kBlockN, kDimV>(dp, do_shared, kBlockM, warpgroup * 64,
+                                                v_shared(stage));
     ptx::wgmma_commit();
     ptx::wgmma_wait<1>();  // S is ready; dP may still run
     ptx::fence_accumulators(s);
@@ -164,10 +166,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pack_operands<Element>(s, du_operand);
     ptx::fence_accumulators(dq_acc);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::wgmma_rs<Element, kDimQK>(dq_acc, du_operand[kk],
-                                     mn_major_descriptor(k_shared(stage), kBlockN, kk), true);
+    wgmma_fragments_by_rows<Element, kDimQK, kBlockN>(dq_acc, du_operand, k_shared(stage));
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::fence_accumulators(dq_acc);
@@ -175,12 +174,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::cp_async_wait<0>();
 
-  const int64_t q_start = p.start_q ? p.start_q[b.batch] : 0;
-  store_fragment_rows<Element, kDimQK>(dq_acc, bp.scale, row0, quad_col, [&](int i) -> Element* {
-    if (i >= b.seqlen_q) return nullptr;
-    return static_cast<Element*>(bp.dq) + b.batch * bp.dq_batch_stride +
-           (q_start + i) * bp.dq_row_stride + b.head * bp.dq_head_stride;
-  });
+  store_dq_rows<Element, kDimQK>(bp, b, dq_acc, row0, quad_col);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif
@@ -216,92 +210,66 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* keep_masks = reinterpret_cast<uint8_t*>(delta_stages + 2 * kBlockM) +
                         (threadIdx.x / 32) * 2 * kBlockM;  // this warp's
 
-  const int batch = blockIdx.z, kv_head = blockIdx.y;
-  const int seqlen_q = p.seqlen_q[batch], seqlen_kv = p.seqlen_kv[batch];
-  const int j0 = blockIdx.x * kBlockN;
-  if (j0 >= seqlen_kv) return;
-  const int keys_here = min(kBlockN, seqlen_kv - j0);
-  const int diagonal = p.diagonal[batch];
+  KeyBlock kb;
+  if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
   const int warpgroup = threadIdx.x / 128;
   const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int warp_key0 = j0 + warpgroup * 64 + warp_in_group * 16;
+  const int warp_key0 = kb.j0 + warpgroup * 64 + warp_in_group * 16;
   const int key0 = warp_key0 + quad_row;
 
-  // Query rows that can see a key of this block (as the mma.sync kernel).
-  const int last_key = j0 + keys_here - 1;
-  const QueryRange queries =
-      queries_seeing_keys(j0, last_key, seqlen_q, diagonal, p.window_left, p.window_right);
-  const int i_first = queries.first, i_last = queries.last;
-  const int m_begin = i_first / kBlockM;
-  const int m_tiles = i_last >= i_first ? i_last / kBlockM + 1 - m_begin : 0;
-  const int group = p.group_size;
-  const int iterations = m_tiles * group;
+  load_swizzled_tile_async<Element, kBlockN, kDimQK, kThreads>(
+      k_shared, key_block_rows<Element>(kb, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+      p.k_row_stride, kb.keys_here);
+  load_swizzled_tile_async<Element, kBlockN, kDimV, kThreads>(
+      v_shared, key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+      p.v_row_stride, kb.keys_here);
 
-  const int64_t q_start = p.start_q ? p.start_q[batch] : 0;
-  const int64_t kv_start = p.start_kv ? p.start_kv[batch] : 0;
-  const Element* k_rows = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                          (kv_start + j0) * p.k_row_stride + kv_head * p.k_head_stride;
-  const Element* v_rows = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                          (kv_start + j0) * p.v_row_stride + kv_head * p.v_head_stride;
-  load_swizzled_tile_async<Element, kBlockN, kDimQK, kThreads>(k_shared, k_rows, p.k_row_stride,
-                                                               keys_here);
-  load_swizzled_tile_async<Element, kBlockN, kDimV, kThreads>(v_shared, v_rows, p.v_row_stride,
-                                                              keys_here);
-
+  // Q, dO and the rows' LSE and D of iteration it.
   auto load_queries = [&](int it, int stage) {
-    const int head = kv_head * group + it / m_tiles;
-    const int i0 = (m_begin + it % m_tiles) * kBlockM;
-    const Element* q_rows = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                            (q_start + i0) * p.q_row_stride + head * p.q_head_stride;
-    const Element* do_rows = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
-                             (q_start + i0) * bp.do_row_stride + head * bp.do_head_stride;
-    load_swizzled_tile_async<Element, kBlockM, kDimQK, kThreads>(q_shared(stage), q_rows,
-                                                                 p.q_row_stride, seqlen_q - i0);
-    load_swizzled_tile_async<Element, kBlockM, kDimV, kThreads>(do_shared(stage), do_rows,
-                                                                bp.do_row_stride, seqlen_q - i0);
+    const int head = kb.head(it), i0 = kb.first_query(it);
+    load_swizzled_tile_async<Element, kBlockM, kDimQK, kThreads>(
+        q_shared(stage),
+        query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+        p.q_row_stride, kb.seqlen_q - i0);
+    load_swizzled_tile_async<Element, kBlockM, kDimV, kThreads>(
+        do_shared(stage),
+        query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
+                                 bp.do_head_stride),
+        bp.do_row_stride, kb.seqlen_q - i0);
     for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
-      const int i = i0 + r;
-      lse_stages[stage * kBlockM + r] = row_lse_log2(p, batch, head, i, seqlen_q);
-      delta_stages[stage * kBlockM + r] =
-          i < seqlen_q ? bp.row_delta[row_workspace_index(p, batch, head, i)] : 0.f;
+      lse_stages[stage * kBlockM + r] = row_lse_log2(p, kb.batch, head, i0 + r, kb.seqlen_q);
+      delta_stages[stage * kBlockM + r] = row_delta_of(bp, kb.batch, head, i0 + r, kb.seqlen_q);
     }
   };
-  if (iterations > 0) load_queries(0, 0);
+  if (kb.iterations > 0) load_queries(0, 0);
   ptx::cp_async_commit();
 
   float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
   zero_fragments(dk_acc);
   zero_fragments(dv_acc);
 
-  for (int it = 0; it < iterations; ++it) {
+  for (int it = 0; it < kb.iterations; ++it) {
     const int stage = it % 2;
-    const int head = kv_head * group + it / m_tiles;
-    const int i0 = (m_begin + it % m_tiles) * kBlockM;
+    const int i0 = kb.first_query(it);
     __syncthreads();  // every warp is done with iteration it - 1, whose stage is refilled next
-    if (it + 1 < iterations) load_queries(it + 1, stage ^ 1);
+    if (it + 1 < kb.iterations) load_queries(it + 1, stage ^ 1);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();
     ptx::fence_proxy_async_shared();
     __syncthreads();  // this iteration's Q, dO, LSE and D (and K, V) are in shared memory
-    const float alibi_slope =
-        p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
-    const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, alibi_slope};
+    const KeyTile key_tile = key_tile_of(p, kb, it);
     if (p.dropout_threshold != 0)
       draw_key_tile_keep_masks(p, key_tile, i0, warp_key0, lane, keep_masks);
 
     // S^T = K Q^T and dP^T = V dO^T, issued together.
     float s[kMTiles][4], dp[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kDimQK / 16; ++kk)
-      ptx::wgmma_ss<Element, kBlockM>(s, k_major_descriptor(k_shared, kBlockN, warpgroup * 64, kk),
-                                      k_major_descriptor(q_shared(stage), kBlockM, 0, kk), kk > 0);
+    wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, k_shared, kBlockN, warpgroup * 64,
+                                                 q_shared(stage));
     ptx::wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kDimV / 16; ++kk)
-      ptx::wgmma_ss<Element, kBlockM>(dp, k_major_descriptor(v_shared, kBlockN, warpgroup * 64, kk),
-                                      k_major_descriptor(do_shared(stage), kBlockM, 0, kk), kk > 0);
+    wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, v_shared, kBlockN, warpgroup * 64,
+                                                do_shared(stage));
     ptx::wgmma_commit();
     ptx::wgmma_wait<1>();  // S^T is ready; dP^T may still run
     ptx::fence_accumulators(s);
@@ -314,10 +282,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pack_operands<Element>(p_dropped, pd_operand);
     ptx::fence_accumulators(dv_acc);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      ptx::wgmma_rs<Element, kDimV>(dv_acc, pd_operand[kk],
-                                    mn_major_descriptor(do_shared(stage), kBlockM, kk), true);
+    wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, do_shared(stage));
     ptx::wgmma_commit();
     ptx::wgmma_wait<1>();  // dP^T is ready (groups complete in order); dv may still run
     ptx::fence_accumulators(dp);
@@ -328,10 +293,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pack_operands<Element>(s, du_operand);
     ptx::fence_accumulators(dk_acc);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      ptx::wgmma_rs<Element, kDimQK>(dk_acc, du_operand[kk],
-                                     mn_major_descriptor(q_shared(stage), kBlockM, kk), true);
+    wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, q_shared(stage));
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::fence_accumulators(dk_acc);
@@ -341,19 +303,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::cp_async_wait<0>();
 
-  auto key_row = [&](void* out, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return [=](int j) -> Element* {
-      if (j >= seqlen_kv) return nullptr;
-      return static_cast<Element*>(out) + batch * batch_stride + (kv_start + j) * row_stride +
-             kv_head * head_stride;
-    };
-  };
-  store_fragment_rows<Element, kDimQK>(
-      dk_acc, bp.scale, key0, quad_col,
-      key_row(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride));
-  store_fragment_rows<Element, kDimV>(
-      dv_acc, 1.f, key0, quad_col,
-      key_row(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride));
+  store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
+                                  bp.dk_row_stride, bp.dk_head_stride);
+  store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
+                                 bp.dv_row_stride, bp.dv_head_stride);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif

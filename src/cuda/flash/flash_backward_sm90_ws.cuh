@@ -88,9 +88,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Producer: Q and dO once, then K and V of each tile into the next free stage.
     ptx::setmaxnreg_decrease<40>();
     if (tiles == 0) return;
-    const int64_t q_row0 = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
-    const Element* d_o = static_cast<const Element*>(bp.d_o) + b.batch * bp.do_batch_stride +
-                         q_row0 * bp.do_row_stride + b.head * bp.do_head_stride;
+    const Element* d_o = block_d_o(bp, b);
     produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
     produce_swizzled_tile<Element, kBlockM, kDimV>(do_shared, d_o, bp.do_row_stride, b.rows_here);
     ptx::cp_async_mbarrier_arrive_noinc(q_barrier);
@@ -121,12 +119,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   zero_fragments(dq_acc);
   if (tiles > 0) {
     float lse2[2], delta[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = row0 + 8 * half;
-      lse2[half] = row_lse_log2(p, b.batch, b.head, i, b.seqlen_q);
-      delta[half] = i < b.seqlen_q ? bp.row_delta[row_workspace_index(p, b.batch, b.head, i)] : 0.f;
-    }
+    load_row_statistics(bp, b, row0, lse2, delta);
     auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
       ptx::mbarrier_wait(barrier, parity);
       ptx::fence_proxy_async_shared();
@@ -135,23 +128,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint32_t du_operand[kBlockN / 16][4];
     // S(n) and dP(n), then (after their wait) P, dU into s.
     auto issue_s_dp = [&](int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kDimQK / 16; ++kk)
-        ptx::wgmma_ss<Element, kBlockN>(s, k_major_descriptor(q_shared, kBlockM, consumer * 64, kk),
-                                        k_major_descriptor(k_shared(stage), kBlockN, 0, kk),
-                                        kk > 0);
-#pragma unroll
-      for (int kk = 0; kk < kDimV / 16; ++kk)
-        ptx::wgmma_ss<Element, kBlockN>(
-            dp, k_major_descriptor(do_shared, kBlockM, consumer * 64, kk),
-            k_major_descriptor(v_shared(stage), kBlockN, 0, kk), kk > 0);
+      wgmma_rows_by_rows<Element, kBlockN, kDimQK>(s, q_shared, kBlockM, consumer * 64,
+                                                   k_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockN, kDimV>(dp, do_shared, kBlockM, consumer * 64,
+                                                  v_shared(stage));
       ptx::wgmma_commit();
     };
     auto issue_dq = [&](int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        ptx::wgmma_rs<Element, kDimQK>(dq_acc, du_operand[kk],
-                                       mn_major_descriptor(k_shared(stage), kBlockN, kk), true);
+      wgmma_fragments_by_rows<Element, kDimQK, kBlockN>(dq_acc, du_operand, k_shared(stage));
       ptx::wgmma_commit();
     };
     auto logit_gradients = [&](int n_block, const uint32_t(&keep)[2]) {
@@ -217,12 +201,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);  // balance
   }
 
-  const int64_t q_start = p.start_q ? p.start_q[b.batch] : 0;
-  store_fragment_rows<Element, kDimQK>(dq_acc, bp.scale, row0, quad_col, [&](int i) -> Element* {
-    if (i >= b.seqlen_q) return nullptr;
-    return static_cast<Element*>(bp.dq) + b.batch * bp.dq_batch_stride +
-           (q_start + i) * bp.dq_row_stride + b.head * bp.dq_head_stride;
-  });
+  store_dq_rows<Element, kDimQK>(bp, b, dq_acc, row0, quad_col);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif
@@ -260,20 +239,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
   const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
 
-  const int batch = blockIdx.z, kv_head = blockIdx.y;
-  const int seqlen_q = p.seqlen_q[batch], seqlen_kv = p.seqlen_kv[batch];
-  const int j0 = blockIdx.x * kBlockN;
-  if (j0 >= seqlen_kv) return;
-  const int keys_here = min(kBlockN, seqlen_kv - j0);
-  const int diagonal = p.diagonal[batch];
-  const QueryRange queries = queries_seeing_keys(j0, j0 + keys_here - 1, seqlen_q, diagonal,
-                                                 p.window_left, p.window_right);
-  const int m_begin = queries.first / kBlockM;
-  const int m_tiles = queries.last >= queries.first ? queries.last / kBlockM + 1 - m_begin : 0;
-  const int group = p.group_size;
-  const int iterations = m_tiles * group;
-  const int64_t q_start = p.start_q ? p.start_q[batch] : 0;
-  const int64_t kv_start = p.start_kv ? p.start_kv[batch] : 0;
+  KeyBlock kb;
+  if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
 
   // 64 producer threads store LSE and D with plain stores and arrive: 128 cp.async arrivals +
   // 64 plain ones per stage.
@@ -291,37 +258,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (iterations == 0) return;
-    const Element* k_rows = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                            (kv_start + j0) * p.k_row_stride + kv_head * p.k_head_stride;
-    const Element* v_rows = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                            (kv_start + j0) * p.v_row_stride + kv_head * p.v_head_stride;
-    produce_swizzled_tile<Element, kBlockN, kDimQK>(k_shared, k_rows, p.k_row_stride, keys_here);
-    produce_swizzled_tile<Element, kBlockN, kDimV>(v_shared, v_rows, p.v_row_stride, keys_here);
+    if (kb.iterations == 0) return;
+    produce_swizzled_tile<Element, kBlockN, kDimQK>(
+        k_shared,
+        key_block_rows<Element>(kb, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+        p.k_row_stride, kb.keys_here);
+    produce_swizzled_tile<Element, kBlockN, kDimV>(
+        v_shared,
+        key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+        p.v_row_stride, kb.keys_here);
     ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
 #pragma unroll 1
-    for (int it = 0; it < iterations; ++it) {
+    for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages;
       if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
-      const int head = kv_head * group + it / m_tiles;
-      const int i0 = (m_begin + it % m_tiles) * kBlockM;
-      const Element* q_rows = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                              (q_start + i0) * p.q_row_stride + head * p.q_head_stride;
-      const Element* do_rows = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
-                               (q_start + i0) * bp.do_row_stride + head * bp.do_head_stride;
-      produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared(stage), q_rows, p.q_row_stride,
-                                                      seqlen_q - i0);
-      produce_swizzled_tile<Element, kBlockM, kDimV>(do_shared(stage), do_rows, bp.do_row_stride,
-                                                     seqlen_q - i0);
+      const int head = kb.head(it), i0 = kb.first_query(it);
+      produce_swizzled_tile<Element, kBlockM, kDimQK>(
+          q_shared(stage),
+          query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+          p.q_row_stride, kb.seqlen_q - i0);
+      produce_swizzled_tile<Element, kBlockM, kDimV>(
+          do_shared(stage),
+          query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
+                                   bp.do_head_stride),
+          bp.do_row_stride, kb.seqlen_q - i0);
       ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
       const int r = int(threadIdx.x);
       if (r < 2 * kBlockM) {
         const int i = i0 + r % kBlockM;
         if (r < kBlockM)
-          lse_stages[stage * kBlockM + r] = row_lse_log2(p, batch, head, i, seqlen_q);
+          lse_stages[stage * kBlockM + r] = row_lse_log2(p, kb.batch, head, i, kb.seqlen_q);
         else
           delta_stages[stage * kBlockM + r - kBlockM] =
-              i < seqlen_q ? bp.row_delta[row_workspace_index(p, batch, head, i)] : 0.f;
+              row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
         ptx::mbarrier_arrive(full_barrier(stage));  // release: the store above is visible
       }
     }
@@ -334,7 +303,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int consumer = warpgroup - 1;
   const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int warp_key0 = j0 + consumer * 64 + warp_in_group * 16;
+  const int warp_key0 = kb.j0 + consumer * 64 + warp_in_group * 16;
   const int key0 = warp_key0 + quad_row;
   uint8_t* keep_masks = masks + (consumer * 4 + warp_in_group) * 2 * kBlockM;  // this warp's
   const int my_turn = 1 + consumer, their_turn = 2 - consumer;
@@ -342,7 +311,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
   zero_fragments(dk_acc);
   zero_fragments(dv_acc);
-  if (iterations > 0) {
+  if (kb.iterations > 0) {
     auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
       ptx::mbarrier_wait(barrier, parity);
       ptx::fence_proxy_async_shared();
@@ -350,36 +319,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     float s[kMTiles][4], dp[kMTiles][4], derivative[kMTiles][4], p_dropped[kMTiles][4];
     uint32_t pd_operand[kBlockM / 16][4], du_operand[kBlockM / 16][4];
     auto issue_s_dp = [&](int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kDimQK / 16; ++kk)
-        ptx::wgmma_ss<Element, kBlockM>(s, k_major_descriptor(k_shared, kBlockN, consumer * 64, kk),
-                                        k_major_descriptor(q_shared(stage), kBlockM, 0, kk),
-                                        kk > 0);
-#pragma unroll
-      for (int kk = 0; kk < kDimV / 16; ++kk)
-        ptx::wgmma_ss<Element, kBlockM>(
-            dp, k_major_descriptor(v_shared, kBlockN, consumer * 64, kk),
-            k_major_descriptor(do_shared(stage), kBlockM, 0, kk), kk > 0);
+      wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, k_shared, kBlockN, consumer * 64,
+                                                   q_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, v_shared, kBlockN, consumer * 64,
+                                                  do_shared(stage));
       ptx::wgmma_commit();
     };
     auto issue_dv_dk = [&](int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-        ptx::wgmma_rs<Element, kDimV>(dv_acc, pd_operand[kk],
-                                      mn_major_descriptor(do_shared(stage), kBlockM, kk), true);
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-        ptx::wgmma_rs<Element, kDimQK>(dk_acc, du_operand[kk],
-                                       mn_major_descriptor(q_shared(stage), kBlockM, kk), true);
+      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, do_shared(stage));
+      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, q_shared(stage));
       ptx::wgmma_commit();
     };
     // Pd^T (into p_dropped) and dU^T (into s) of iteration it, once S^T and dP^T are ready.
     auto logit_gradients = [&](int it, int stage) {
-      const int head = kv_head * group + it / m_tiles;
-      const int i0 = (m_begin + it % m_tiles) * kBlockM;
-      const float alibi_slope =
-          p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
-      const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, alibi_slope};
+      const KeyTile key_tile = key_tile_of(p, kb, it);
+      const int i0 = kb.first_query(it);
       uint32_t keep = 0;
       key_tile_probabilities(p, key_tile, s, derivative, p_dropped, keep, key0, i0, quad_row,
                              quad_col, lse_stages + stage * kBlockM, keep_masks);
@@ -388,11 +342,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     };
     auto draw_masks = [&](int it) {
       if (p.dropout_threshold == 0) return;
-      const int head = kv_head * group + it / m_tiles;
-      const int i0 = (m_begin + it % m_tiles) * kBlockM;
-      const KeyTile key_tile{batch, head, seqlen_q, seqlen_kv, diagonal, 0.f};
+      const KeyTile key_tile = key_tile_of(p, kb, it);
       __syncwarp();  // every lane has read the previous iteration's masks
-      draw_key_tile_keep_masks(p, key_tile, i0, warp_key0, lane, keep_masks);
+      draw_key_tile_keep_masks(p, key_tile, kb.first_query(it), warp_key0, lane, keep_masks);
     };
 
     wait_landed(kv_barrier, 0);
@@ -412,7 +364,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pack_operands<Element>(s, du_operand);
 
 #pragma unroll 1
-    for (int it = 1; it < iterations; ++it) {
+    for (int it = 1; it < kb.iterations; ++it) {
       const int stage = it % kStages, previous = (it - 1) % kStages;
       draw_masks(it);
       wait_landed(full_barrier(stage), (it / kStages) & 1);
@@ -442,7 +394,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::fence_accumulators(dk_acc);
     ptx::fence_accumulators(dv_acc);
     ptx::wgmma_fence();
-    issue_dv_dk((iterations - 1) % kStages);
+    issue_dv_dk((kb.iterations - 1) % kStages);
     ptx::named_barrier_arrive(their_turn, kConsumerThreads);
     ptx::wgmma_wait<0>();
     ptx::fence_accumulators(dk_acc);
@@ -452,19 +404,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);  // balance
   }
 
-  auto key_row = [&](void* out, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return [=](int j) -> Element* {
-      if (j >= seqlen_kv) return nullptr;
-      return static_cast<Element*>(out) + batch * batch_stride + (kv_start + j) * row_stride +
-             kv_head * head_stride;
-    };
-  };
-  store_fragment_rows<Element, kDimQK>(
-      dk_acc, bp.scale, key0, quad_col,
-      key_row(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride));
-  store_fragment_rows<Element, kDimV>(
-      dv_acc, 1.f, key0, quad_col,
-      key_row(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride));
+  store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
+                                  bp.dk_row_stride, bp.dk_head_stride);
+  store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
+                                 bp.dv_row_stride, bp.dv_head_stride);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif
