@@ -81,6 +81,30 @@ AttentionConfig make_config(const Features& f) {
   return c;
 }
 
+// Median of `runs` timings of launch() with CUDA events, after `warmups` untimed calls.
+template <typename Launch>
+double median_event_ms(Launch&& launch, int warmups, int runs) {
+  for (int i = 0; i < warmups; ++i) launch();
+  DPA_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  DPA_CUDA_CHECK(cudaEventCreate(&start));
+  DPA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < runs; ++i) {
+    DPA_CUDA_CHECK(cudaEventRecord(start));
+    launch();
+    DPA_CUDA_CHECK(cudaEventRecord(stop));
+    DPA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DPA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 struct Run {
   std::vector<unsigned char> q, k, v, o;
   std::vector<float> lse, sink, slopes;
@@ -131,22 +155,7 @@ double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters, 
   DPA_CUDA_CHECK(cudaDeviceSynchronize());
   double median_ms = 0;
   if (timing_iters > 0) {
-    for (int i = 0; i < 3; ++i) launch();
-    std::vector<float> times;
-    cudaEvent_t start, stop;
-    DPA_CUDA_CHECK(cudaEventCreate(&start));
-    DPA_CUDA_CHECK(cudaEventCreate(&stop));
-    for (int i = 0; i < timing_iters; ++i) {
-      DPA_CUDA_CHECK(cudaEventRecord(start));
-      launch();
-      DPA_CUDA_CHECK(cudaEventRecord(stop));
-      DPA_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      DPA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      times.push_back(ms);
-    }
-    std::sort(times.begin(), times.end());
-    median_ms = times[times.size() / 2];
+    median_ms = median_event_ms(launch, 3, timing_iters);
   }
   run.o = o.download();
   std::vector<unsigned char> lse_bytes = lse.download();
@@ -262,23 +271,7 @@ void time_backward(const Shape& s, const Features& f) {
     else
       setenv("DPA_FLASH_BACKWARD_KERNEL", families[family], 1);
     auto launch = [&] { cuda_flash_backend().backward(problem); };
-    for (int i = 0; i < 2; ++i) launch();
-    DPA_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaEvent_t start, stop;
-    DPA_CUDA_CHECK(cudaEventCreate(&start));
-    DPA_CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<float> times;
-    for (int i = 0; i < 20; ++i) {
-      DPA_CUDA_CHECK(cudaEventRecord(start));
-      launch();
-      DPA_CUDA_CHECK(cudaEventRecord(stop));
-      DPA_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      DPA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      times.push_back(ms);
-    }
-    std::sort(times.begin(), times.end());
-    const double ms = times[times.size() / 2];
+    const double ms = median_event_ms(launch, 2, 20);
     gradients[family] = {dq.download(), dk.download(), dv.download()};
     std::printf("bwd   %-28s b%d H%d G%d sq%d skv%d d%d/%d [%s]: %.3f ms  %.1f TFLOP/s\n",
                 f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, families[family], ms,
