@@ -218,8 +218,8 @@ bool check(const Shape& s, const Features& f, int variant = -1) {
 double visible_pairs(const Shape& s, const Features& f);
 
 // The fused backward after one forward (for o and LSE): median ms of 20 runs per kernel family
-// (DPA_FLASH_BACKWARD_KERNEL unset, =wgmma, =wgmma_ws), TFLOP/s at 2.5x the forward's FLOPs,
-// and each wgmma family's relative difference from the mma.sync gradients.
+// (DPA_FLASH_BACKWARD_KERNEL=mma_sync, =wgmma, =wgmma_ws, =fused), TFLOP/s at 2.5x the
+// forward's FLOPs, and each wgmma family's relative difference from the mma.sync gradients.
 void time_backward(const Shape& s, const Features& f) {
   std::mt19937_64 rng(99);
   const int64_t nq = int64_t(s.b) * s.sq * s.H * s.d, nk = int64_t(s.b) * s.skv * s.G * s.d;
@@ -263,13 +263,11 @@ void time_backward(const Shape& s, const Features& f) {
   const AttentionProblem problem = build_backward_problem(config, bwd, config.dropout);
 
   const double flops = 2.5 * 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
-  const char* families[] = {"mma.sync", "wgmma", "wgmma_ws"};
-  std::vector<std::vector<unsigned char>> gradients[3];
-  for (int family = 0; family < 3; ++family) {
-    if (family == 0)
-      unsetenv("DPA_FLASH_BACKWARD_KERNEL");
-    else
-      setenv("DPA_FLASH_BACKWARD_KERNEL", families[family], 1);
+  constexpr int kFamilies = 4;
+  const char* families[kFamilies] = {"mma_sync", "wgmma", "wgmma_ws", "fused"};
+  std::vector<std::vector<unsigned char>> gradients[kFamilies];
+  for (int family = 0; family < kFamilies; ++family) {
+    setenv("DPA_FLASH_BACKWARD_KERNEL", families[family], 1);
     auto launch = [&] { cuda_flash_backend().backward(problem); };
     const double ms = median_event_ms(launch, 2, 20);
     gradients[family] = {dq.download(), dk.download(), dv.download()};
@@ -279,7 +277,7 @@ void time_backward(const Shape& s, const Features& f) {
   }
   unsetenv("DPA_FLASH_BACKWARD_KERNEL");
   const char* names[] = {"dq", "dk", "dv"};
-  for (int family = 1; family < 3; ++family)
+  for (int family = 1; family < kFamilies; ++family)
     for (int g = 0; g < 3; ++g) {
       double diff = 0, norm = 0;
       const int64_t n = int64_t(gradients[0][size_t(g)].size() / 2);

@@ -8,6 +8,7 @@ repository root after changing the instantiated N values.
 import pathlib
 
 WIDTHS = (32, 64, 96, 128, 192, 256)
+MN_MAJOR_WIDTHS = (64,)
 ELEMENTS = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 
@@ -20,7 +21,7 @@ def constraints(n):
     return ", ".join(f'"+f"(d[{t}][{e}])' for t in range(tiles) for e in range(4))
 
 
-def wrapper(element, ptx_type, n, a_in_registers):
+def wrapper(element, ptx_type, n, a_in_registers, mn_major=False):
     count = n // 2
     if a_in_registers:
         a_operands = "{" + ", ".join(f"%{count + i}" for i in range(4)) + "}"
@@ -36,11 +37,12 @@ def wrapper(element, ptx_type, n, a_in_registers):
         a_operands = f"%{count}"
         b_operand = f"%{count + 1}"
         scale = count + 2
-        tail = "p, 1, 1, 0, 0"  # scale-a, scale-b, transpose-a, transpose-b (both K-major)
+        # scale-a, scale-b, transpose-a, transpose-b: both K-major, or both MN-major
+        tail = "p, 1, 1, 1, 1" if mn_major else "p, 1, 1, 0, 0"
         inputs = '"l"(a_descriptor), "l"(b_descriptor), "r"(int(accumulate))'
         signature = ("float (&d)[%d][4], uint64_t a_descriptor, uint64_t b_descriptor, "
                      "bool accumulate" % (n // 8))
-        name = "WgmmaSharedShared"
+        name = "WgmmaSharedSharedMnMajor" if mn_major else "WgmmaSharedShared"
     return f"""template <>
 struct {name}<{element}, {n}> {{
   static __device__ __forceinline__ void run({signature}) {{
@@ -64,6 +66,10 @@ def main():
         for element, ptx_type in ELEMENTS:
             for n in WIDTHS:
                 parts.append(wrapper(element, ptx_type, n, a_in_registers))
+    # Both operands MN-major: the fused backward's dq = dU K (dU^T and K stored key-major).
+    for element, ptx_type in ELEMENTS:
+        for n in MN_MAJOR_WIDTHS:
+            parts.append(wrapper(element, ptx_type, n, False, mn_major=True))
     parts.append("// clang-format on\n")
     out = pathlib.Path("src/cuda/ptx/wgmma_ops.inc")
     out.write_text("\n".join(parts))

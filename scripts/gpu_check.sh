@@ -12,7 +12,7 @@
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
 # (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
-# gpu_tests_flash_backward.log, gpu_tests_wgmma_backward.log, gpu_tests_wgmma_ws_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
+# gpu_tests_mma_sync_backward.log, gpu_tests_wgmma_backward.log, gpu_tests_wgmma_ws_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
 # bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
@@ -171,23 +171,18 @@ step_test() {
   # plain two-warpgroup form (wider heads); the mma.sync family (what sm_80 runs) gets the same
   # forward cases and the CP suite's GPU tiles, and the plain wgmma form the forward cases at
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
-  # The CP suite runs once more with the fused backward opted in (DPA_FLASH_BACKWARD=1: its
-  # tiles' backward on cuda_flash instead of cuda_unfused), and the backward cases once more on
-  # each form of the wgmma backward kernels (DPA_FLASH_BACKWARD_KERNEL=wgmma, =wgmma_ws).
+  # The backward cases run once more on each atomic-free backward family
+  # (DPA_FLASH_BACKWARD_KERNEL=mma_sync, =wgmma, =wgmma_ws; the default run above takes the
+  # fused kernel on Hopper wherever it can).
   local kernel filter
-  for kernel in mma_sync wgmma flash_backward wgmma_backward wgmma_ws_backward; do
+  for kernel in mma_sync wgmma mma_sync_backward wgmma_backward wgmma_ws_backward; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
     local -a environment=(DPA_FLASH_FORWARD_KERNEL=$kernel)
     filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
     [ "$kernel" = wgmma ] && filter='Cases/FlashForward.*'
-    if [ "$kernel" = flash_backward ]; then
-      environment=(DPA_FLASH_BACKWARD=1)
-      filter='VirtualRanks/GpuCp.*'
-    fi
-    # The wgmma backward kernels (opt-in, head dims 64 and 128) on every backward case.
-    if [ "$kernel" = wgmma_backward ] || [ "$kernel" = wgmma_ws_backward ]; then
+    if [ "${kernel%_backward}" != "$kernel" ]; then
       environment=(DPA_FLASH_BACKWARD_KERNEL=${kernel%_backward})
       filter='Cases/FlashForwardBackward.*:Backends/DropoutMask.*:FlashOnGpu.Deterministic*'
     fi
@@ -268,7 +263,7 @@ step_bench_bwd() {
   fi
   limit=$(remaining)
   # shellcheck disable=SC2086
-  run_step "$log" "$limit" env DPA_FLASH_BACKWARD=1 python3 "$root/bench/compare.py" \
+  run_step "$log" "$limit" python3 "$root/bench/compare.py" \
     --out "$out/bwd" --pass bwd --dpa "$build/tools/dpa" --peers "$root/.device/peers.py" \
     --budget-s $((limit - 10)) ${DPA_BENCH_ARGS:-}
   rc=$?

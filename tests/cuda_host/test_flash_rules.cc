@@ -46,18 +46,6 @@ TEST(FlashRules, RefusesRowsThatAreNot16ByteAligned) {
   EXPECT_TRUE(refused_for(r, "16-byte"));
 }
 
-TEST(FlashRules, BackwardOnlyWhenOptedIn) {
-  FeatureRequest r = gpu_request();
-  r.pass = Pass::kBackward;
-  unsetenv("DPA_FLASH_BACKWARD");
-  EXPECT_TRUE(refused_for(r, "DPA_FLASH_BACKWARD=1"));
-  setenv("DPA_FLASH_BACKWARD", "1", 1);
-  EXPECT_FALSE(refused_for(r, "DPA_FLASH_BACKWARD=1"));
-  unsetenv("DPA_FLASH_BACKWARD");
-  r.pass = Pass::kForward;
-  EXPECT_FALSE(refused_for(r, "DPA_FLASH_BACKWARD=1"));
-}
-
 // The request's alignment fact comes from the problem: a q whose rows sit 2 bytes apart from
 // 16-byte boundaries (a view one element into a buffer) is reported unaligned.
 TEST(FlashRules, FeatureRequestSeesMisalignedRows) {

@@ -97,6 +97,27 @@ TEST(FlashTiles, BackwardTilesFitSharedMemory) {
 
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the
 // rows that see some key of the block (DESIGN.md §3), for any window, alignment or CP diagonal.
+// The fused backward (dq through fp32 reductions) never runs in deterministic mode or with
+// dropout, whatever DPA_FLASH_BACKWARD_KERNEL asks; off sm_90 or at other head dims every
+// request gets mma.sync.
+TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
+  using F = FlashBackwardFamily;
+  for (F requested : {F::kAutomatic, F::kFused}) {
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), F::kFused);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kFused);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, requested), F::kWgmmaWs);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kWgmmaWs);
+    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(90, 192, 128, false, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
+  }
+  for (F requested : {F::kMmaSync, F::kWgmma, F::kWgmmaWs}) {
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), requested);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), requested);
+    EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
+  }
+}
+
 TEST(FlashTiles, QueriesSeeingKeysIsExact) {
   std::mt19937 rng(7);
   auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

@@ -6,7 +6,6 @@
 // cpu_exact oracle on the same rounded inputs.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -368,13 +367,9 @@ TEST_P(GpuCp, MatchesExact) {
   if (gpu_case.flash_forward) {
     EXPECT_EQ(run.forward_backend, BackendKind::kCudaFlash);
   }
-  // The fused backward takes the tiles the flash forward takes once opted in (gpu_check re-runs
-  // this suite with DPA_FLASH_BACKWARD=1).
-  const char* opt_in = std::getenv("DPA_FLASH_BACKWARD");
-  const bool flash_backward = opt_in != nullptr && std::string(opt_in) == "1";
-  EXPECT_EQ(run.backward_backend, flash_backward && gpu_case.flash_forward
-                                      ? BackendKind::kCudaFlash
-                                      : BackendKind::kCudaUnfused);
+  // The fused backward takes the tiles the flash forward takes.
+  EXPECT_EQ(run.backward_backend,
+            gpu_case.flash_forward ? BackendKind::kCudaFlash : BackendKind::kCudaUnfused);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "core/philox.h"
@@ -33,9 +32,7 @@ class DropoutMask : public ::testing::TestWithParam<MaskCase> {
   void SetUp() override {
     std::string why;
     if (!gpu_present(&why)) GTEST_SKIP() << why;
-    setenv("DPA_FLASH_BACKWARD", "1", 1);  // the fused backward's opt-in
   }
-  void TearDown() override { unsetenv("DPA_FLASH_BACKWARD"); }
 };
 
 // What a run sets to unit vectors (the rest of q and k is 0).

@@ -4,7 +4,6 @@
 // results.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -33,20 +32,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlashForward, ::testing::ValuesIn(flash_cases())
                            return info.param.name;
                          });
 
-// Sets DPA_FLASH_BACKWARD=1 (the fused backward's opt-in) for one test.
-class FlashBackwardOptIn {
- public:
-  FlashBackwardOptIn() { setenv("DPA_FLASH_BACKWARD", "1", 1); }
-  ~FlashBackwardOptIn() { unsetenv("DPA_FLASH_BACKWARD"); }
-  FlashBackwardOptIn(const FlashBackwardOptIn&) = delete;
-  FlashBackwardOptIn& operator=(const FlashBackwardOptIn&) = delete;
-};
-
 // Forward and backward on cuda_flash: o, LSE, dq, dk, dv and dalpha against cpu_exact.
 class FlashForwardBackward : public ::testing::TestWithParam<GpuCase> {
  protected:
   void SetUp() override { skip_without_gpu(); }
-  FlashBackwardOptIn opt_in_;
 };
 
 TEST_P(FlashForwardBackward, MatchesExact) {
@@ -72,29 +61,6 @@ const BackendVerdict* verdict_for(const Selection& selection, BackendKind backen
   for (const BackendVerdict& verdict : selection.verdicts)
     if (verdict.backend == backend) return &verdict;
   return nullptr;
-}
-
-bool has_reason_containing(const BackendVerdict& verdict, const std::string& word) {
-  for (const std::string& reason : verdict.reasons)
-    if (reason.find(word) != std::string::npos) return true;
-  return false;
-}
-
-// Until the fused backward has passed the GPU suite it runs only when opted in: without
-// DPA_FLASH_BACKWARD=1 the selector refuses it with a reason (DESIGN.md §6). Needs no GPU:
-// explain() reads shapes only.
-TEST(FlashSelection, RefusesBackwardWithoutOptIn) {
-  unsetenv("DPA_FLASH_BACKWARD");
-  AttentionConfig config;
-  config.backend = BackendKind::kCudaFlash;
-  DotProductAttention attention(config);
-  const Selection selection =
-      attention.explain(device_shapes(2, 128, 128, 8, 2, 128), Pass::kBackward);
-  EXPECT_FALSE(selection.chosen.has_value()) << selection.to_string();
-  const BackendVerdict* flash = verdict_for(selection, BackendKind::kCudaFlash);
-  ASSERT_NE(flash, nullptr) << selection.to_string();
-  EXPECT_FALSE(flash->eligible);
-  EXPECT_TRUE(has_reason_containing(*flash, "backward")) << selection.to_string();
 }
 
 TEST(FlashSelection, RefusesArbitraryMaskWithAReason) {
@@ -151,11 +117,10 @@ TEST_F(FlashOnGpu, DecodeIsBitwiseDeterministic) {
   EXPECT_TRUE(same_bytes(first.lse, second.lse));
 }
 
-// The backward has no atomics (kernels own the rows they write; GQA groups and the sink
-// gradient are summed in a fixed order): deterministic mode costs nothing, and two runs with
-// it agree to the bit in every gradient.
+// Deterministic mode takes the atomic-free kernel pair (kernels own the rows they write; GQA
+// groups and the sink gradient are summed in a fixed order) instead of the fused kernel's dq
+// reductions: two runs agree to the bit in every gradient.
 TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
-  FlashBackwardOptIn opt_in;
   const GpuCase c = find_case("sink_learnable_softcap_causal");
   CaseSpec spec = gpu_case_spec(c);
   spec.config.deterministic = true;
@@ -169,28 +134,16 @@ TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
   EXPECT_TRUE(same_bytes(first.dsoftmax_offset, second.dsoftmax_offset));
 }
 
-// Opted in, automatic selection runs the whole step on cuda_flash.
-TEST_F(FlashOnGpu, OptedInAutoSelectionRunsFlashBackward) {
-  FlashBackwardOptIn opt_in;
-  const GpuCase c = find_case("sink_learnable_softcap_causal");
-  const CaseSpec spec = gpu_case_spec(c);
-  const CaseTensors& tensors = gpu_case_tensors(c);
-  const CaseOutputs got = run_device_case(spec, tensors, BackendKind::kAuto, true);
-  EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
-  EXPECT_EQ(got.backward_backend, BackendKind::kCudaFlash);
-}
-
-// Automatic selection end to end without the opt-in: forward on cuda_flash, backward on
-// cuda_unfused, gradients from the flash forward's o and LSE.
-TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndUnfusedBackward) {
-  unsetenv("DPA_FLASH_BACKWARD");
+// Automatic selection runs the whole step on cuda_flash, and its gradients (the fused
+// backward's, on Hopper) match cpu_exact.
+TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndBackward) {
   const GpuCase c = find_case("sink_learnable_softcap_causal");
   const CaseSpec spec = gpu_case_spec(c);
   const CaseTensors& tensors = gpu_case_tensors(c);
   const CaseOutputs& reference = exact_reference(c.name, spec, tensors, true);
   const CaseOutputs got = run_device_case(spec, tensors, BackendKind::kAuto, true);
   EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
-  EXPECT_EQ(got.backward_backend, BackendKind::kCudaUnfused);
+  EXPECT_EQ(got.backward_backend, BackendKind::kCudaFlash);
   expect_matches_reference(got, reference, spec.dtype, true, "auto selection");
 }
 

@@ -346,9 +346,6 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
 
 void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& settings) {
   if (settings.bench_seqlen_per_gpu <= 0) return;
-  // The one-GPU baseline at 32k tokens needs the fused backward (cuda_unfused's O(s^2) scores
-  // do not fit), and the comparison is about it.
-  setenv("DPA_FLASH_BACKWARD", "1", 1);
   std::unique_ptr<NcclCommunicator> nccl =
       make_nccl_communicator(env.rank, env.size, device,
                              NcclBootstrap::from_file(settings.id_file + ".bench", settings.id_key),

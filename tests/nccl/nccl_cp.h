@@ -19,9 +19,7 @@ struct CpPhaseSettings {
 // size allows (a2a+p2p on groups of 2 when the size is even and >= 4), forward and backward
 // with CUDA tensors over NCCL (host-staged), each rank's outputs and gradients against its
 // shard of the single-GPU result (the same call without CP on its own GPU). Throws on a
-// mismatch. Every rank prints one line per (configuration, layout). Above ~16k tokens the
-// single-GPU reference needs the fused backward (DPA_FLASH_BACKWARD=1): cuda_unfused's O(s^2)
-// scores no longer fit.
+// mismatch. Every rank prints one line per (configuration, layout).
 void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings& settings);
 
 // Forward + backward throughput per GPU with `bench_seqlen_per_gpu` tokens per GPU (causal,

@@ -1,9 +1,7 @@
 // cuda_flash: capabilities and the forward orchestration (validated problem -> kernel params);
 // the backward's is flash_backward.cc.
-#include <cstdlib>
 #include <optional>
 #include <string>
-#include <string_view>
 
 #include "cuda/cuda_backends.h"
 #include "cuda/cuda_check.h"
@@ -84,15 +82,6 @@ class CudaFlashBackend final : public Backend {
     });
     caps_.backward = true;
     caps_.sink_grad = true;
-    caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
-      if (r.pass != Pass::kBackward) return std::nullopt;
-      // The fused backward was written without a GPU run; until the GPU suite has passed on
-      // it (docs/cuda_flash.md), it runs only when asked for.
-      const char* opt_in = std::getenv("DPA_FLASH_BACKWARD");
-      if (opt_in == nullptr || std::string_view(opt_in) != "1")
-        return "fused backward awaits its first GPU validation (DPA_FLASH_BACKWARD=1 opts in)";
-      return std::nullopt;
-    });
   }
 
   const Capabilities& capabilities() const override { return caps_; }

@@ -40,6 +40,22 @@ void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_d
   throw Error(ErrorCode::kInternal, "", "unreachable head dim dispatch");
 }
 
+namespace {
+
+// DPA_FLASH_BACKWARD_KERNEL=mma_sync|wgmma|wgmma_ws|fused (tests and benches; anything else
+// or unset: automatic).
+FlashBackwardFamily requested_backward_family() {
+  const char* kernel = std::getenv("DPA_FLASH_BACKWARD_KERNEL");
+  const std::string_view chosen = kernel != nullptr ? kernel : "";
+  if (chosen == "mma_sync") return FlashBackwardFamily::kMmaSync;
+  if (chosen == "wgmma") return FlashBackwardFamily::kWgmma;
+  if (chosen == "wgmma_ws") return FlashBackwardFamily::kWgmmaWs;
+  if (chosen == "fused") return FlashBackwardFamily::kFused;
+  return FlashBackwardFamily::kAutomatic;
+}
+
+}  // namespace
+
 void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   // The forward's parameters (sequence tables, features, q/k/v/o/lse) with one split: the
   // backward kernels walk every visible tile themselves.
@@ -57,17 +73,19 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   bp.dv = p.dv.data;
   copy_strides(p.dv_rows, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride);
   bp.scale = float(p.scale);
-  // DPA_FLASH_BACKWARD_KERNEL=wgmma takes the sm_90a kernels (head dims 64 and 128) until they
-  // are measured against the mma.sync ones.
-  // =wgmma_ws their warp-specialised form.
-  const char* kernel = std::getenv("DPA_FLASH_BACKWARD_KERNEL");
-  const std::string_view chosen = kernel != nullptr ? kernel : "";
-  bp.wgmma = (chosen == "wgmma" || chosen == "wgmma_ws") &&
-             device_info(p.device_index).arch == 90 &&
-             flash_backward_wgmma_eligible(int(p.head_dim_qk), int(p.head_dim_v));
-  bp.warp_specialized = bp.wgmma && chosen == "wgmma_ws";
+  const FlashBackwardFamily family = flash_backward_family(
+      device_info(p.device_index).arch, int(p.head_dim_qk), int(p.head_dim_v), p.deterministic,
+      bp.fwd.dropout_threshold != 0, requested_backward_family());
+  bp.wgmma = family != FlashBackwardFamily::kMmaSync;
+  bp.warp_specialized = family == FlashBackwardFamily::kWgmmaWs;
+  bp.fused = family == FlashBackwardFamily::kFused;
 
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
+  DeviceBuffer dq_accum(bp.fused ? rows * size_t(p.head_dim_qk) * sizeof(float) : 0, stream);
+  if (bp.fused) {
+    bp.dq_accum = dq_accum.get<float>();
+    DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, dq_accum.bytes(), stream));
+  }
   DeviceBuffer row_delta(rows * sizeof(float), stream);
   DeviceBuffer row_dalpha(p.wants_dsoftmax_offset ? rows * sizeof(float) : 0, stream);
   bp.row_delta = row_delta.get<float>();

@@ -8,6 +8,7 @@
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_backward_sm90.cuh"
+#include "cuda/flash/flash_backward_sm90_fused.cuh"
 #include "cuda/flash/flash_backward_sm90_ws.cuh"
 #include "dpa/error.h"
 
@@ -30,6 +31,24 @@ void launch_flash_backward_sm90(const FlashBackwardParams& p, cudaStream_t strea
     using Traits = FlashBackwardSm90Traits<Element, kHeadDimQK, kHeadDimV>;
     const FlashForwardParams& f = p.fwd;
     const unsigned batch = unsigned(f.batch);
+    if (p.fused) {
+      using Fused = FlashBackwardSm90FusedTraits<Element, kHeadDimQK, kHeadDimV>;
+      if (f.max_seqlen_kv > 0)
+        launch_backward_kernel(
+            flash_backward_fused_sm90_kernel<Fused>,
+            dim3(unsigned((f.max_seqlen_kv + Fused::kBlockN - 1) / Fused::kBlockN),
+                 unsigned(f.heads_kv), batch),
+            Fused::kThreads, Fused::kSharedBytes, p, stream);
+      if (f.max_seqlen_q > 0) {
+        constexpr int kRowsPerBlock = 4;  // one warp per row
+        const dim3 grid(unsigned((f.max_seqlen_q + kRowsPerBlock - 1) / kRowsPerBlock),
+                        unsigned(f.heads_q), batch);
+        flash_backward_convert_dq_kernel<Element>
+            <<<grid, 32 * kRowsPerBlock, 0, stream>>>(p, kHeadDimQK);
+        DPA_CUDA_CHECK_LAUNCH();
+      }
+      return;
+    }
     if (p.warp_specialized) {
       using Ws = FlashBackwardSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
       if (f.max_seqlen_q > 0)

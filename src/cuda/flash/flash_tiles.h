@@ -133,6 +133,34 @@ constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
+// The backward's kernel families (docs/cuda_flash.md): the atomic-free pairs on mma.sync,
+// wgmma and warp-specialised wgmma, and the single wgmma kernel whose dq goes through fp32
+// reductions (flash_backward_sm90_fused.cuh).
+enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kFused };
+
+// The family that runs a backward. sm_90 with head dims 64 / 128 takes the fused kernel, or
+// the warp-specialised pair where the fused kernel cannot honour the request (deterministic
+// mode: its reductions' order varies; dropout: it has no keep masks); everything else takes
+// mma.sync. `requested` (DPA_FLASH_BACKWARD_KERNEL, for tests and benches) picks another
+// family where the hardware has it, never the fused one against those two features.
+constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
+                                                    bool deterministic, bool dropout,
+                                                    FlashBackwardFamily requested) {
+  if (arch != 90 || !flash_backward_wgmma_eligible(head_dim_qk, head_dim_v))
+    return FlashBackwardFamily::kMmaSync;
+  const bool fused_allowed = !deterministic && !dropout;
+  switch (requested) {
+    case FlashBackwardFamily::kMmaSync:
+    case FlashBackwardFamily::kWgmma:
+    case FlashBackwardFamily::kWgmmaWs:
+      return requested;
+    case FlashBackwardFamily::kFused:
+    case FlashBackwardFamily::kAutomatic:
+      break;
+  }
+  return fused_allowed ? FlashBackwardFamily::kFused : FlashBackwardFamily::kWgmmaWs;
+}
+
 // The query rows [first, last] (empty when last < first) that see at least one key of
 // [first_key, last_key] (DESIGN.md §3: i + delta - l <= j <= i + delta + r, -1 unbounded), for
 // the backward's dk/dv kernels, which walk only those query tiles. Host and device.

@@ -81,6 +81,8 @@ template <typename Element, int kN>
 struct WgmmaSharedShared;
 template <typename Element, int kN>
 struct WgmmaRegisterShared;
+template <typename Element, int kN>
+struct WgmmaSharedSharedMnMajor;
 
 #include "cuda/ptx/wgmma_ops.inc"
 
@@ -89,6 +91,14 @@ template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 8][4], uint64_t a_descriptor,
                                          uint64_t b_descriptor, bool accumulate) {
   WgmmaSharedShared<Element, kN>::run(d, a_descriptor, b_descriptor, accumulate);
+}
+
+// d (64 x kN) (+)= A B with A (64 x 16) and B (16 x kN) both MN-major in shared memory (each
+// stored with its K dimension along the rows; mn_major descriptors).
+template <typename Element, int kN>
+__device__ __forceinline__ void wgmma_ss_mn_major(float (&d)[kN / 8][4], uint64_t a_descriptor,
+                                                  uint64_t b_descriptor, bool accumulate) {
+  WgmmaSharedSharedMnMajor<Element, kN>::run(d, a_descriptor, b_descriptor, accumulate);
 }
 
 // d (64 x kN) (+)= A B with A in registers and B (16 x kN, MN-major) in shared memory.

@@ -1,0 +1,300 @@
+// The single-kernel wgmma backward (sm_90a, head dims 64 and 128): FlashAttention-2's five
+// GEMMs per tile instead of the atomic-free pair's seven (flash_backward_sm90_ws.cuh), paid for
+// with dq accumulated in an fp32 workspace through vector reductions (red.global.add.v2.f32),
+// whose order varies from run to run. Deterministic mode and dropout keep the atomic-free pair
+// (run_flash_backward decides).
+//
+// A block owns 128 keys of one (batch, KV head), as the dk/dv kernel: a producer warpgroup
+// copies K and V once and, per (query head, 64-row query tile), Q, dO and the rows' LSE and D
+// into two stages; two consumer warpgroups of 64 keys each compute
+//   S^T = K Q^T, dP^T = V dO^T                 (shared x shared, K-major)
+//   P^T, dU^T = P^T (dP^T - D) (1 - t^2)        (registers)
+//   dv += P^T dO, dk += dU^T Q                  (A from registers, dO and Q MN-major)
+// and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
+// consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
+// operands MN-major; with head dim 64 the first consumer takes it all) and adds it to the
+// workspace. launch_flash_backward_sm90_fused then converts the workspace to dq (times scale).
+#pragma once
+
+#include "cuda/flash/flash_backward_sm90.cuh"
+#include "cuda/flash/flash_forward_sm90_ws.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/red.cuh"
+
+namespace dpa::cuda {
+
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+struct FlashBackwardSm90FusedTraits {
+  using Element = ElementT;
+  static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumers
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kStages = 2;
+  static constexpr int kBlockN = 128, kBlockM = 64;
+  // dq columns per consumer: halves of 128, all 64 of head dim 64 on the first consumer.
+  static constexpr int kDqColumns = 64;
+  static constexpr int kBarrierBytes = 64;
+  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, two dU^T buffers,
+  // barriers, 1 KB of alignment.
+  static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
+                                      kStages * 2 * kBlockM * 4 + 2 * kBlockN * kBlockM * 2 +
+                                      kBarrierBytes + 1024;
+  static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
+  static_assert(kHeadDimQK % kDqColumns == 0 && kHeadDimQK / kDqColumns <= 2,
+                "each consumer owns at most one 64-column block of dq");
+  static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
+  static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
+};
+
+// P^T and dU^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s)
+// becomes P^T (0 where invisible) and dP^T (in dp) dU^T = P^T (dP^T - D) (1 - t^2). `lse2` and
+// `delta` per query column (shared memory), `key0` the thread's first key, `i0` the first query.
+template <int kMTiles>
+__device__ __forceinline__ void key_tile_probabilities_and_gradients(
+    const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
+    int key0, int i0, int quad_col, const float* lse2, const float* delta) {
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = key0 + 8 * (e / 2), column = 8 * t + 2 * quad_col + (e & 1);
+      const int i = i0 + column;
+      float derivative;
+      float logit = backward_logit(p, s[t][e], derivative);
+      if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+      const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
+      const float probability = visible ? fast_exp2(logit - lse2[column]) : 0.f;
+      s[t][e] = probability;
+      dp[t][e] = probability * (dp[t][e] - delta[column]) * derivative;
+    }
+}
+
+// Writes a consumer's packed dU^T operands (its 64 keys from `key_row0`, 64 query columns) into
+// a 128-byte-swizzled key-major tile: operand word (kk, e) holds rows g + 8 (e & 1) of n8 tile
+// 2 kk + e / 2, columns 2q and 2q + 1.
+__device__ __forceinline__ void store_key_major_operands(uint32_t tile, const uint32_t (&a)[4][4],
+                                                         int row, int quad_col) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = row + 8 * (e & 1), t = 2 * kk + e / 2;
+      const uint32_t address = tile + r * 128 + ((t ^ (r % 8)) << 4) + 4 * quad_col;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(a[kk][e]) : "memory");
+    }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_backward_fused_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  const FlashForwardParams& p = bp.fwd;
+  constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
+  constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
+
+  extern __shared__ __align__(1024) unsigned char shared_storage[];
+  const uint32_t base = (ptx::shared_address(shared_storage) + 1023u) & ~1023u;
+  const uint32_t k_shared = base;
+  const uint32_t v_shared = k_shared + kBlockN * kDimQK * 2;
+  const uint32_t stages = v_shared + kBlockN * kDimV * 2;
+  auto q_shared = [&](int stage) { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; };
+  auto do_shared = [&](int stage) {
+    return stages + kStages * kBlockM * kDimQK * 2 + uint32_t(stage) * kBlockM * kDimV * 2;
+  };
+  const uint32_t du_buffers = stages + kStages * kBlockM * (kDimQK + kDimV) * 2;
+  auto du_shared = [&](int buffer) { return du_buffers + uint32_t(buffer) * kBlockN * kBlockM * 2; };
+  const uint32_t statistics = du_buffers + 2 * kBlockN * kBlockM * 2;
+  // The rows' LSE (log2 units) and D per stage, through generic pointers (plain stores).
+  unsigned char* const generic =
+      shared_storage + (statistics - ptx::shared_address(shared_storage));
+  float* lse_stages = reinterpret_cast<float*>(generic);  // kStages x kBlockM
+  float* delta_stages = lse_stages + kStages * kBlockM;   // kStages x kBlockM
+  const uint32_t barriers = statistics + kStages * 2 * kBlockM * 4;
+  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
+  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
+  const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
+
+  KeyBlock kb;
+  if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
+
+  // 128 producer threads store LSE and D with plain stores and arrive: 128 cp.async arrivals +
+  // 128 plain ones per stage.
+  constexpr int kFullArrivals = 128 + 2 * kBlockM;
+  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full_barrier(s), kFullArrivals);
+      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
+    }
+    ptx::mbarrier_init(kv_barrier, 128);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_decrease<40>();
+    if (kb.iterations == 0) return;
+    produce_swizzled_tile<Element, kBlockN, kDimQK>(
+        k_shared,
+        key_block_rows<Element>(kb, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+        p.k_row_stride, kb.keys_here);
+    produce_swizzled_tile<Element, kBlockN, kDimV>(
+        v_shared,
+        key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+        p.v_row_stride, kb.keys_here);
+    ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
+#pragma unroll 1
+    for (int it = 0; it < kb.iterations; ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
+      const int head = kb.head(it), i0 = kb.first_query(it);
+      produce_swizzled_tile<Element, kBlockM, kDimQK>(
+          q_shared(stage),
+          query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+          p.q_row_stride, kb.seqlen_q - i0);
+      produce_swizzled_tile<Element, kBlockM, kDimV>(
+          do_shared(stage),
+          query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
+                                   bp.do_head_stride),
+          bp.do_row_stride, kb.seqlen_q - i0);
+      ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+      const int r = int(threadIdx.x);
+      const int i = i0 + r % kBlockM;
+      if (r < kBlockM)
+        lse_stages[stage * kBlockM + r] = row_lse_log2(p, kb.batch, head, i, kb.seqlen_q);
+      else
+        delta_stages[stage * kBlockM + r - kBlockM] =
+            row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
+      ptx::mbarrier_arrive(full_barrier(stage));  // release: the store above is visible
+    }
+    ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
+    ptx::cp_async_wait<0>();
+    return;
+  }
+
+  ptx::setmaxnreg_increase<232>();
+  const int consumer = warpgroup - 1;
+  const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int key_row = consumer * 64 + warp_in_group * 16 + quad_row;  // in the block
+  const int key0 = kb.j0 + key_row;
+  // dq columns of this consumer (none for the second one with head dim 64).
+  const bool owns_dq = kDimQK > kDqColumns || consumer == 0;  // constant for head dim 128
+  const uint32_t k_columns = k_shared + uint32_t(consumer * kBlockN * 128);
+
+  float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
+  zero_fragments(dk_acc);
+  zero_fragments(dv_acc);
+  if (kb.iterations > 0) {
+    float s[kMTiles][4], dp[kMTiles][4], dq_tile[kDqColumns / 8][4];
+    uint32_t pd_operand[kBlockM / 16][4], du_operand[kBlockM / 16][4];
+
+    ptx::mbarrier_wait(kv_barrier, 0);
+    ptx::fence_proxy_async_shared();
+#pragma unroll 1
+    for (int it = 0; it < kb.iterations; ++it) {
+      const int stage = it % kStages, buffer = it % 2;
+      ptx::mbarrier_wait(full_barrier(stage), (it / kStages) & 1);
+      ptx::fence_proxy_async_shared();
+
+      // S^T = K Q^T and dP^T = V dO^T.
+      ptx::wgmma_fence();
+      wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, k_shared, kBlockN, consumer * 64,
+                                                   q_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, v_shared, kBlockN, consumer * 64,
+                                                  do_shared(stage));
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(s);
+      ptx::fence_accumulators(dp);
+
+      const KeyTile key_tile = key_tile_of(p, kb, it);
+      key_tile_probabilities_and_gradients(p, key_tile, s, dp, key0, kb.first_query(it), quad_col,
+                                           lse_stages + stage * kBlockM,
+                                           delta_stages + stage * kBlockM);
+      pack_operands<Element>(s, pd_operand);
+      pack_operands<Element>(dp, du_operand);
+
+      // dv += P^T dO, dk += dU^T Q.
+      ptx::fence_accumulators(dk_acc);
+      ptx::fence_accumulators(dv_acc);
+      ptx::wgmma_fence();
+      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, do_shared(stage));
+      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, q_shared(stage));
+      ptx::wgmma_commit();
+
+      // dU^T of both consumers into shared memory; the buffer's previous reader (iteration
+      // it - 2's dq) finished before the previous iteration's barrier.
+      store_key_major_operands(du_shared(buffer), du_operand, key_row, quad_col);
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(1, kConsumerThreads);
+
+      // dq_tile = dU K over the block's 128 keys, this consumer's dq columns.
+      if (owns_dq) {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          ptx::wgmma_ss_mn_major<Element, kDqColumns>(
+              dq_tile, mn_major_descriptor(du_shared(buffer), kBlockN, kk),
+              mn_major_descriptor(k_columns, kBlockN, kk), kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();  // dv and dk are done; dq may still run
+      } else {
+        ptx::wgmma_wait<0>();
+      }
+      ptx::fence_accumulators(dk_acc);
+      ptx::fence_accumulators(dv_acc);
+      ptx::fence_registers(pd_operand);
+      ptx::fence_registers(du_operand);
+      ptx::mbarrier_arrive(empty_barrier(stage));  // Q, dO, LSE, D of this iteration are read
+
+      if (owns_dq) {
+        ptx::wgmma_wait<0>();
+        ptx::fence_accumulators(dq_tile);
+        const int i0 = kb.first_query(it), head = kb.head(it);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = i0 + warp_in_group * 16 + quad_row + 8 * half;
+          if (i >= kb.seqlen_q) continue;
+          float* row = bp.dq_accum + row_workspace_index(p, kb.batch, head, i) * kDimQK +
+                       consumer * kDqColumns + 2 * quad_col;
+#pragma unroll
+          for (int t = 0; t < kDqColumns / 8; ++t)
+            ptx::red_add_v2(row + 8 * t, dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
+        }
+      }
+    }
+  }
+
+  store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
+                                  bp.dk_row_stride, bp.dk_head_stride);
+  store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
+                                 bp.dv_row_stride, bp.dv_head_stride);
+#else
+  (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
+#endif
+}
+
+// dq = scale * the fp32 workspace of the fused kernel, for every row of every sequence: one
+// warp per row.
+template <typename Element>
+__global__ void flash_backward_convert_dq_kernel(const __grid_constant__ FlashBackwardParams bp,
+                                                 int dim_qk) {
+  const FlashForwardParams& p = bp.fwd;
+  const int batch = blockIdx.z, head = blockIdx.y;
+  const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (i >= p.seqlen_q[batch]) return;
+  const float* accum = bp.dq_accum + row_workspace_index(p, batch, head, i) * dim_qk;
+  const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
+  Element* dq = static_cast<Element*>(bp.dq) + batch * bp.dq_batch_stride + row * bp.dq_row_stride +
+                head * bp.dq_head_stride;
+  for (int c = 2 * lane; c < dim_qk; c += 64)
+    *reinterpret_cast<uint32_t*>(dq + c) =
+        ptx::pack2<Element>(accum[c] * bp.scale, accum[c + 1] * bp.scale);
+}
+
+}  // namespace dpa::cuda

@@ -1,0 +1,14 @@
+// Thin wrapper over the vector reduction into global memory (sm_90): the fused backward's dq
+// accumulation in fp32. Only compiled into sm_90a code.
+#pragma once
+
+namespace dpa::cuda::ptx {
+
+// address[0] += a, address[1] += b (relaxed, gpu scope; no result). `address` is 8-byte
+// aligned global memory.
+__device__ __forceinline__ void red_add_v2(float* address, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b)
+               : "memory");
+}
+
+}  // namespace dpa::cuda::ptx
