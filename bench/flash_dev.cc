@@ -1,10 +1,11 @@
 // Dev bench for the flash forward kernels (llm.c's dev/cuda style): one small correctness
 // check against cpu_exact per feature set, then timings of the shapes with CUDA
 // events. Calls the backends directly (no selector) so it builds before every backend exists.
-// --backward times the fused backward on its kernel families (mma.sync, wgmma, wgmma_ws) and
-// prints how far apart their gradients are (the GPU suite checks each against cpu_exact).
+// --backward times the backward on its kernel families (mma_sync, wgmma, wgmma_ws, fused, or
+// those --families lists) and prints how far apart their gradients are (the GPU suite checks
+// each against cpu_exact).
 //
-//   flash_dev [--check-only] [--time-only] [--variants] [--backward]
+//   flash_dev [--check-only] [--time-only] [--variants] [--backward [--families a,b,...]]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -218,9 +219,9 @@ bool check(const Shape& s, const Features& f, int variant = -1) {
 double visible_pairs(const Shape& s, const Features& f);
 
 // The fused backward after one forward (for o and LSE): median ms of 20 runs per kernel family
-// (DPA_FLASH_BACKWARD_KERNEL=mma_sync, =wgmma, =wgmma_ws, =fused), TFLOP/s at 2.5x the
-// forward's FLOPs, and each wgmma family's relative difference from the mma.sync gradients.
-void time_backward(const Shape& s, const Features& f) {
+// (DPA_FLASH_BACKWARD_KERNEL values: mma_sync, wgmma, wgmma_ws, fused), TFLOP/s at 2.5x the
+// forward's FLOPs, and each family's relative difference from the first one's gradients.
+void time_backward(const Shape& s, const Features& f, const std::vector<std::string>& families) {
   std::mt19937_64 rng(99);
   const int64_t nq = int64_t(s.b) * s.sq * s.H * s.d, nk = int64_t(s.b) * s.skv * s.G * s.d;
   const int64_t nv = int64_t(s.b) * s.skv * s.G * s.dv, no = int64_t(s.b) * s.sq * s.H * s.dv;
@@ -263,21 +264,20 @@ void time_backward(const Shape& s, const Features& f) {
   const AttentionProblem problem = build_backward_problem(config, bwd, config.dropout);
 
   const double flops = 2.5 * 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
-  constexpr int kFamilies = 4;
-  const char* families[kFamilies] = {"mma_sync", "wgmma", "wgmma_ws", "fused"};
-  std::vector<std::vector<unsigned char>> gradients[kFamilies];
-  for (int family = 0; family < kFamilies; ++family) {
-    setenv("DPA_FLASH_BACKWARD_KERNEL", families[family], 1);
+  const size_t kFamilies = families.size();
+  std::vector<std::vector<std::vector<unsigned char>>> gradients(kFamilies);
+  for (size_t family = 0; family < kFamilies; ++family) {
+    setenv("DPA_FLASH_BACKWARD_KERNEL", families[family].c_str(), 1);
     auto launch = [&] { cuda_flash_backend().backward(problem); };
     const double ms = median_event_ms(launch, 2, 20);
     gradients[family] = {dq.download(), dk.download(), dv.download()};
     std::printf("bwd   %-28s b%d H%d G%d sq%d skv%d d%d/%d [%s]: %.3f ms  %.1f TFLOP/s\n",
-                f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, families[family], ms,
+                f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, families[family].c_str(), ms,
                 flops / ms * 1e-9);
   }
   unsetenv("DPA_FLASH_BACKWARD_KERNEL");
   const char* names[] = {"dq", "dk", "dv"};
-  for (int family = 1; family < kFamilies; ++family)
+  for (size_t family = 1; family < kFamilies; ++family)
     for (int g = 0; g < 3; ++g) {
       double diff = 0, norm = 0;
       const int64_t n = int64_t(gradients[0][size_t(g)].size() / 2);
@@ -287,7 +287,8 @@ void time_backward(const Shape& s, const Features& f) {
         diff += (a - b) * (a - b);
         norm += a * a;
       }
-      std::printf("      %s: mma.sync vs %s relative difference %.2e\n", names[g], families[family],
+      std::printf("      %s: %s vs %s relative difference %.2e\n", names[g], families[0].c_str(),
+                  families[family].c_str(),
                   std::sqrt(diff / std::max(norm, 1e-30)));
     }
 }
@@ -321,7 +322,17 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
 
 int main(int argc, char** argv) {
   bool do_check = true, do_time = true, do_variants = false, do_backward = false;
+  std::vector<std::string> families = {"mma_sync", "wgmma", "wgmma_ws", "fused"};
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--families") == 0 && i + 1 < argc) {
+      families.clear();
+      std::string list = argv[++i];
+      for (size_t start = 0; start <= list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        families.push_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
+    }
     if (std::strcmp(argv[i], "--variants") == 0) do_variants = true;
     if (std::strcmp(argv[i], "--backward") == 0) do_backward = true;
     if (std::strcmp(argv[i], "--check-only") == 0) do_time = false;
@@ -379,7 +390,8 @@ int main(int argc, char** argv) {
     }
     if (do_backward) {
       const Shape big{2, 16, 16, 8192, 8192, 128, 128};
-      for (const Features& f : {plain, cap, sink, causal_cap, causal_sink}) time_backward(big, f);
+      for (const Features& f : {plain, cap, sink, causal_cap, causal_sink})
+        time_backward(big, f, families);
     }
     std::printf("flash_dev: %d check failures\n", failures);
     return failures ? 1 : 0;

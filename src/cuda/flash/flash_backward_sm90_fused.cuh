@@ -47,27 +47,69 @@ struct FlashBackwardSm90FusedTraits {
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
 };
 
-// P^T and dU^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s)
-// becomes P^T (0 where invisible) and dP^T (in dp) dU^T = P^T (dP^T - D) (1 - t^2). `lse2` and
-// `delta` per query column (shared memory), `key0` the thread's first key, `i0` the first query.
+// P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
+// (0 where invisible) and `derivative` the cap's derivative (fp16 pairs: 32 fp32 registers more
+// would spill; its rounding, 2^-11 relative, is 8x below that of dU^T's bf16 operand), while
+// dP^T is still being computed. `lse2` per query column (shared memory, 8-byte aligned), `key0` the thread's first
+// key, `i0` the first query. `fully_visible`: every (query, key) pair of the tile is visible,
+// so the mask's index arithmetic (most of the per-element work) is skipped.
 template <int kMTiles>
-__device__ __forceinline__ void key_tile_probabilities_and_gradients(
-    const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
-    int key0, int i0, int quad_col, const float* lse2, const float* delta) {
+__device__ __forceinline__ void key_tile_probabilities_no_dropout(
+    const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4],
+    uint32_t (&derivative)[kMTiles][2], int key0, int i0, int quad_col, const float* lse2,
+    bool fully_visible) {
+  const bool fast = fully_visible && p.alibi_slopes == nullptr;
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t)
+  for (int t = 0; t < kMTiles; ++t) {
+    const int column0 = 8 * t + 2 * quad_col;
+    const float2 lse_pair = *reinterpret_cast<const float2*>(lse2 + column0);
+    float cap_derivative[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int j = key0 + 8 * (e / 2), column = 8 * t + 2 * quad_col + (e & 1);
-      const int i = i0 + column;
-      float derivative;
-      float logit = backward_logit(p, s[t][e], derivative);
-      if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
-      const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
-      const float probability = visible ? fast_exp2(logit - lse2[column]) : 0.f;
-      s[t][e] = probability;
-      dp[t][e] = probability * (dp[t][e] - delta[column]) * derivative;
+      const float row_lse = (e & 1) ? lse_pair.y : lse_pair.x;
+      float logit = backward_logit(p, s[t][e], cap_derivative[e]);
+      if (fast) {
+        s[t][e] = fast_exp2(logit - row_lse);
+      } else {
+        const int j = key0 + 8 * (e / 2), i = i0 + column0 + (e & 1);
+        if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+        const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
+        s[t][e] = visible ? fast_exp2(logit - row_lse) : 0.f;
+      }
     }
+    derivative[t][0] = ptx::pack2<__half>(cap_derivative[0], cap_derivative[1]);
+    derivative[t][1] = ptx::pack2<__half>(cap_derivative[2], cap_derivative[3]);
+  }
+}
+
+// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2); `delta` per query column.
+template <int kMTiles>
+__device__ __forceinline__ void key_tile_gradients_no_dropout(const float (&s)[kMTiles][4],
+                                                              float (&dp)[kMTiles][4],
+                                                              const uint32_t (&derivative)[kMTiles][2],
+                                                              int quad_col, const float* delta) {
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t) {
+    const float2 delta_pair = *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t pair = derivative[t][e / 2];
+      const float cap_derivative = __half2float(
+          __ushort_as_half(static_cast<unsigned short>((e & 1) ? pair >> 16 : pair & 0xFFFFu)));
+      dp[t][e] = s[t][e] * (dp[t][e] - ((e & 1) ? delta_pair.y : delta_pair.x)) * cap_derivative;
+    }
+  }
+}
+
+// Whether every pair of queries [i_first, i_last] and keys [j_first, j_last] is visible
+// (DESIGN.md §3): inside both sequences and the window.
+__device__ __forceinline__ bool tile_fully_visible(const FlashForwardParams& p, const KeyTile& k,
+                                                   int i_first, int i_last, int j_first,
+                                                   int j_last) {
+  if (i_last >= k.seqlen_q || j_last >= k.seqlen_kv) return false;
+  if (p.window_left >= 0 && j_first < i_last + k.diagonal - p.window_left) return false;
+  if (p.window_right >= 0 && j_last > i_first + k.diagonal + p.window_right) return false;
+  return true;
 }
 
 // Writes a consumer's packed dU^T operands (its 64 keys from `key_row0`, 64 query columns) into
@@ -191,6 +233,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   zero_fragments(dv_acc);
   if (kb.iterations > 0) {
     float s[kMTiles][4], dp[kMTiles][4], dq_tile[kDqColumns / 8][4];
+    uint32_t derivative[kMTiles][2];
     uint32_t pd_operand[kBlockM / 16][4], du_operand[kBlockM / 16][4];
 
     ptx::mbarrier_wait(kv_barrier, 0);
@@ -201,21 +244,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbarrier_wait(full_barrier(stage), (it / kStages) & 1);
       ptx::fence_proxy_async_shared();
 
-      // S^T = K Q^T and dP^T = V dO^T.
+      // S^T = K Q^T and dP^T = V dO^T (two groups: P^T is computed while dP^T runs).
       ptx::wgmma_fence();
       wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, k_shared, kBlockN, consumer * 64,
                                                    q_shared(stage));
+      ptx::wgmma_commit();
       wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, v_shared, kBlockN, consumer * 64,
                                                   do_shared(stage));
       ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-      ptx::fence_accumulators(s);
-      ptx::fence_accumulators(dp);
 
       const KeyTile key_tile = key_tile_of(p, kb, it);
-      key_tile_probabilities_and_gradients(p, key_tile, s, dp, key0, kb.first_query(it), quad_col,
-                                           lse_stages + stage * kBlockM,
-                                           delta_stages + stage * kBlockM);
+      const int i0 = kb.first_query(it), warp_key0 = key0 - quad_row;
+      const bool fully_visible =
+          tile_fully_visible(p, key_tile, i0, i0 + kBlockM - 1, warp_key0, warp_key0 + 15);
+      ptx::wgmma_wait<1>();
+      ptx::fence_accumulators(s);
+      key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
+                                        lse_stages + stage * kBlockM, fully_visible);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(dp);
+      key_tile_gradients_no_dropout(s, dp, derivative, quad_col, delta_stages + stage * kBlockM);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
@@ -255,7 +303,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (owns_dq) {
         ptx::wgmma_wait<0>();
         ptx::fence_accumulators(dq_tile);
-        const int i0 = kb.first_query(it), head = kb.head(it);
+        const int head = kb.head(it);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = i0 + warp_in_group * 16 + quad_row + 8 * half;
