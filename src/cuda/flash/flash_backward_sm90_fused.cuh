@@ -12,8 +12,10 @@
 //   dv += P^T dO, dk += dU^T Q                  (A from registers, dO and Q MN-major)
 // and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
 // consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
-// operands MN-major; with head dim 64 the first consumer takes it all) and adds it to the
-// workspace. launch_flash_backward_sm90_fused then converts the workspace to dq (times scale).
+// operands MN-major; with head dim 64 the first consumer takes it all) and stores it to shared
+// memory (fp32); the producer warpgroup, otherwise idle between its copies, adds that tile to
+// the workspace (coalesced 16-byte reductions), so the consumers issue no global reductions.
+// launch_flash_backward_sm90_fused then converts the workspace to dq (times scale).
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90.cuh"
@@ -34,47 +36,59 @@ struct FlashBackwardSm90FusedTraits {
   // dq columns per consumer: halves of 128, all 64 of head dim 64 on the first consumer.
   static constexpr int kDqColumns = 64;
   static constexpr int kBarrierBytes = 64;
+  // The dq tile's rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
+  // stores of a warp's 8 rows then fall in distinct banks.
+  static constexpr int kDqStride = kHeadDimQK + 4;
   // K and V of the block, kStages of Q and dO and of the rows' LSE and D, two dU^T buffers,
-  // barriers, 1 KB of alignment.
+  // the dq tile, barriers, 1 KB of alignment.
   static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
                                       kStages * 2 * kBlockM * 4 + 2 * kBlockN * kBlockM * 2 +
-                                      kBarrierBytes + 1024;
+                                      kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
   static_assert(kHeadDimQK % kDqColumns == 0 && kHeadDimQK / kDqColumns <= 2,
                 "each consumer owns at most one 64-column block of dq");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
-  static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
 };
 
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
-// (0 where invisible) and `derivative` the cap's derivative (fp16 pairs: 32 fp32 registers more
-// would spill; its rounding, 2^-11 relative, is 8x below that of dU^T's bf16 operand), while
-// dP^T is still being computed. `lse2` per query column (shared memory, 8-byte aligned), `key0` the thread's first
-// key, `i0` the first query. `fully_visible`: every (query, key) pair of the tile is visible,
-// so the mask's index arithmetic (most of the per-element work) is skipped.
+// (0 where invisible) and, with a cap, `derivative` the cap's derivative (fp16 pairs: 32 fp32
+// registers more would spill; its rounding, 2^-11 relative, is 8x below that of dU^T's bf16
+// operand), while dP^T is still being computed. `lse2` per query column (shared memory,
+// 8-byte aligned), `key0` the thread's first key, `i0` the first query. `fully_visible`: every
+// (query, key) pair of the tile is visible. The branches are uniform and taken once per tile,
+// so each loop carries only its case's arithmetic (the uncapped visible tile, most of the
+// work: one FFMA and one exp2 per element).
 template <int kMTiles>
 __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4],
     uint32_t (&derivative)[kMTiles][2], int key0, int i0, int quad_col, const float* lse2,
     bool fully_visible) {
-  const bool fast = fully_visible && p.alibi_slopes == nullptr;
+  auto row_lse = [&](int t, int e) {
+    const float2 pair = *reinterpret_cast<const float2*>(lse2 + 8 * t + 2 * quad_col);
+    return (e & 1) ? pair.y : pair.x;
+  };
+  if (fully_visible && p.alibi_slopes == nullptr && !p.use_softcap) {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = fast_exp2(fmaf(s[t][e], p.scale_log2, -row_lse(t, e)));
+    return;
+  }
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t) {
-    const int column0 = 8 * t + 2 * quad_col;
-    const float2 lse_pair = *reinterpret_cast<const float2*>(lse2 + column0);
     float cap_derivative[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float row_lse = (e & 1) ? lse_pair.y : lse_pair.x;
       float logit = backward_logit(p, s[t][e], cap_derivative[e]);
-      if (fast) {
-        s[t][e] = fast_exp2(logit - row_lse);
+      if (fully_visible && p.alibi_slopes == nullptr) {
+        s[t][e] = fast_exp2(logit - row_lse(t, e));
       } else {
-        const int j = key0 + 8 * (e / 2), i = i0 + column0 + (e & 1);
+        const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
         if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
         const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
-        s[t][e] = visible ? fast_exp2(logit - row_lse) : 0.f;
+        s[t][e] = visible ? fast_exp2(logit - row_lse(t, e)) : 0.f;
       }
     }
     derivative[t][0] = ptx::pack2<__half>(cap_derivative[0], cap_derivative[1]);
@@ -82,23 +96,32 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
   }
 }
 
-// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2); `delta` per query column.
+// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2); `delta` per query column; the cap's
+// derivative only with a cap (it is 1 without).
 template <int kMTiles>
-__device__ __forceinline__ void key_tile_gradients_no_dropout(const float (&s)[kMTiles][4],
-                                                              float (&dp)[kMTiles][4],
-                                                              const uint32_t (&derivative)[kMTiles][2],
-                                                              int quad_col, const float* delta) {
+__device__ __forceinline__ void key_tile_gradients_no_dropout(
+    const FlashForwardParams& p, const float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
+    const uint32_t (&derivative)[kMTiles][2], int quad_col, const float* delta) {
+  auto row_delta = [&](int t, int e) {
+    const float2 pair = *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
+    return (e & 1) ? pair.y : pair.x;
+  };
+  if (!p.use_softcap) {
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t) {
-    const float2 delta_pair = *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - row_delta(t, e));
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const uint32_t pair = derivative[t][e / 2];
       const float cap_derivative = __half2float(
           __ushort_as_half(static_cast<unsigned short>((e & 1) ? pair >> 16 : pair & 0xFFFFu)));
-      dp[t][e] = s[t][e] * (dp[t][e] - ((e & 1) ? delta_pair.y : delta_pair.x)) * cap_derivative;
+      dp[t][e] = s[t][e] * (dp[t][e] - row_delta(t, e)) * cap_derivative;
     }
-  }
 }
 
 // Whether every pair of queries [i_first, i_last] and keys [j_first, j_last] is visible
@@ -137,6 +160,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
+  constexpr int kDqStride = Traits::kDqStride;
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
   const uint32_t base = (ptx::shared_address(shared_storage) + 1023u) & ~1023u;
@@ -155,10 +179,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       shared_storage + (statistics - ptx::shared_address(shared_storage));
   float* lse_stages = reinterpret_cast<float*>(generic);  // kStages x kBlockM
   float* delta_stages = lse_stages + kStages * kBlockM;   // kStages x kBlockM
-  const uint32_t barriers = statistics + kStages * 2 * kBlockM * 4;
+  float* dq_rows = delta_stages + kStages * kBlockM;      // kBlockM x kDqStride
+  const uint32_t barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * kDqStride * 4;
   auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
   auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
   const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
+  // dq tile stored by its consumers / added to the workspace by the producer.
+  const uint32_t dq_full_barrier = kv_barrier + 8u, dq_empty_barrier = kv_barrier + 16u;
+  constexpr int kDqThreads = 128 * (kDimQK / kDqColumns);
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
@@ -173,6 +201,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
     }
     ptx::mbarrier_init(kv_barrier, 128);
+    ptx::mbarrier_init(dq_full_barrier, kDqThreads);
+    ptx::mbarrier_init(dq_empty_barrier, 128);
   }
   __syncthreads();
 
@@ -189,6 +219,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
         p.v_row_stride, kb.keys_here);
     ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
+    // Adds iteration j's dq tile (rows inside the sequence) to the workspace: a warp per row
+    // and pass, 16 bytes per lane.
+    auto add_dq_tile = [&](int j) {
+      ptx::mbarrier_wait(dq_full_barrier, j & 1);
+      const int head = kb.head(j), i0 = kb.first_query(j);
+      constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
+      const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
+#pragma unroll 1
+      for (int row = int(threadIdx.x) / kLanesPerRow; row < kBlockM; row += kRowsPerPass) {
+        if (i0 + row >= kb.seqlen_q) break;
+        const float4 value = *reinterpret_cast<const float4*>(dq_rows + row * kDqStride + column);
+        ptx::red_add_v4(
+            bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column,
+            value);
+      }
+      ptx::mbarrier_arrive(dq_empty_barrier);  // the tile's rows are read
+    };
 #pragma unroll 1
     for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages;
@@ -212,7 +259,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         delta_stages[stage * kBlockM + r - kBlockM] =
             row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
       ptx::mbarrier_arrive(full_barrier(stage));  // release: the store above is visible
+      // The consumers finish iteration it - kStages's dq soon after releasing its stage.
+      if (it >= kStages) add_dq_tile(it - kStages);
     }
+#pragma unroll 1
+    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
     ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
     ptx::cp_async_wait<0>();
     return;
@@ -263,7 +314,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         lse_stages + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients_no_dropout(s, dp, derivative, quad_col, delta_stages + stage * kBlockM);
+      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col,
+                                    delta_stages + stage * kBlockM);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
@@ -303,17 +355,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (owns_dq) {
         ptx::wgmma_wait<0>();
         ptx::fence_accumulators(dq_tile);
-        const int head = kb.head(it);
+        // The producer has added the previous tile (its rows are free).
+        if (it > 0) ptx::mbarrier_wait(dq_empty_barrier, (it - 1) & 1);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int i = i0 + warp_in_group * 16 + quad_row + 8 * half;
-          if (i >= kb.seqlen_q) continue;
-          float* row = bp.dq_accum + row_workspace_index(p, kb.batch, head, i) * kDimQK +
+          float* row = dq_rows + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride +
                        consumer * kDqColumns + 2 * quad_col;
 #pragma unroll
           for (int t = 0; t < kDqColumns / 8; ++t)
-            ptx::red_add_v2(row + 8 * t, dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
+            *reinterpret_cast<float2*>(row + 8 * t) =
+                make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
         }
+        ptx::mbarrier_arrive(dq_full_barrier);  // release: the rows above are visible
       }
     }
   }
