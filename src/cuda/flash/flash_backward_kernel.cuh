@@ -1,5 +1,6 @@
 // The flash backward kernels (mma.sync, sm_80+): DESIGN.md §4 without O(s^2) memory and
-// without atomics, so every run gives the same bits (deterministic mode costs nothing).
+// without atomics, so every run gives the same bits (what deterministic mode runs; on Hopper
+// the default is the single fused kernel, flash_backward_sm90_fused.cuh).
 //
 // Two kernels recompute P from Q, K and the saved LSE, each owning the rows it writes:
 // - dq: a block owns 64 query rows of one (batch, head), walks the visible key tiles and
