@@ -288,8 +288,7 @@ void time_backward(const Shape& s, const Features& f, const std::vector<std::str
         norm += a * a;
       }
       std::printf("      %s: %s vs %s relative difference %.2e\n", names[g], families[0].c_str(),
-                  families[family].c_str(),
-                  std::sqrt(diff / std::max(norm, 1e-30)));
+                  families[family].c_str(), std::sqrt(diff / std::max(norm, 1e-30)));
     }
 }
 

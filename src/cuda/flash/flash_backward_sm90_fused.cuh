@@ -172,7 +172,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return stages + kStages * kBlockM * kDimQK * 2 + uint32_t(stage) * kBlockM * kDimV * 2;
   };
   const uint32_t du_buffers = stages + kStages * kBlockM * (kDimQK + kDimV) * 2;
-  auto du_shared = [&](int buffer) { return du_buffers + uint32_t(buffer) * kBlockN * kBlockM * 2; };
+  auto du_shared = [&](int buffer) {
+    return du_buffers + uint32_t(buffer) * kBlockN * kBlockM * 2;
+  };
   const uint32_t statistics = du_buffers + 2 * kBlockN * kBlockM * 2;
   // The rows' LSE (log2 units) and D per stage, through generic pointers (plain stores).
   unsigned char* const generic =
@@ -314,8 +316,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         lse_stages + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col,
-                                    delta_stages + stage * kBlockM);
+      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col, delta_stages + stage * kBlockM);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 

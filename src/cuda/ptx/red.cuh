@@ -1,20 +1,14 @@
-// Thin wrappers over the vector reductions into global memory (sm_90): the fused backward's dq
+// Thin wrapper over the vector reduction into global memory (sm_90): the fused backward's dq
 // accumulation in fp32. Only compiled into sm_90a code.
 #pragma once
 
 namespace dpa::cuda::ptx {
 
-// address[0] += a, address[1] += b (relaxed, gpu scope; no result). `address` is 8-byte
-// aligned global memory.
-__device__ __forceinline__ void red_add_v2(float* address, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b)
-               : "memory");
-}
-
-// address[0..3] += v (the same; `address` 16-byte aligned).
+// address[0..3] += v (relaxed, gpu scope; no result). `address` is 16-byte aligned global
+// memory.
 __device__ __forceinline__ void red_add_v4(float* address, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(v.x),
-               "f"(v.y), "f"(v.z), "f"(v.w)
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
                : "memory");
 }
 
