@@ -8,7 +8,7 @@ repository root after changing the instantiated N values.
 import pathlib
 
 WIDTHS = (32, 64, 96, 128, 192, 256)
-MN_MAJOR_WIDTHS = (64,)
+MN_MAJOR_WIDTHS = (32, 64)
 ELEMENTS = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

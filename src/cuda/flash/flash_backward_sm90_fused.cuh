@@ -12,9 +12,9 @@
 //   dv += P^T dO, dk += dU^T Q                  (A from registers, dO and Q MN-major)
 // and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
 // consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
-// operands MN-major; with head dim 64 the first consumer takes it all) and stores it to shared
-// memory (fp32); the producer warpgroup, otherwise idle between its copies, adds that tile to
-// the workspace (coalesced 16-byte reductions), so the consumers issue no global reductions.
+// operands MN-major) and stores it to shared memory (fp32); the producer warpgroup, otherwise
+// idle between its copies, adds that tile to the workspace (coalesced 16-byte reductions), so
+// the consumers issue no global reductions.
 // launch_flash_backward_sm90_fused then converts the workspace to dq (times scale).
 #pragma once
 
@@ -33,8 +33,9 @@ struct FlashBackwardSm90FusedTraits {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kBlockN = 128, kBlockM = 64;
-  // dq columns per consumer: halves of 128, all 64 of head dim 64 on the first consumer.
-  static constexpr int kDqColumns = 64;
+  // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
+  // which ptxas serialises).
+  static constexpr int kDqColumns = kHeadDimQK / 2;
   static constexpr int kBarrierBytes = 64;
   // The dq tile's rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
   // stores of a warp's 8 rows then fall in distinct banks.
@@ -45,8 +46,8 @@ struct FlashBackwardSm90FusedTraits {
                                       kStages * 2 * kBlockM * 4 + 2 * kBlockN * kBlockM * 2 +
                                       kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
-  static_assert(kHeadDimQK % kDqColumns == 0 && kHeadDimQK / kDqColumns <= 2,
-                "each consumer owns at most one 64-column block of dq");
+  static_assert(kDqColumns == 32 || kDqColumns == 64,
+                "a consumer's dq columns lie inside one 64-column swizzle block of K");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
   static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
   // dq tile stored by its consumers / added to the workspace by the producer.
   const uint32_t dq_full_barrier = kv_barrier + 8u, dq_empty_barrier = kv_barrier + 16u;
-  constexpr int kDqThreads = 128 * (kDimQK / kDqColumns);
+  constexpr int kDqThreads = kConsumerThreads;
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
@@ -278,8 +279,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int key_row = consumer * 64 + warp_in_group * 16 + quad_row;  // in the block
   const int key0 = kb.j0 + key_row;
   // dq columns of this consumer (none for the second one with head dim 64).
-  const bool owns_dq = kDimQK > kDqColumns || consumer == 0;  // constant for head dim 128
-  const uint32_t k_columns = k_shared + uint32_t(consumer * kBlockN * 128);
+  // This consumer's dq columns of K: whole 64-column blocks (head dim 128), or half of the one
+  // block (head dim 64: 64 bytes into each 128-byte row; the swizzle applies to the address).
+  const int dq_column0 = consumer * kDqColumns;
+  const uint32_t k_columns =
+      k_shared + uint32_t((dq_column0 / 64) * kBlockN * 128 + (dq_column0 % 64) * 2);
 
   float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
   zero_fragments(dk_acc);
@@ -335,40 +339,34 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::named_barrier_sync(1, kConsumerThreads);
 
       // dq_tile = dU K over the block's 128 keys, this consumer's dq columns.
-      if (owns_dq) {
-        ptx::wgmma_fence();
+      ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-          ptx::wgmma_ss_mn_major<Element, kDqColumns>(
-              dq_tile, mn_major_descriptor(du_shared(buffer), kBlockN, kk),
-              mn_major_descriptor(k_columns, kBlockN, kk), kk > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<1>();  // dv and dk are done; dq may still run
-      } else {
-        ptx::wgmma_wait<0>();
-      }
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        ptx::wgmma_ss_mn_major<Element, kDqColumns>(
+            dq_tile, mn_major_descriptor(du_shared(buffer), kBlockN, kk),
+            mn_major_descriptor(k_columns, kBlockN, kk), kk > 0);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();  // dv and dk are done; dq may still run
       ptx::fence_accumulators(dk_acc);
       ptx::fence_accumulators(dv_acc);
       ptx::fence_registers(pd_operand);
       ptx::fence_registers(du_operand);
       ptx::mbarrier_arrive(empty_barrier(stage));  // Q, dO, LSE, D of this iteration are read
 
-      if (owns_dq) {
-        ptx::wgmma_wait<0>();
-        ptx::fence_accumulators(dq_tile);
-        // The producer has added the previous tile (its rows are free).
-        if (it > 0) ptx::mbarrier_wait(dq_empty_barrier, (it - 1) & 1);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(dq_tile);
+      // The producer has added the previous tile (its rows are free).
+      if (it > 0) ptx::mbarrier_wait(dq_empty_barrier, (it - 1) & 1);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float* row = dq_rows + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride +
-                       consumer * kDqColumns + 2 * quad_col;
+      for (int half = 0; half < 2; ++half) {
+        float* row = dq_rows + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride +
+                     dq_column0 + 2 * quad_col;
 #pragma unroll
-          for (int t = 0; t < kDqColumns / 8; ++t)
-            *reinterpret_cast<float2*>(row + 8 * t) =
-                make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
-        }
-        ptx::mbarrier_arrive(dq_full_barrier);  // release: the rows above are visible
+        for (int t = 0; t < kDqColumns / 8; ++t)
+          *reinterpret_cast<float2*>(row + 8 * t) =
+              make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
       }
+      ptx::mbarrier_arrive(dq_full_barrier);  // release: the rows above are visible
     }
   }
 
