@@ -359,8 +359,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (it > 0) ptx::mbarrier_wait(dq_empty_barrier, (it - 1) & 1);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float* row = dq_rows + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride +
-                     dq_column0 + 2 * quad_col;
+        float* row = dq_rows + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
+                     2 * quad_col;
 #pragma unroll
         for (int t = 0; t < kDqColumns / 8; ++t)
           *reinterpret_cast<float2*>(row + 8 * t) =
