@@ -419,6 +419,19 @@ __device__ __forceinline__ void store_key_rows(const KeyBlock& k, const float (&
   });
 }
 
+// dk = scale * dk_acc and dv = dv_acc for a thread's keys key0 and key0 + 8.
+template <typename Element, int kDimQK, int kDimV>
+__device__ __forceinline__ void store_key_block_gradients(const FlashBackwardParams& bp,
+                                                          const KeyBlock& kb,
+                                                          const float (&dk_acc)[kDimQK / 8][4],
+                                                          const float (&dv_acc)[kDimV / 8][4],
+                                                          int key0, int quad_col) {
+  store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
+                                  bp.dk_row_stride, bp.dk_head_stride);
+  store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
+                                 bp.dv_row_stride, bp.dv_head_stride);
+}
+
 // D and the sink-gradient share of each row: one warp per row.
 template <typename Element>
 __global__ void flash_backward_prepare_kernel(const __grid_constant__ FlashBackwardParams bp,

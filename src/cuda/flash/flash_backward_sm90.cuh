@@ -303,10 +303,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::cp_async_wait<0>();
 
-  store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
-                                  bp.dk_row_stride, bp.dk_head_stride);
-  store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
-                                 bp.dv_row_stride, bp.dv_head_stride);
+  store_key_block_gradients<Element, kDimQK, kDimV>(bp, kb, dk_acc, dv_acc, key0, quad_col);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif

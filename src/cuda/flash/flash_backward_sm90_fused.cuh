@@ -18,8 +18,7 @@
 // launch_flash_backward_sm90_fused then converts the workspace to dq (times scale).
 #pragma once
 
-#include "cuda/flash/flash_backward_sm90.cuh"
-#include "cuda/flash/flash_forward_sm90_ws.cuh"
+#include "cuda/flash/flash_backward_sm90_ws.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/red.cuh"
 
@@ -194,10 +193,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
 
-  // 128 producer threads store LSE and D with plain stores and arrive: 128 cp.async arrivals +
-  // 128 plain ones per stage.
+  // 128 cp.async arrivals + 2 kBlockM plain ones per stage (produce_query_tile).
   constexpr int kFullArrivals = 128 + 2 * kBlockM;
-  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(full_barrier(s), kFullArrivals);
@@ -213,15 +210,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
     if (kb.iterations == 0) return;
-    produce_swizzled_tile<Element, kBlockN, kDimQK>(
-        k_shared,
-        key_block_rows<Element>(kb, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-        p.k_row_stride, kb.keys_here);
-    produce_swizzled_tile<Element, kBlockN, kDimV>(
-        v_shared,
-        key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-        p.v_row_stride, kb.keys_here);
-    ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
+    produce_key_block<Element, kBlockN, kDimQK, kDimV>(p, kb, k_shared, v_shared, kv_barrier);
     // Adds iteration j's dq tile (rows inside the sequence) to the workspace: a warp per row
     // and pass, 16 bytes per lane.
     auto add_dq_tile = [&](int j) {
@@ -243,25 +232,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages;
       if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
-      const int head = kb.head(it), i0 = kb.first_query(it);
-      produce_swizzled_tile<Element, kBlockM, kDimQK>(
-          q_shared(stage),
-          query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-          p.q_row_stride, kb.seqlen_q - i0);
-      produce_swizzled_tile<Element, kBlockM, kDimV>(
-          do_shared(stage),
-          query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
-                                   bp.do_head_stride),
-          bp.do_row_stride, kb.seqlen_q - i0);
-      ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
-      const int r = int(threadIdx.x);
-      const int i = i0 + r % kBlockM;
-      if (r < kBlockM)
-        lse_stages[stage * kBlockM + r] = row_lse_log2(p, kb.batch, head, i, kb.seqlen_q);
-      else
-        delta_stages[stage * kBlockM + r - kBlockM] =
-            row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
-      ptx::mbarrier_arrive(full_barrier(stage));  // release: the store above is visible
+      produce_query_tile<Element, kBlockM, kDimQK, kDimV>(
+          bp, kb, it, q_shared(stage), do_shared(stage), lse_stages + stage * kBlockM,
+          delta_stages + stage * kBlockM, full_barrier(stage));
       // The consumers finish iteration it - kStages's dq soon after releasing its stage.
       if (it >= kStages) add_dq_tile(it - kStages);
     }
@@ -370,10 +343,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
 
-  store_key_rows<Element, kDimQK>(kb, dk_acc, bp.scale, key0, quad_col, bp.dk, bp.dk_batch_stride,
-                                  bp.dk_row_stride, bp.dk_head_stride);
-  store_key_rows<Element, kDimV>(kb, dv_acc, 1.f, key0, quad_col, bp.dv, bp.dv_batch_stride,
-                                 bp.dv_row_stride, bp.dv_head_stride);
+  store_key_block_gradients<Element, kDimQK, kDimV>(bp, kb, dk_acc, dv_acc, key0, quad_col);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif
