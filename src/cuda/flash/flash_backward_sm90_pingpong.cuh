@@ -143,7 +143,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int key_row = warp_in_group * 16 + quad_row;  // in the consumer's 64 keys
   const int key0 = kb.j0 + consumer * 64 + key_row;
   const int my_turn = 1 + consumer, their_turn = 2 - consumer;  // named barrier ids
-  const int own_barrier = 3 + consumer;                         // this warpgroup only
   const uint32_t du_own = du_shared(consumer);
   // This consumer's 64 keys of K, the B operand of its dq partial (MN-major: keys along the
   // rows, the head dim's 64-column blocks kBlockN * 128 bytes apart).
@@ -220,10 +219,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
-      // dU^T into the consumer's buffer (its previous reader, the last tile's dq, is done).
+      // dU^T into the consumer's buffer (its previous reader, the last tile's dq, is done);
+      // turn B's barrier, which all 128 of its threads pass, orders these writes before the
+      // dq product reads them.
       store_key_major_operands(du_own, du_operand, key_row, quad_col);
       ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(own_barrier, 128);
 
       // Turn B: dv, dk and the first dq half.
       ptx::named_barrier_sync(my_turn, kConsumerThreads);
