@@ -24,33 +24,144 @@
 
 namespace dpa::cuda {
 
-template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
-struct FlashBackwardSm90FusedTraits {
+// What the fused kernel and its ping-pong form (flash_backward_sm90_pingpong.cuh) share: the
+// block (128 keys, 64-row query tiles, a producer warpgroup and two consumers), the shared
+// memory carve-up (FusedBackwardLayout) with `kDuBytes` of dU^T buffers and `kDqPartials`
+// fp32 dq tiles that the producer sums into the workspace.
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT, int kDuBytesT, int kDqPartialsT>
+struct FusedBackwardTraitsBase {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kBlockN = 128, kBlockM = 64;
-  // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
-  // which ptxas serialises).
-  static constexpr int kDqColumns = kHeadDimQK / 2;
+  static constexpr int kDuBytes = kDuBytesT, kDqPartials = kDqPartialsT;
   static constexpr int kBarrierBytes = 64;
-  // The dq tile's rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
+  // The dq tiles' rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
   // stores of a warp's 8 rows then fall in distinct banks.
   static constexpr int kDqStride = kHeadDimQK + 4;
-  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, two dU^T buffers,
-  // the dq tile, barriers, 1 KB of alignment.
+  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, the dU^T buffers,
+  // the dq tiles, barriers, 1 KB of alignment.
   static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
-                                      kStages * 2 * kBlockM * 4 + 2 * kBlockN * kBlockM * 2 +
-                                      kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
+                                      kStages * 2 * kBlockM * 4 + kDuBytes +
+                                      kDqPartials * kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
-  static_assert(kDqColumns == 32 || kDqColumns == 64,
-                "a consumer's dq columns lie inside one 64-column swizzle block of K");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
+  static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
   static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
 };
+
+// The fused kernel: two dU^T buffers of the block's 128 keys (double-buffered), one dq tile.
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+struct FlashBackwardSm90FusedTraits
+    : FusedBackwardTraitsBase<ElementT, kHeadDimQKT, kHeadDimVT, 2 * 128 * 64 * 2, 1> {
+  // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
+  // which ptxas serialises).
+  static constexpr int kDqColumns = kHeadDimQKT / 2;
+  static_assert(kDqColumns == 32 || kDqColumns == 64,
+                "a consumer's dq columns lie inside one 64-column swizzle block of K");
+};
+
+// Shared-memory addresses of a fused-backward block (FusedBackwardTraitsBase): swizzled tiles
+// as shared-window addresses, the rows' statistics and the dq tiles as generic pointers.
+template <typename Traits>
+struct FusedBackwardLayout {
+  static constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
+  static constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  static constexpr int kStages = Traits::kStages;
+  uint32_t k, v, stages, du, barriers;
+  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kDqPartials x kBlockM rows
+
+  __device__ explicit FusedBackwardLayout(unsigned char* storage) {
+    const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
+    k = base;
+    v = k + kBlockN * kDimQK * 2;
+    stages = v + kBlockN * kDimV * 2;
+    du = stages + kStages * kBlockM * (kDimQK + kDimV) * 2;
+    const uint32_t statistics = du + Traits::kDuBytes;
+    lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
+    delta = lse + kStages * kBlockM;
+    dq = delta + kStages * kBlockM;
+    barriers = statistics + kStages * 2 * kBlockM * 4 +
+               Traits::kDqPartials * kBlockM * Traits::kDqStride * 4;
+  }
+  __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
+  __device__ uint32_t d_o(int stage) const {
+    return stages + kStages * kBlockM * kDimQK * 2 + uint32_t(stage) * kBlockM * kDimV * 2;
+  }
+  __device__ uint32_t full(int stage) const { return barriers + 8u * stage; }
+  __device__ uint32_t empty(int stage) const { return barriers + 8u * (kStages + stage); }
+  __device__ uint32_t kv() const { return barriers + 8u * (2 * kStages); }
+  // dq tiles stored by the consumers / added to the workspace by the producer.
+  __device__ uint32_t dq_full() const { return kv() + 8u; }
+  __device__ uint32_t dq_empty() const { return kv() + 16u; }
+};
+
+// Thread 0 initialises the block's mbarriers (the caller synchronises the block after).
+template <typename Traits>
+__device__ __forceinline__ void init_fused_backward_barriers(const FusedBackwardLayout<Traits>& l) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < Traits::kStages; ++s) {
+    // 128 cp.async arrivals + 2 kBlockM plain ones per stage (produce_query_tile).
+    ptx::mbarrier_init(l.full(s), 128 + 2 * Traits::kBlockM);
+    ptx::mbarrier_init(l.empty(s), Traits::kConsumerThreads);
+  }
+  ptx::mbarrier_init(l.kv(), 128);
+  ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
+  ptx::mbarrier_init(l.dq_empty(), 128);
+}
+
+// The producer warpgroup of a fused-backward block: K and V once; per iteration Q, dO and the
+// rows' LSE and D into the next free stage; and, once the consumers have stored iteration j's
+// dq tiles, their sum (rows inside the sequence) added to the workspace, a warp per row and
+// pass, 16 bytes per lane. The consumers finish iteration it - kStages's dq soon after
+// releasing its stage, so that tile is added right after iteration it's copies are issued.
+template <typename Traits>
+__device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardParams& bp,
+                                                            const KeyBlock& kb,
+                                                            const FusedBackwardLayout<Traits>& l) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kStages = Traits::kStages, kDqStride = Traits::kDqStride;
+  const FlashForwardParams& p = bp.fwd;
+  produce_key_block<Element, kBlockN, kDimQK, kDimV>(p, kb, l.k, l.v, l.kv());
+  auto add_dq_tile = [&](int j) {
+    ptx::mbarrier_wait(l.dq_full(), j & 1);
+    const int head = kb.head(j), i0 = kb.first_query(j);
+    constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
+    const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
+#pragma unroll 1
+    for (int row = int(threadIdx.x) / kLanesPerRow; row < kBlockM; row += kRowsPerPass) {
+      if (i0 + row >= kb.seqlen_q) break;
+      float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
+#pragma unroll
+      for (int part = 1; part < Traits::kDqPartials; ++part) {
+        const float4 more =
+            *reinterpret_cast<const float4*>(l.dq + (part * kBlockM + row) * kDqStride + column);
+        sum = make_float4(sum.x + more.x, sum.y + more.y, sum.z + more.z, sum.w + more.w);
+      }
+      ptx::red_add_v4(
+          bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
+    }
+    ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
+  };
+#pragma unroll 1
+  for (int it = 0; it < kb.iterations; ++it) {
+    const int stage = it % kStages;
+    if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
+    produce_query_tile<Element, kBlockM, kDimQK, kDimV>(bp, kb, it, l.q(stage), l.d_o(stage),
+                                                        l.lse + stage * kBlockM,
+                                                        l.delta + stage * kBlockM, l.full(stage));
+    if (it >= kStages) add_dq_tile(it - kStages);
+  }
+#pragma unroll 1
+  for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
+  ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
+  ptx::cp_async_wait<0>();
+}
 
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
 // (0 where invisible) and, with a cap, `derivative` the cap's derivative (fp16 pairs: 32 fp32
@@ -163,85 +274,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kDqStride = Traits::kDqStride;
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
-  const uint32_t base = (ptx::shared_address(shared_storage) + 1023u) & ~1023u;
-  const uint32_t k_shared = base;
-  const uint32_t v_shared = k_shared + kBlockN * kDimQK * 2;
-  const uint32_t stages = v_shared + kBlockN * kDimV * 2;
-  auto q_shared = [&](int stage) { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; };
-  auto do_shared = [&](int stage) {
-    return stages + kStages * kBlockM * kDimQK * 2 + uint32_t(stage) * kBlockM * kDimV * 2;
-  };
-  const uint32_t du_buffers = stages + kStages * kBlockM * (kDimQK + kDimV) * 2;
-  auto du_shared = [&](int buffer) {
-    return du_buffers + uint32_t(buffer) * kBlockN * kBlockM * 2;
-  };
-  const uint32_t statistics = du_buffers + 2 * kBlockN * kBlockM * 2;
-  // The rows' LSE (log2 units) and D per stage, through generic pointers (plain stores).
-  unsigned char* const generic =
-      shared_storage + (statistics - ptx::shared_address(shared_storage));
-  float* lse_stages = reinterpret_cast<float*>(generic);  // kStages x kBlockM
-  float* delta_stages = lse_stages + kStages * kBlockM;   // kStages x kBlockM
-  float* dq_rows = delta_stages + kStages * kBlockM;      // kBlockM x kDqStride
-  const uint32_t barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * kDqStride * 4;
-  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
-  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
-  const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
-  // dq tile stored by its consumers / added to the workspace by the producer.
-  const uint32_t dq_full_barrier = kv_barrier + 8u, dq_empty_barrier = kv_barrier + 16u;
-  constexpr int kDqThreads = kConsumerThreads;
+  const FusedBackwardLayout<Traits> l(shared_storage);
+  auto du_shared = [&](int buffer) { return l.du + uint32_t(buffer) * kBlockN * kBlockM * 2; };
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
-
-  // 128 cp.async arrivals + 2 kBlockM plain ones per stage (produce_query_tile).
-  constexpr int kFullArrivals = 128 + 2 * kBlockM;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full_barrier(s), kFullArrivals);
-      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
-    }
-    ptx::mbarrier_init(kv_barrier, 128);
-    ptx::mbarrier_init(dq_full_barrier, kDqThreads);
-    ptx::mbarrier_init(dq_empty_barrier, 128);
-  }
+  init_fused_backward_barriers(l);
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations == 0) return;
-    produce_key_block<Element, kBlockN, kDimQK, kDimV>(p, kb, k_shared, v_shared, kv_barrier);
-    // Adds iteration j's dq tile (rows inside the sequence) to the workspace: a warp per row
-    // and pass, 16 bytes per lane.
-    auto add_dq_tile = [&](int j) {
-      ptx::mbarrier_wait(dq_full_barrier, j & 1);
-      const int head = kb.head(j), i0 = kb.first_query(j);
-      constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
-      const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
-#pragma unroll 1
-      for (int row = int(threadIdx.x) / kLanesPerRow; row < kBlockM; row += kRowsPerPass) {
-        if (i0 + row >= kb.seqlen_q) break;
-        const float4 value = *reinterpret_cast<const float4*>(dq_rows + row * kDqStride + column);
-        ptx::red_add_v4(
-            bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column,
-            value);
-      }
-      ptx::mbarrier_arrive(dq_empty_barrier);  // the tile's rows are read
-    };
-#pragma unroll 1
-    for (int it = 0; it < kb.iterations; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
-      produce_query_tile<Element, kBlockM, kDimQK, kDimV>(
-          bp, kb, it, q_shared(stage), do_shared(stage), lse_stages + stage * kBlockM,
-          delta_stages + stage * kBlockM, full_barrier(stage));
-      // The consumers finish iteration it - kStages's dq soon after releasing its stage.
-      if (it >= kStages) add_dq_tile(it - kStages);
-    }
-#pragma unroll 1
-    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
-    ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
-    ptx::cp_async_wait<0>();
+    if (kb.iterations > 0) run_fused_backward_producer(bp, kb, l);
     return;
   }
 
@@ -256,7 +300,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // block (head dim 64: 64 bytes into each 128-byte row; the swizzle applies to the address).
   const int dq_column0 = consumer * kDqColumns;
   const uint32_t k_columns =
-      k_shared + uint32_t((dq_column0 / 64) * kBlockN * 128 + (dq_column0 % 64) * 2);
+      l.k + uint32_t((dq_column0 / 64) * kBlockN * 128 + (dq_column0 % 64) * 2);
 
   float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
   zero_fragments(dk_acc);
@@ -266,21 +310,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint32_t derivative[kMTiles][2];
     uint32_t pd_operand[kBlockM / 16][4], du_operand[kBlockM / 16][4];
 
-    ptx::mbarrier_wait(kv_barrier, 0);
+    ptx::mbarrier_wait(l.kv(), 0);
     ptx::fence_proxy_async_shared();
 #pragma unroll 1
     for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages, buffer = it % 2;
-      ptx::mbarrier_wait(full_barrier(stage), (it / kStages) & 1);
+      ptx::mbarrier_wait(l.full(stage), (it / kStages) & 1);
       ptx::fence_proxy_async_shared();
 
       // S^T = K Q^T and dP^T = V dO^T (two groups: P^T is computed while dP^T runs).
       ptx::wgmma_fence();
-      wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, k_shared, kBlockN, consumer * 64,
-                                                   q_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, l.k, kBlockN, consumer * 64, l.q(stage));
       ptx::wgmma_commit();
-      wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, v_shared, kBlockN, consumer * 64,
-                                                  do_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, l.v, kBlockN, consumer * 64, l.d_o(stage));
       ptx::wgmma_commit();
 
       const KeyTile key_tile = key_tile_of(p, kb, it);
@@ -290,10 +332,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
       key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
-                                        lse_stages + stage * kBlockM, fully_visible);
+                                        l.lse + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col, delta_stages + stage * kBlockM);
+      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
@@ -301,8 +343,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dk_acc);
       ptx::fence_accumulators(dv_acc);
       ptx::wgmma_fence();
-      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, do_shared(stage));
-      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, q_shared(stage));
+      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, l.d_o(stage));
+      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, l.q(stage));
       ptx::wgmma_commit();
 
       // dU^T of both consumers into shared memory; the buffer's previous reader (iteration
@@ -324,22 +366,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dv_acc);
       ptx::fence_registers(pd_operand);
       ptx::fence_registers(du_operand);
-      ptx::mbarrier_arrive(empty_barrier(stage));  // Q, dO, LSE, D of this iteration are read
+      ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
 
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dq_tile);
       // The producer has added the previous tile (its rows are free).
-      if (it > 0) ptx::mbarrier_wait(dq_empty_barrier, (it - 1) & 1);
+      if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float* row = dq_rows + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
+        float* row = l.dq + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
                      2 * quad_col;
 #pragma unroll
         for (int t = 0; t < kDqColumns / 8; ++t)
           *reinterpret_cast<float2*>(row + 8 * t) =
               make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
       }
-      ptx::mbarrier_arrive(dq_full_barrier);  // release: the rows above are visible
+      ptx::mbarrier_arrive(l.dq_full());  // release: the rows above are visible
     }
   }
 

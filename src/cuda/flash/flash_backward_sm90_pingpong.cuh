@@ -24,26 +24,11 @@
 
 namespace dpa::cuda {
 
+// Each consumer's dU^T (64 keys x 64 queries) and dq partial.
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
-struct FlashBackwardSm90PingPongTraits {
-  using Element = ElementT;
-  static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
-  static constexpr int kThreads = 384;  // producer warpgroup + two consumers
-  static constexpr int kConsumerThreads = 256;
-  static constexpr int kStages = 2;
-  static constexpr int kBlockN = 128, kBlockM = 64;
-  static constexpr int kDqHalves = kHeadDimQK / 64;  // 64-column blocks of dq
-  static constexpr int kBarrierBytes = 64;
-  static constexpr int kDqStride = kHeadDimQK + 4;  // fp32 rows, padded as the fused kernel's
-  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, each consumer's dU^T
-  // (64 keys x 64 queries) and dq partial, barriers, 1 KB of alignment.
-  static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
-                                      kStages * 2 * kBlockM * 4 + 2 * 64 * kBlockM * 2 +
-                                      2 * kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
-  static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
-  static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
-  static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
-  static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
+struct FlashBackwardSm90PingPongTraits
+    : FusedBackwardTraitsBase<ElementT, kHeadDimQKT, kHeadDimVT, 2 * 64 * 64 * 2, 2> {
+  static constexpr int kDqHalves = kHeadDimQKT / 64;  // 64-column blocks of dq
 };
 
 template <typename Traits>
@@ -59,80 +44,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kDqStride = Traits::kDqStride;
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
-  const uint32_t base = (ptx::shared_address(shared_storage) + 1023u) & ~1023u;
-  const uint32_t k_shared = base;
-  const uint32_t v_shared = k_shared + kBlockN * kDimQK * 2;
-  const uint32_t stages = v_shared + kBlockN * kDimV * 2;
-  auto q_shared = [&](int stage) { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; };
-  auto do_shared = [&](int stage) {
-    return stages + kStages * kBlockM * kDimQK * 2 + uint32_t(stage) * kBlockM * kDimV * 2;
-  };
-  const uint32_t du_buffers = stages + kStages * kBlockM * (kDimQK + kDimV) * 2;
-  auto du_shared = [&](int consumer) { return du_buffers + uint32_t(consumer) * 64 * kBlockM * 2; };
-  const uint32_t statistics = du_buffers + 2 * 64 * kBlockM * 2;
-  unsigned char* const generic =
-      shared_storage + (statistics - ptx::shared_address(shared_storage));
-  float* lse_stages = reinterpret_cast<float*>(generic);  // kStages x kBlockM
-  float* delta_stages = lse_stages + kStages * kBlockM;   // kStages x kBlockM
-  float* dq_partials = delta_stages + kStages * kBlockM;  // 2 x kBlockM x kDqStride
-  const uint32_t barriers = statistics + kStages * 2 * kBlockM * 4 + 2 * kBlockM * kDqStride * 4;
-  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
-  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
-  const uint32_t kv_barrier = barriers + 8u * (2 * kStages);
-  const uint32_t dq_full_barrier = kv_barrier + 8u, dq_empty_barrier = kv_barrier + 16u;
+  const FusedBackwardLayout<Traits> l(shared_storage);
+  auto du_shared = [&](int consumer) { return l.du + uint32_t(consumer) * 64 * kBlockM * 2; };
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
-
-  constexpr int kFullArrivals = 128 + 2 * kBlockM;  // produce_query_tile
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full_barrier(s), kFullArrivals);
-      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
-    }
-    ptx::mbarrier_init(kv_barrier, 128);
-    ptx::mbarrier_init(dq_full_barrier, kConsumerThreads);
-    ptx::mbarrier_init(dq_empty_barrier, 128);
-  }
+  init_fused_backward_barriers(l);
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations == 0) return;
-    produce_key_block<Element, kBlockN, kDimQK, kDimV>(p, kb, k_shared, v_shared, kv_barrier);
-    // Adds iteration j's dq tile, the sum of the two consumers' partials (rows inside the
-    // sequence), to the workspace: a warp per row and pass, 16 bytes per lane.
-    auto add_dq_tile = [&](int j) {
-      ptx::mbarrier_wait(dq_full_barrier, j & 1);
-      const int head = kb.head(j), i0 = kb.first_query(j);
-      constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
-      const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
-#pragma unroll 1
-      for (int row = int(threadIdx.x) / kLanesPerRow; row < kBlockM; row += kRowsPerPass) {
-        if (i0 + row >= kb.seqlen_q) break;
-        const float4 a = *reinterpret_cast<const float4*>(dq_partials + row * kDqStride + column);
-        const float4 b =
-            *reinterpret_cast<const float4*>(dq_partials + (kBlockM + row) * kDqStride + column);
-        ptx::red_add_v4(
-            bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column,
-            make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w));
-      }
-      ptx::mbarrier_arrive(dq_empty_barrier);  // both partials' rows are read
-    };
-#pragma unroll 1
-    for (int it = 0; it < kb.iterations; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
-      produce_query_tile<Element, kBlockM, kDimQK, kDimV>(
-          bp, kb, it, q_shared(stage), do_shared(stage), lse_stages + stage * kBlockM,
-          delta_stages + stage * kBlockM, full_barrier(stage));
-      if (it >= kStages) add_dq_tile(it - kStages);
-    }
-#pragma unroll 1
-    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
-    ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
-    ptx::cp_async_wait<0>();
+    if (kb.iterations > 0) run_fused_backward_producer(bp, kb, l);
     return;
   }
 
@@ -146,8 +69,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t du_own = du_shared(consumer);
   // This consumer's 64 keys of K, the B operand of its dq partial (MN-major: keys along the
   // rows, the head dim's 64-column blocks kBlockN * 128 bytes apart).
-  const uint32_t k_own = k_shared + uint32_t(consumer * 64 * 128);
-  float* const dq_own = dq_partials + consumer * kBlockM * kDqStride;
+  const uint32_t k_own = l.k + uint32_t(consumer * 64 * 128);
+  float* const dq_own = l.dq + consumer * kBlockM * kDqStride;
 
   float dk_acc[kDimQK / 8][4], dv_acc[kDimV / 8][4];
   zero_fragments(dk_acc);
@@ -184,24 +107,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     };
 
-    ptx::mbarrier_wait(kv_barrier, 0);
+    ptx::mbarrier_wait(l.kv(), 0);
     ptx::fence_proxy_async_shared();
     if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
 
 #pragma unroll 1
     for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages;
-      ptx::mbarrier_wait(full_barrier(stage), (it / kStages) & 1);
+      ptx::mbarrier_wait(l.full(stage), (it / kStages) & 1);
       ptx::fence_proxy_async_shared();
 
       // Turn A: S^T and dP^T, one group each (P^T is computed while dP^T runs).
       ptx::named_barrier_sync(my_turn, kConsumerThreads);
       ptx::wgmma_fence();
-      wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, k_shared, kBlockN, consumer * 64,
-                                                   q_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockM, kDimQK>(s, l.k, kBlockN, consumer * 64, l.q(stage));
       ptx::wgmma_commit();
-      wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, v_shared, kBlockN, consumer * 64,
-                                                  do_shared(stage));
+      wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, l.v, kBlockN, consumer * 64, l.d_o(stage));
       ptx::wgmma_commit();
       ptx::named_barrier_arrive(their_turn, kConsumerThreads);
 
@@ -212,10 +133,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
       key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
-                                        lse_stages + stage * kBlockM, fully_visible);
+                                        l.lse + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col, delta_stages + stage * kBlockM);
+      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
@@ -230,8 +151,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dk_acc);
       ptx::fence_accumulators(dv_acc);
       ptx::wgmma_fence();
-      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, do_shared(stage));
-      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, q_shared(stage));
+      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, l.d_o(stage));
+      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, l.q(stage));
       ptx::wgmma_commit();
       issue_dq_half(0);
       ptx::named_barrier_arrive(their_turn, kConsumerThreads);
@@ -241,17 +162,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dv_acc);
       ptx::fence_registers(pd_operand);
       ptx::fence_registers(du_operand);
-      ptx::mbarrier_arrive(empty_barrier(stage));  // Q, dO, LSE, D of this iteration are read
+      ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
 
       // The producer has added the previous tile's partials (their rows are free).
-      if (it > 0) ptx::mbarrier_wait(dq_empty_barrier, (it - 1) & 1);
+      if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
       store_dq_half(0);
 #pragma unroll
       for (int half = 1; half < kDqHalves; ++half) {
         issue_dq_half(half);
         store_dq_half(half);
       }
-      ptx::mbarrier_arrive(dq_full_barrier);  // release: the partial's rows are visible
+      ptx::mbarrier_arrive(l.dq_full());  // release: the partial's rows are visible
     }
     if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);  // balance
   }
