@@ -137,7 +137,7 @@ __device__ __forceinline__ bool key_visible(const FlashForwardParams& p, int i, 
 __device__ __forceinline__ float backward_logit(const FlashForwardParams& p, float x,
                                                 float& derivative) {
   if (p.use_softcap) {
-    const float r = __fdividef(1.f, fast_exp2(x * (p.softcap_arg_scale * 2.f * kLog2e)) + 1.f);
+    const float r = fast_rcp(fast_exp2(x * (p.softcap_arg_scale * 2.f * kLog2e)) + 1.f);
     derivative = 4.f * r * (1.f - r);
     return fmaf(r, -2.f * p.softcap_log2, p.softcap_log2);
   }

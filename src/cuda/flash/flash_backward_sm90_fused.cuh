@@ -164,75 +164,103 @@ __device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardP
 }
 
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
-// (0 where invisible) and, with a cap, `derivative` the cap's derivative (fp16 pairs: 32 fp32
-// registers more would spill; its rounding, 2^-11 relative, is 8x below that of dU^T's bf16
-// operand), while dP^T is still being computed. `lse2` per query column (shared memory,
-// 8-byte aligned), `key0` the thread's first key, `i0` the first query. `fully_visible`: every
-// (query, key) pair of the tile is visible. The branches are uniform and taken once per tile,
-// so each loop carries only its case's arithmetic (the uncapped visible tile, most of the
-// work: one FFMA and one exp2 per element).
+// (0 where invisible) and, with a cap, `derivative` a quarter of the cap's derivative,
+// r (1 - r) = (1 - t^2) / 4 (fp16 pairs: 32 fp32 registers more would spill; its rounding,
+// 2^-11 relative, is 8x below that of dU^T's bf16 operand; the 4 is folded into dP^T - D in
+// key_tile_gradients_no_dropout), while dP^T is still being computed. `lse2` per query column
+// (shared memory, 8-byte aligned), `key0` the thread's first key, `i0` the first query.
+// `fully_visible`: every (query, key) pair of the tile is visible. The branches are uniform and
+// taken once per tile, so each loop carries only its case's arithmetic and no branch (a test
+// per element compiles to a branch per element, which serialises the MUFU chains): the visible
+// uncapped tile costs one FFMA and one exp2 per element, the visible capped one FMUL, EX2,
+// FADD, RCP, two FFMA and EX2.
 template <int kMTiles>
 __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4],
     uint32_t (&derivative)[kMTiles][2], int key0, int i0, int quad_col, const float* lse2,
     bool fully_visible) {
-  auto row_lse = [&](int t, int e) {
-    const float2 pair = *reinterpret_cast<const float2*>(lse2 + 8 * t + 2 * quad_col);
-    return (e & 1) ? pair.y : pair.x;
+  auto row_lse_pair = [&](int t) {
+    return *reinterpret_cast<const float2*>(lse2 + 8 * t + 2 * quad_col);
   };
   if (fully_visible && p.alibi_slopes == nullptr && !p.use_softcap) {
 #pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
+    for (int t = 0; t < kMTiles; ++t) {
+      const float2 lse = row_lse_pair(t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = fast_exp2(fmaf(s[t][e], p.scale_log2, -row_lse(t, e)));
+      for (int e = 0; e < 4; ++e)
+        s[t][e] = fast_exp2(fmaf(s[t][e], p.scale_log2, (e & 1) ? -lse.y : -lse.x));
+    }
+    return;
+  }
+  if (fully_visible && p.alibi_slopes == nullptr) {
+    // logit - lse = c' - 2c' r - lse (c' = cap log2 e), r = 1 / (exp2(2 u a log2 e) + 1).
+    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float slope = -2.f * p.softcap_log2;
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t) {
+      const float2 lse = row_lse_pair(t);
+      const float offset[2] = {p.softcap_log2 - lse.x, p.softcap_log2 - lse.y};
+      float quarter_derivative[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
+        quarter_derivative[e] = fmaf(-r, r, r);
+        s[t][e] = fast_exp2(fmaf(r, slope, offset[e & 1]));
+      }
+      derivative[t][0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
+      derivative[t][1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+    }
     return;
   }
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t) {
-    float cap_derivative[4];
+    const float2 lse = row_lse_pair(t);
+    float quarter_derivative[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float logit = backward_logit(p, s[t][e], cap_derivative[e]);
-      if (fully_visible && p.alibi_slopes == nullptr) {
-        s[t][e] = fast_exp2(logit - row_lse(t, e));
-      } else {
-        const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
-        if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
-        const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
-        s[t][e] = visible ? fast_exp2(logit - row_lse(t, e)) : 0.f;
-      }
+      float cap_derivative;
+      float logit = backward_logit(p, s[t][e], cap_derivative);
+      quarter_derivative[e] = 0.25f * cap_derivative;
+      const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
+      if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+      const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
+      s[t][e] = visible ? fast_exp2(logit - ((e & 1) ? lse.y : lse.x)) : 0.f;
     }
-    derivative[t][0] = ptx::pack2<__half>(cap_derivative[0], cap_derivative[1]);
-    derivative[t][1] = ptx::pack2<__half>(cap_derivative[2], cap_derivative[3]);
+    derivative[t][0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
+    derivative[t][1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
   }
 }
 
-// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2); `delta` per query column; the cap's
-// derivative only with a cap (it is 1 without).
+// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta`
+// per query column; the cap's derivative only with a cap (it is 1 without).
 template <int kMTiles>
 __device__ __forceinline__ void key_tile_gradients_no_dropout(
     const FlashForwardParams& p, const float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
     const uint32_t (&derivative)[kMTiles][2], int quad_col, const float* delta) {
-  auto row_delta = [&](int t, int e) {
-    const float2 pair = *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
-    return (e & 1) ? pair.y : pair.x;
+  auto row_delta_pair = [&](int t) {
+    return *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
   };
   if (!p.use_softcap) {
 #pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
+    for (int t = 0; t < kMTiles; ++t) {
+      const float2 d = row_delta_pair(t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - row_delta(t, e));
+      for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - ((e & 1) ? d.y : d.x));
+    }
     return;
   }
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t)
+  for (int t = 0; t < kMTiles; ++t) {
+    const float2 d = row_delta_pair(t);
+    const float minus_four_delta[2] = {-4.f * d.x, -4.f * d.y};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const uint32_t pair = derivative[t][e / 2];
-      const float cap_derivative = __half2float(
+      const float quarter_derivative = __half2float(
           __ushort_as_half(static_cast<unsigned short>((e & 1) ? pair >> 16 : pair & 0xFFFFu)));
-      dp[t][e] = s[t][e] * (dp[t][e] - row_delta(t, e)) * cap_derivative;
+      dp[t][e] = s[t][e] * fmaf(dp[t][e], 4.f, minus_four_delta[e & 1]) * quarter_derivative;
     }
+  }
 }
 
 // Whether every pair of queries [i_first, i_last] and keys [j_first, j_last] is visible

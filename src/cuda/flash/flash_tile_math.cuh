@@ -29,6 +29,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1 / x on one MUFU.RCP (rcp.approx.ftz.f32, ~1 ulp). __fdividef(1, x) adds a range test and
+// two predicated scalings per call; the softcap's x = exp2(..) + 1 is in [1, inf], where the
+// plain reciprocal is exact enough and gives 0 for inf.
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Key range [begin, end) visible to query row i of a sequence (DESIGN.md §3).
 struct VisibleRange {
   int begin, end;
@@ -204,7 +213,7 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float r = __fdividef(1.f, fast_exp2(s[t][e] * exp_scale) + 1.f);
+        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
         s[t][e] = fmaf(r, slope, p.softcap_log2);
       }
   } else {
@@ -316,7 +325,7 @@ __device__ __forceinline__ void folded_softmax_update(const FlashForwardParams& 
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = __fdividef(1.f, fast_exp2(s[t][e] * exp_scale) + 1.f);
+      for (int e = 0; e < 4; ++e) s[t][e] = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
   }
   if (!fully_visible) {
     mask_invisible_keys(p, b, s, row0, n0, quad_col);  // sets -inf
