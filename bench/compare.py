@@ -14,7 +14,8 @@ FLOPs (DESIGN.md §10): forward 4*b*H*sq*skv*d, half for causal; windows count t
 
 --pass bwd (or fwdbwd) compares the backward (or forward+backward) instead: ours through
 `dpa bench --pass`, the peers from peers.py's fwd/bwd times (it measures both; backward FLOPs
-are 2.5x the forward's, forward+backward 3.5x). The gpt-oss and decode rows are forward only.
+are 2.5x the forward's, forward+backward 3.5x), and the gpt-oss row against Flex's backward
+(timed here as peers.py does: forward+backward minus forward). The decode row is forward only.
 
 usage: python3 bench/compare.py --out DIR [--dpa build/tools/dpa] [--peers .device/peers.py]
                                 [--pass fwd|bwd|fwdbwd]
@@ -149,7 +150,10 @@ def run_peers_script(args, work):
 
 
 def run_extra_peers(args, iters):
-    """Peers for the shapes peers.py does not take, timed with peers.py's median_ms."""
+    """Peers for the shapes peers.py does not take, timed with peers.py's median_ms. For a
+    backward pass only the gpt-oss row (decode has no backward), with the backward timed as
+    peers.py times it."""
+    backward = args.bench_pass != "fwd"
     rows = []
     try:
         spec = importlib.util.spec_from_file_location("dpa_peers", args.peers)
@@ -168,9 +172,20 @@ def run_extra_peers(args, iters):
         try:
             with torch.no_grad():
                 ms = peers.median_ms(lambda: fn(q, k, v), iters, 5)
-            row.update(fwd_ms=ms, fwd_tflops=forward_flops(cfg, causal) / ms / 1e9)
+            flops = forward_flops(cfg, causal)
+            row.update(fwd_ms=ms, fwd_tflops=flops / ms / 1e9)
             if cfg["shape"][3] <= 16:
                 row["fwd_gbps"] = io_bytes(cfg) / ms / 1e6
+            if backward:
+                for t in (q, k, v):
+                    t.requires_grad_()
+                d_o = torch.randn_like(q)
+
+                def forward_backward():
+                    q.grad = k.grad = v.grad = None
+                    fn(q, k, v).backward(d_o)
+                both = peers.median_ms(forward_backward, max(5, iters // 2), 3)
+                row.update(bwd_ms=both - ms, bwd_tflops=2.5 * flops / (both - ms) / 1e9)
         except Exception as e:
             row["error"] = (str(e).splitlines() or [repr(e)])[0][:160]
         log("  extra| " + json.dumps(row))
@@ -198,7 +213,7 @@ def run_extra_peers(args, iters):
         s = cfg["shape"][3]
         bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= left),
                                None, None, s, s)
-        sink = torch.randn(cfg["shape"][1], device="cuda") * 2
+        sink = (torch.randn(cfg["shape"][1], device="cuda") * 2).requires_grad_(backward)
 
         def flex_window(q, k, v):
             return peers.flex(q, k, v, block_mask=bm, enable_gqa=True)
@@ -213,6 +228,9 @@ def run_extra_peers(args, iters):
         del q, k, v
     except Exception as e:
         rows.append(dict(peer="flex_window_sink", config=cfg["name"], error=str(e)[:160]))
+    if backward:
+        torch.cuda.empty_cache()
+        return rows
 
     # Decode: one query row per (batch, head) against 32k keys.
     cfg = DECODE
@@ -252,7 +270,11 @@ def peer_value(peer_rows, extra_rows, cfg, causal, column, bench_pass="fwd"):
                 if r.get("peer") == name and r.get("config") == cfg["name"]:
                     if "error" in r:
                         return (name, None, r["error"])
-                    return (name, r["fwd_gbps"] if decode else r["fwd_tflops"], None)
+                    try:
+                        return (name, r["fwd_gbps"] if decode else pass_tflops(r, bench_pass),
+                                None)
+                    except KeyError:
+                        return (name, None, "no %s time" % bench_pass)
         return None
     s, d = cfg["peer_shape"]
     name = column if column != "flex" else cfg.get("flex")
@@ -404,7 +426,7 @@ def main():
                     help="d128 configs, the gpt-oss and decode rows, peers.py at 8192:128 only")
     ap.add_argument("--skip-peers", action="store_true", help="ours only")
     ap.add_argument("--pass", dest="bench_pass", choices=["fwd", "bwd", "fwdbwd"], default="fwd",
-                    help="the pass compared (bwd, fwdbwd: the peers.py configurations only)")
+                    help="the pass compared (bwd, fwdbwd: the peers.py configurations and the gpt-oss row)")
     args = ap.parse_args()
     if args.iters < 20:
         ap.error("--iters must be >= 20 (DESIGN.md §10)")
@@ -424,8 +446,9 @@ def main():
     ours = []
     with tempfile.TemporaryDirectory(prefix="dpa_compare_") as work:
         runs = [(cfg, causal) for cfg in configs for causal in (False, True)]
+        runs += [(GPT_OSS, GPT_OSS["causal"])]
         if args.bench_pass == "fwd":
-            runs += [(GPT_OSS, GPT_OSS["causal"]), (DECODE, DECODE["causal"])]
+            runs += [(DECODE, DECODE["causal"])]
         for index, (cfg, causal) in enumerate(runs):
             row = run_ours(args, cfg, causal, work, index)
             row["cfg"] = cfg
@@ -437,9 +460,7 @@ def main():
                 log("peers.py not found at %s (run scripts/prepare_device.sh)" % args.peers)
                 peers_status = dict(error="peers.py not found at " + args.peers)
             else:
-                if args.bench_pass != "fwd":
-                    pass  # the in-process peers are forward only
-                elif left() >= 120:
+                if left() >= 120:
                     extra_rows = run_extra_peers(args, max(20, args.iters))
                 else:
                     log("in-process peers skipped: %.0f s left of --budget-s" % left())

@@ -321,7 +321,7 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
 
 int main(int argc, char** argv) {
   bool do_check = true, do_time = true, do_variants = false, do_backward = false;
-  std::vector<std::string> families = {"mma_sync", "wgmma", "wgmma_ws", "fused", "fused_pingpong"};
+  std::vector<std::string> families = {"mma_sync", "wgmma", "wgmma_ws", "fused"};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--families") == 0 && i + 1 < argc) {
       families.clear();

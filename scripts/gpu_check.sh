@@ -12,7 +12,7 @@
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
 # (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
-# gpu_tests_{mma_sync,wgmma,wgmma_ws,fused_pingpong}_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
+# gpu_tests_{mma_sync,wgmma,wgmma_ws}_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
 # bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
@@ -173,10 +173,9 @@ step_test() {
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
   # The backward cases run once more on each atomic-free backward family
   # (DPA_FLASH_BACKWARD_KERNEL=mma_sync, =wgmma, =wgmma_ws; the default run above takes the
-  # fused kernel on Hopper wherever it can) and on the fused kernel's ping-pong form.
+  # fused kernel on Hopper wherever it can).
   local kernel filter
-  for kernel in mma_sync wgmma mma_sync_backward wgmma_backward wgmma_ws_backward \
-    fused_pingpong_backward; do
+  for kernel in mma_sync wgmma mma_sync_backward wgmma_backward wgmma_ws_backward; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)

@@ -111,11 +111,6 @@ TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
     EXPECT_EQ(flash_backward_family(90, 192, 128, false, false, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
   }
-  EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, F::kFusedPingPong),
-            F::kFusedPingPong);
-  EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, F::kFusedPingPong), F::kWgmmaWs);
-  EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, F::kFusedPingPong), F::kWgmmaWs);
-  EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, F::kFusedPingPong), F::kMmaSync);
   for (F requested : {F::kMmaSync, F::kWgmma, F::kWgmmaWs}) {
     EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), requested);
     EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), requested);

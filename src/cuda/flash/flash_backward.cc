@@ -42,7 +42,7 @@ void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_d
 
 namespace {
 
-// DPA_FLASH_BACKWARD_KERNEL=mma_sync|wgmma|wgmma_ws|fused|fused_pingpong (tests and benches;
+// DPA_FLASH_BACKWARD_KERNEL=mma_sync|wgmma|wgmma_ws|fused (tests and benches;
 // anything else or unset: automatic).
 FlashBackwardFamily requested_backward_family() {
   const char* kernel = std::getenv("DPA_FLASH_BACKWARD_KERNEL");
@@ -51,7 +51,6 @@ FlashBackwardFamily requested_backward_family() {
   if (chosen == "wgmma") return FlashBackwardFamily::kWgmma;
   if (chosen == "wgmma_ws") return FlashBackwardFamily::kWgmmaWs;
   if (chosen == "fused") return FlashBackwardFamily::kFused;
-  if (chosen == "fused_pingpong") return FlashBackwardFamily::kFusedPingPong;
   return FlashBackwardFamily::kAutomatic;
 }
 
@@ -79,8 +78,7 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
       bp.fwd.dropout_threshold != 0, requested_backward_family());
   bp.wgmma = family != FlashBackwardFamily::kMmaSync;
   bp.warp_specialized = family == FlashBackwardFamily::kWgmmaWs;
-  bp.ping_pong = family == FlashBackwardFamily::kFusedPingPong;
-  bp.fused = family == FlashBackwardFamily::kFused || bp.ping_pong;
+  bp.fused = family == FlashBackwardFamily::kFused;
 
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
   DeviceBuffer dq_accum(bp.fused ? rows * size_t(p.head_dim_qk) * sizeof(float) : 0, stream);

@@ -9,7 +9,6 @@
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_backward_sm90.cuh"
 #include "cuda/flash/flash_backward_sm90_fused.cuh"
-#include "cuda/flash/flash_backward_sm90_pingpong.cuh"
 #include "cuda/flash/flash_backward_sm90_ws.cuh"
 #include "dpa/error.h"
 
@@ -34,14 +33,9 @@ void launch_flash_backward_sm90(const FlashBackwardParams& p, cudaStream_t strea
     const unsigned batch = unsigned(f.batch);
     if (p.fused) {
       using Fused = FlashBackwardSm90FusedTraits<Element, kHeadDimQK, kHeadDimV>;
-      using PingPong = FlashBackwardSm90PingPongTraits<Element, kHeadDimQK, kHeadDimV>;
       const dim3 grid(unsigned((f.max_seqlen_kv + Fused::kBlockN - 1) / Fused::kBlockN),
                       unsigned(f.heads_kv), batch);
-      static_assert(int(Fused::kBlockN) == int(PingPong::kBlockN), "one grid for both forms");
-      if (f.max_seqlen_kv > 0 && p.ping_pong)
-        launch_backward_kernel(flash_backward_pingpong_sm90_kernel<PingPong>, grid,
-                               PingPong::kThreads, PingPong::kSharedBytes, p, stream);
-      else if (f.max_seqlen_kv > 0)
+      if (f.max_seqlen_kv > 0)
         launch_backward_kernel(flash_backward_fused_sm90_kernel<Fused>, grid, Fused::kThreads,
                                Fused::kSharedBytes, p, stream);
       if (f.max_seqlen_q > 0) {

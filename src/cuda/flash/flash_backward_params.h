@@ -27,7 +27,6 @@ struct FlashBackwardParams {
   // The single-kernel form (flash_backward_sm90_fused.cuh): dq summed in `dq_accum`,
   // [b, H, max_sq, head_dim_qk] fp32 zeroed by the host, then converted; not deterministic.
   bool fused = false;
-  bool ping_pong = false;  // its ping-pong form (flash_backward_sm90_pingpong.cuh)
   float* dq_accum = nullptr;
 
   // Workspace [b, H, max_sq] fp32: D = rowsum(dO * o) per row, and each row's share of the

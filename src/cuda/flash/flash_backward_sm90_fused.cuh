@@ -24,55 +24,48 @@
 
 namespace dpa::cuda {
 
-// What the fused kernel and its ping-pong form (flash_backward_sm90_pingpong.cuh) share: the
-// block (128 keys, 64-row query tiles, a producer warpgroup and two consumers), the shared
-// memory carve-up (FusedBackwardLayout) with `kDuBytes` of dU^T buffers and `kDqPartials`
-// fp32 dq tiles that the producer sums into the workspace.
-template <typename ElementT, int kHeadDimQKT, int kHeadDimVT, int kDuBytesT, int kDqPartialsT>
-struct FusedBackwardTraitsBase {
+// The fused kernel's block: 128 keys, 64-row query tiles, a producer warpgroup and two
+// consumers; two dU^T buffers of the block's 128 keys (double-buffered) and one fp32 dq tile
+// in shared memory (FusedBackwardLayout).
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+struct FlashBackwardSm90FusedTraits {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kBlockN = 128, kBlockM = 64;
-  static constexpr int kDuBytes = kDuBytesT, kDqPartials = kDqPartialsT;
+  static constexpr int kDuBytes = 2 * kBlockN * kBlockM * 2;
+  // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
+  // which ptxas serialises).
+  static constexpr int kDqColumns = kHeadDimQK / 2;
   static constexpr int kBarrierBytes = 64;
   // The dq tiles' rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
   // stores of a warp's 8 rows then fall in distinct banks.
   static constexpr int kDqStride = kHeadDimQK + 4;
   // K and V of the block, kStages of Q and dO and of the rows' LSE and D, the dU^T buffers,
-  // the dq tiles, barriers, 1 KB of alignment.
+  // the dq tile, barriers, 1 KB of alignment.
   static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
                                       kStages * 2 * kBlockM * 4 + kDuBytes +
-                                      kDqPartials * kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
+                                      kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
   static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
-};
-
-// The fused kernel: two dU^T buffers of the block's 128 keys (double-buffered), one dq tile.
-template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
-struct FlashBackwardSm90FusedTraits
-    : FusedBackwardTraitsBase<ElementT, kHeadDimQKT, kHeadDimVT, 2 * 128 * 64 * 2, 1> {
-  // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
-  // which ptxas serialises).
-  static constexpr int kDqColumns = kHeadDimQKT / 2;
   static_assert(kDqColumns == 32 || kDqColumns == 64,
                 "a consumer's dq columns lie inside one 64-column swizzle block of K");
 };
 
-// Shared-memory addresses of a fused-backward block (FusedBackwardTraitsBase): swizzled tiles
-// as shared-window addresses, the rows' statistics and the dq tiles as generic pointers.
+// Shared-memory addresses of a fused-backward block (FlashBackwardSm90FusedTraits): swizzled
+// tiles as shared-window addresses, the rows' statistics and the dq tile as generic pointers.
 template <typename Traits>
 struct FusedBackwardLayout {
   static constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
   static constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, du, barriers;
-  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kDqPartials x kBlockM rows
+  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kBlockM rows
 
   __device__ explicit FusedBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
@@ -84,8 +77,7 @@ struct FusedBackwardLayout {
     lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
     delta = lse + kStages * kBlockM;
     dq = delta + kStages * kBlockM;
-    barriers = statistics + kStages * 2 * kBlockM * 4 +
-               Traits::kDqPartials * kBlockM * Traits::kDqStride * 4;
+    barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * Traits::kDqStride * 4;
   }
   __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
   __device__ uint32_t d_o(int stage) const {
@@ -94,7 +86,7 @@ struct FusedBackwardLayout {
   __device__ uint32_t full(int stage) const { return barriers + 8u * stage; }
   __device__ uint32_t empty(int stage) const { return barriers + 8u * (kStages + stage); }
   __device__ uint32_t kv() const { return barriers + 8u * (2 * kStages); }
-  // dq tiles stored by the consumers / added to the workspace by the producer.
+  // The dq tile stored by the consumers / added to the workspace by the producer.
   __device__ uint32_t dq_full() const { return kv() + 8u; }
   __device__ uint32_t dq_empty() const { return kv() + 16u; }
 };
@@ -136,13 +128,7 @@ __device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardP
 #pragma unroll 1
     for (int row = int(threadIdx.x) / kLanesPerRow; row < kBlockM; row += kRowsPerPass) {
       if (i0 + row >= kb.seqlen_q) break;
-      float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
-#pragma unroll
-      for (int part = 1; part < Traits::kDqPartials; ++part) {
-        const float4 more =
-            *reinterpret_cast<const float4*>(l.dq + (part * kBlockM + row) * kDqStride + column);
-        sum = make_float4(sum.x + more.x, sum.y + more.y, sum.z + more.z, sum.w + more.w);
-      }
+      const float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
       ptx::red_add_v4(
           bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
     }

@@ -135,9 +135,8 @@ constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
 
 // The backward's kernel families (docs/cuda_flash.md): the atomic-free pairs on mma.sync,
 // wgmma and warp-specialised wgmma, and the single wgmma kernel whose dq goes through fp32
-// reductions (flash_backward_sm90_fused.cuh), also in a ping-pong form not yet run on a GPU
-// (flash_backward_sm90_pingpong.cuh; only when asked for).
-enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kFused, kFusedPingPong };
+// reductions (flash_backward_sm90_fused.cuh).
+enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kFused };
 
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the fused kernel, or
 // the warp-specialised pair where the fused kernel cannot honour the request (deterministic
@@ -155,8 +154,6 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
     case FlashBackwardFamily::kWgmma:
     case FlashBackwardFamily::kWgmmaWs:
       return requested;
-    case FlashBackwardFamily::kFusedPingPong:
-      return fused_allowed ? requested : FlashBackwardFamily::kWgmmaWs;
     case FlashBackwardFamily::kFused:
     case FlashBackwardFamily::kAutomatic:
       break;
