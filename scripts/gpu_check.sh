@@ -22,7 +22,7 @@
 #   DPA_CHECK_BUDGET_S   wall-clock budget of the whole run in seconds (default 570); each step
 #                        is stopped when it would overrun it, so the summary always prints
 #   DPA_MEMCHECK_FILTER  gtest filter for memcheck (default: a representative subset)
-#   DPA_RACECHECK_FILTER gtest filter for racecheck (default: a smaller subset)
+#   DPA_RACECHECK_FILTER gtest filter for racecheck and synccheck (default: a smaller subset)
 #   DPA_BENCH_ARGS       extra arguments for bench/compare.py (e.g. "--quick")
 #
 # .device/ (filled here by scripts/prepare_device.sh, carried to the GPU machine) holds peers.py
@@ -65,7 +65,9 @@ memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/hdim256_fp16' \
     'Cases/FlashForwardBackward.MatchesExact/thd_padded_offsets_causal' \
     'Cases/FlashForwardBackward.MatchesExact/dropout_causal_sink_softcap' \
-    'Cases/FlashForwardBackward.MatchesExact/window_bottom_right'
+    'Cases/FlashForwardBackward.MatchesExact/window_bottom_right' \
+    'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
+    'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal'
 )}"
 racecheck_filter="${DPA_RACECHECK_FILTER:-$(
   printf '%s:' \
@@ -76,7 +78,9 @@ racecheck_filter="${DPA_RACECHECK_FILTER:-$(
     'Cases/UnfusedForwardBackward.MatchesExact/thd_padded_offsets_causal' \
     'Cases/UnfusedForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
     'Cases/FlashForwardBackward.MatchesExact/hdim128_bf16' \
-    'Cases/FlashForwardBackward.MatchesExact/thd_sink_causal_bottom_right'
+    'Cases/FlashForwardBackward.MatchesExact/thd_sink_causal_bottom_right' \
+    'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
+    'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal'
 )}"
 
 summary=()
@@ -217,14 +221,15 @@ step_sanitize() {
     record memcheck "NOT-RUN" 0 "no dpa_gpu_tests binary"
     return
   fi
-  for tool in memcheck racecheck; do
+  # synccheck (barrier misuse) on racecheck's subset.
+  for tool in memcheck racecheck synccheck; do
     t0=$(date +%s)
     local filter="$memcheck_filter"
-    [ "$tool" = racecheck ] && filter="$racecheck_filter"
+    [ "$tool" != memcheck ] && filter="$racecheck_filter"
     echo "==== $tool ====" >>"$log"
-    # Half of what is left for memcheck, the rest for racecheck.
+    # Half of what is left for memcheck, then half of the rest for racecheck.
     limit=$(remaining)
-    [ "$tool" = memcheck ] && limit=$((limit / 2))
+    [ "$tool" != synccheck ] && limit=$((limit / 2))
     run_step "$log" "$limit" "$sanitizer" --tool "$tool" --error-exitcode 1 \
       --print-limit 20 "$exe" --gtest_filter="${filter%:}" --gtest_brief=1
     rc=$?
