@@ -120,31 +120,6 @@ __device__ __forceinline__ uint32_t b_transposed_lane(const Element* rows, int l
   return ptx::shared_address(rows + (lane % 16) * kStride + (lane / 16) * 8);
 }
 
-// Whether key j is visible to query i (DESIGN.md §3), both local to their sequence.
-__device__ __forceinline__ bool key_visible(const FlashForwardParams& p, int i, int j, int seqlen_q,
-                                            int seqlen_kv, int diagonal) {
-  if (i >= seqlen_q || j >= seqlen_kv) return false;
-  const int center = i + diagonal;
-  if (p.window_left >= 0 && j < center - p.window_left) return false;
-  if (p.window_right >= 0 && j > center + p.window_right) return false;
-  return true;
-}
-
-// The logit of a raw score x = q.k in log2 units (before ALiBi and the mask), and its
-// derivative with respect to u = scale * x relative to the uncapped case: 1 - tanh^2 with a cap
-// (the forward's tanh(y) = 1 - 2r, r = 1 / (exp(2y) + 1), so 1 - t^2 = 4 r (1 - r) without
-// cancellation), else 1.
-__device__ __forceinline__ float backward_logit(const FlashForwardParams& p, float x,
-                                                float& derivative) {
-  if (p.use_softcap) {
-    const float r = fast_rcp(fast_exp2(x * (p.softcap_arg_scale * 2.f * kLog2e)) + 1.f);
-    derivative = 4.f * r * (1.f - r);
-    return fmaf(r, -2.f * p.softcap_log2, p.softcap_log2);
-  }
-  derivative = 1.f;
-  return x * p.scale_log2;
-}
-
 // LSE of query row i in log2 units, +inf where no probability may come out (no row, or a row
 // that saw no key and no sink: LSE = -inf), so exp2(s - lse) is 0 there instead of NaN.
 __device__ __forceinline__ float row_lse_log2(const FlashForwardParams& p, int batch, int head,
@@ -180,23 +155,71 @@ __device__ __forceinline__ void store_fragment_rows(const float (&acc)[kDim / 8]
 // ---- Per-tile math shared by the mma.sync and wgmma backward kernels (the fragment layout is
 // the same: a thread holds rows g and g + 8 of a 16-row slab, columns 8t + 2q + {0, 1}). ----
 
+// Raw scores x = q.k (in s) become logits in log2 units before ALiBi and the mask, and
+// `derivative` the logit's derivative with respect to u = scale * x relative to the uncapped
+// case: 1 - tanh^2 with a cap (the forward's tanh(y) = 1 - 2r, r = 1 / (exp(2y) + 1), so
+// 1 - t^2 = 4 r (1 - r) without cancellation), else 1. The feature test stays around the loops:
+// a test per element compiles to a branch per element, which serialises each element's MUFU
+// chain. The mask uses visible_range (DESIGN.md §3) per row, computed once.
+template <int kTiles>
+__device__ __forceinline__ void backward_logits(const FlashForwardParams& p, float (&s)[kTiles][4],
+                                                float (&derivative)[kTiles][4]) {
+  if (p.use_softcap) {
+    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float slope = -2.f * p.softcap_log2;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
+        derivative[t][e] = 4.f * r * (1.f - r);
+        s[t][e] = fmaf(r, slope, p.softcap_log2);
+      }
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      derivative[t][e] = 1.f;
+      s[t][e] *= p.scale_log2;
+    }
+}
+
 // Query rows as fragment rows (the dq kernels): S becomes P (0 where invisible) and
 // `derivative` the cap's derivative. `row0` is the thread's first row, `n0` the tile's first key.
+// Branch-free passes: logits, ALiBi, then the mask (each row's visible keys computed once).
 template <int kNTiles, typename Element>
 __device__ __forceinline__ void query_tile_probabilities(
     const FlashForwardParams& p, const FlashBlock<Element>& b, float (&s)[kNTiles][4],
     float (&derivative)[kNTiles][4], int row0, int n0, int quad_col, const float (&lse2)[2],
     bool fully_visible) {
+  backward_logits(p, s, derivative);
+  if (p.alibi_slopes) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row0 + 8 * (e / 2), j = n0 + 8 * t + 2 * quad_col + (e & 1);
+        s[t][e] -= b.alibi_slope * fabsf(float(i + b.diagonal - j));
+      }
+  }
+  if (fully_visible) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = fast_exp2(s[t][e] - lse2[e / 2]);
+    return;
+  }
+  const VisibleRange rows[2] = {visible_range(p, row0, b.seqlen_q, b.seqlen_kv, b.diagonal),
+                                visible_range(p, row0 + 8, b.seqlen_q, b.seqlen_kv, b.diagonal)};
 #pragma unroll
   for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = row0 + 8 * (e / 2), j = n0 + 8 * t + 2 * quad_col + (e & 1);
-      float logit = backward_logit(p, s[t][e], derivative[t][e]);
-      if (p.alibi_slopes) logit -= b.alibi_slope * fabsf(float(i + b.diagonal - j));
-      const bool visible =
-          fully_visible || key_visible(p, i, j, b.seqlen_q, b.seqlen_kv, b.diagonal);
-      s[t][e] = visible ? fast_exp2(logit - lse2[e / 2]) : 0.f;
+      const int j = n0 + 8 * t + 2 * quad_col + (e & 1);
+      const bool visible = j >= rows[e / 2].begin && j < rows[e / 2].end;
+      s[t][e] = visible ? fast_exp2(s[t][e] - lse2[e / 2]) : 0.f;
     }
 }
 
@@ -205,15 +228,21 @@ template <int kNTiles>
 __device__ __forceinline__ void query_tile_logit_gradients(
     const FlashForwardParams& p, float (&s)[kNTiles][4], const float (&dp)[kNTiles][4],
     const float (&derivative)[kNTiles][4], const uint32_t (&keep)[2], const float (&delta)[2]) {
+  if (p.dropout_threshold != 0) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float d_prob =
+            (keep[e / 2] >> (2 * t + (e & 1))) & 1u ? dp[t][e] * p.dropout_scale : 0.f;
+        s[t][e] = s[t][e] * (d_prob - delta[e / 2]) * derivative[t][e];
+      }
+    return;
+  }
 #pragma unroll
   for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float d_prob = dp[t][e];
-      if (p.dropout_threshold != 0)
-        d_prob *= (keep[e / 2] >> (2 * t + (e & 1))) & 1u ? p.dropout_scale : 0.f;
-      s[t][e] = s[t][e] * (d_prob - delta[e / 2]) * derivative[t][e];
-    }
+    for (int e = 0; e < 4; ++e) s[t][e] = s[t][e] * (dp[t][e] - delta[e / 2]) * derivative[t][e];
 }
 
 // Keys as fragment rows (the dk/dv kernels) of one (batch, query head).
@@ -256,24 +285,44 @@ __device__ __forceinline__ void key_tile_probabilities(
     float (&derivative)[kMTiles][4], float (&p_dropped)[kMTiles][4], uint32_t& keep, int key0,
     int i0, int quad_row, int quad_col, const float* lse2, const uint8_t* masks) {
   static_assert(kMTiles == 4, "32 query columns: one per lane for the keep masks");
-  keep = 0;
+  // Branch-free passes (backward_logits): logits, ALiBi, the mask (each query column's visible
+  // keys computed once), dropout.
+  backward_logits(p, s, derivative);
+  if (p.alibi_slopes) {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
+        s[t][e] -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+      }
+  }
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = key0 + 8 * (e / 2), column = 8 * t + 2 * quad_col + (e & 1);
-      const int i = i0 + column;
-      float logit = backward_logit(p, s[t][e], derivative[t][e]);
-      if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
-      const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
-      s[t][e] = visible ? fast_exp2(logit - lse2[column]) : 0.f;
-      p_dropped[t][e] = s[t][e];
-      if (p.dropout_threshold != 0) {
+    for (int c = 0; c < 2; ++c) {
+      const int column = 8 * t + 2 * quad_col + c;
+      const VisibleRange keys = visible_range(p, i0 + column, k.seqlen_q, k.seqlen_kv, k.diagonal);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int e = 2 * half + c, j = key0 + 8 * half;
+        const bool visible = j >= keys.begin && j < keys.end;
+        s[t][e] = visible ? fast_exp2(s[t][e] - lse2[column]) : 0.f;
+        p_dropped[t][e] = s[t][e];
+      }
+    }
+  keep = 0;
+  if (p.dropout_threshold != 0) {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = 8 * t + 2 * quad_col + (e & 1);
         const bool kept = (masks[(e / 2) * 32 + column] >> quad_row) & 1u;
         keep |= (kept ? 1u : 0u) << (4 * t + e);
         p_dropped[t][e] = kept ? s[t][e] * p.dropout_scale : 0.f;
       }
-    }
+  }
 }
 
 // P^T (in s) becomes dU^T = P^T (dP^T keep / keep_prob - D) (1 - t^2); `delta` per column.
@@ -281,15 +330,22 @@ template <int kMTiles>
 __device__ __forceinline__ void key_tile_logit_gradients(
     const FlashForwardParams& p, float (&s)[kMTiles][4], const float (&dp)[kMTiles][4],
     const float (&derivative)[kMTiles][4], uint32_t keep, const float* delta, int quad_col) {
+  if (p.dropout_threshold != 0) {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = 8 * t + 2 * quad_col + (e & 1);
+        const float d_prob = (keep >> (4 * t + e)) & 1u ? dp[t][e] * p.dropout_scale : 0.f;
+        s[t][e] = s[t][e] * (d_prob - delta[column]) * derivative[t][e];
+      }
+    return;
+  }
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int column = 8 * t + 2 * quad_col + (e & 1);
-      float d_prob = dp[t][e];
-      if (p.dropout_threshold != 0) d_prob *= (keep >> (4 * t + e)) & 1u ? p.dropout_scale : 0.f;
-      s[t][e] = s[t][e] * (d_prob - delta[column]) * derivative[t][e];
-    }
+    for (int e = 0; e < 4; ++e)
+      s[t][e] = s[t][e] * (dp[t][e] - delta[8 * t + 2 * quad_col + (e & 1)]) * derivative[t][e];
 }
 
 // ---- Block setup and stores shared by every backward kernel family ----

@@ -198,22 +198,52 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     }
     return;
   }
+  // A tile that the mask or window crosses, or ALiBi: the same passes, each branch-free, then
+  // the ALiBi bias and the mask (each query column's visible keys computed once).
+  if (p.use_softcap) {
+    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float slope = -2.f * p.softcap_log2;
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t) {
+      float quarter_derivative[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
+        quarter_derivative[e] = fmaf(-r, r, r);
+        s[t][e] = fmaf(r, slope, p.softcap_log2);
+      }
+      derivative[t][0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
+      derivative[t][1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] *= p.scale_log2;
+  }
+  if (p.alibi_slopes) {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
+        s[t][e] -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+      }
+  }
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t) {
     const float2 lse = row_lse_pair(t);
-    float quarter_derivative[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float cap_derivative;
-      float logit = backward_logit(p, s[t][e], cap_derivative);
-      quarter_derivative[e] = 0.25f * cap_derivative;
-      const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
-      if (p.alibi_slopes) logit -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
-      const bool visible = key_visible(p, i, j, k.seqlen_q, k.seqlen_kv, k.diagonal);
-      s[t][e] = visible ? fast_exp2(logit - ((e & 1) ? lse.y : lse.x)) : 0.f;
+    for (int c = 0; c < 2; ++c) {
+      const VisibleRange keys =
+          visible_range(p, i0 + 8 * t + 2 * quad_col + c, k.seqlen_q, k.seqlen_kv, k.diagonal);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int e = 2 * half + c, j = key0 + 8 * half;
+        const bool visible = j >= keys.begin && j < keys.end;
+        s[t][e] = visible ? fast_exp2(s[t][e] - (c ? lse.y : lse.x)) : 0.f;
+      }
     }
-    derivative[t][0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
-    derivative[t][1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
   }
 }
 
