@@ -251,6 +251,19 @@ struct KeyTile {
   float alibi_slope;  // log2 units
 };
 
+// ALiBi on a key-major tile's logits: key key0 + 8 (e / 2), query i0 + 8t + 2 quad_col + (e & 1).
+template <int kMTiles>
+__device__ __forceinline__ void subtract_key_tile_alibi(const KeyTile& k, float (&s)[kMTiles][4],
+                                                        int key0, int i0, int quad_col) {
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
+      s[t][e] -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+    }
+}
+
 // Dropout keep masks of a warp's 16 keys (from `warp_key0`, a multiple of 8 in the unsharded
 // sequence: a CP tile whose keys are not is refused with dropout) against 32 queries from i0:
 // lane l draws the two Philox blocks of query i0 + l into masks[half * 32 + l], bit k = key
@@ -288,15 +301,7 @@ __device__ __forceinline__ void key_tile_probabilities(
   // Branch-free passes (backward_logits): logits, ALiBi, the mask (each query column's visible
   // keys computed once), dropout.
   backward_logits(p, s, derivative);
-  if (p.alibi_slopes) {
-#pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
-        s[t][e] -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
-      }
-  }
+  if (p.alibi_slopes) subtract_key_tile_alibi(k, s, key0, i0, quad_col);
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t)
 #pragma unroll

@@ -149,6 +149,22 @@ __device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardP
   ptx::cp_async_wait<0>();
 }
 
+// A slab's four raw scores x become the cap's r = 1 / (exp2(2 x a log2 e) + 1) (a = scale / cap;
+// the logit is c' - 2c' r, c' = cap log2 e), and `derivative` gets a quarter of the cap's
+// derivative, r (1 - r), as two fp16 pairs.
+__device__ __forceinline__ void cap_ratios(const FlashForwardParams& p, float (&x)[4],
+                                           uint32_t (&derivative)[2]) {
+  const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+  float quarter_derivative[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[e] = fast_rcp(fast_exp2(x[e] * exp_scale) + 1.f);
+    quarter_derivative[e] = fmaf(-x[e], x[e], x[e]);
+  }
+  derivative[0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
+  derivative[1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+}
+
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
 // (0 where invisible) and, with a cap, `derivative` a quarter of the cap's derivative,
 // r (1 - r) = (1 - t^2) / 4 (fp16 pairs: 32 fp32 registers more would spill; its rounding,
@@ -179,41 +195,27 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     return;
   }
   if (fully_visible && p.alibi_slopes == nullptr) {
-    // logit - lse = c' - 2c' r - lse (c' = cap log2 e), r = 1 / (exp2(2 u a log2 e) + 1).
-    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    // logit - lse = c' - 2c' r - lse (c' = cap log2 e).
     const float slope = -2.f * p.softcap_log2;
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t) {
       const float2 lse = row_lse_pair(t);
       const float offset[2] = {p.softcap_log2 - lse.x, p.softcap_log2 - lse.y};
-      float quarter_derivative[4];
+      cap_ratios(p, s[t], derivative[t]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
-        quarter_derivative[e] = fmaf(-r, r, r);
-        s[t][e] = fast_exp2(fmaf(r, slope, offset[e & 1]));
-      }
-      derivative[t][0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
-      derivative[t][1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+      for (int e = 0; e < 4; ++e) s[t][e] = fast_exp2(fmaf(s[t][e], slope, offset[e & 1]));
     }
     return;
   }
   // A tile that the mask or window crosses, or ALiBi: the same passes, each branch-free, then
   // the ALiBi bias and the mask (each query column's visible keys computed once).
   if (p.use_softcap) {
-    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
     const float slope = -2.f * p.softcap_log2;
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t) {
-      float quarter_derivative[4];
+      cap_ratios(p, s[t], derivative[t]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
-        quarter_derivative[e] = fmaf(-r, r, r);
-        s[t][e] = fmaf(r, slope, p.softcap_log2);
-      }
-      derivative[t][0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
-      derivative[t][1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+      for (int e = 0; e < 4; ++e) s[t][e] = fmaf(s[t][e], slope, p.softcap_log2);
     }
   } else {
 #pragma unroll
@@ -221,15 +223,7 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[t][e] *= p.scale_log2;
   }
-  if (p.alibi_slopes) {
-#pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
-        s[t][e] -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
-      }
-  }
+  if (p.alibi_slopes) subtract_key_tile_alibi(k, s, key0, i0, quad_col);
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t) {
     const float2 lse = row_lse_pair(t);
