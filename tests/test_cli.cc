@@ -397,6 +397,23 @@ TEST(Cli, HelpAndUnknownCommands) {
   EXPECT_EQ(r.status, 2);
 }
 
+// `dpa bench` checks its flags before it looks for a device, so bad values fail the same way
+// with and without CUDA: exit 2, the flag named, nothing on stdout.
+TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
+  ScratchDir scratch;
+  for (const char* args : {"bench --dropout 1.5", "bench --dropout -0.1", "bench --dropout nan",
+                           "bench --dropout often"}) {
+    CliResult r = run_cli(args, scratch);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("--dropout"), std::string::npos) << args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+  }
+  CliResult r = run_cli("bench --help", scratch);
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--dropout", "--deterministic", "--softcap", "--pass"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+}
+
 TEST(Cli, DemoRunsAndChecksItself) {
   ScratchDir scratch;
   CliResult r = run_cli("run --quick --seqlen 96 --check-len 64", scratch);

@@ -40,6 +40,10 @@ std::vector<FlagSpec> bench_flag_specs() {
       {"softcap", "C", "soft-cap c * tanh(s / c) (default 0: off)"},
       {"softmax-type", "T", "vanilla (default), off-by-one or learnable (offsets ~ N(0, 2^2))"},
       {"window", "L,R", "sliding window; -1 is unbounded (default -1,-1)"},
+      {"dropout", "P",
+       "dropout probability in [0, 1) (default 0); the backward reuses the keep "
+       "masks of the forward's RNG state"},
+      {"deterministic", "", "ask for bit-identical results run to run (the selector honours it)"},
       {"dtype", "T", "bf16 (default) or fp16"},
       {"pass", "P", "fwd (default), bwd or fwdbwd"},
       {"backend", "NAME", "force a backend (default: the selector's choice)"},
@@ -143,6 +147,13 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
     o.config.window_left = (*window)[0];
     o.config.window_right = (*window)[1];
   }
+  if (auto p = args.get_double("dropout")) {
+    if (!(*p >= 0.0 && *p < 1.0))
+      throw UsageError("dropout", "--dropout: a probability in [0, 1), got '" +
+                                      args.get_or("dropout", "") + "'");
+    o.config.dropout = *p;
+  }
+  o.config.deterministic = args.has("deterministic");
   const std::string dtype = args.get_or("dtype", "bf16");
   auto parsed = parse_dtype(dtype);
   if (!parsed || (*parsed != DType::kBFloat16 && *parsed != DType::kFloat16))
@@ -283,6 +294,8 @@ std::string to_json(const BenchOptions& o, const BenchResult& r, const std::stri
     << ", \"mask\": " << json_string(std::string(to_string(c.mask_type))) << ", \"window\": ["
     << c.window_left << ", " << c.window_right << "], \"softcap\": " << json_number(c.softcap)
     << ", \"softmax_type\": " << json_string(std::string(to_string(c.softmax_type)))
+    << ", \"dropout\": " << json_number(c.dropout)
+    << ", \"deterministic\": " << (c.deterministic ? "true" : "false")
     << ", \"pass\": " << json_string(pass_name(o.pass)) << "}"
     << ", \"device\": " << json_string(device) << ", \"backend\": " << json_string(r.backend)
     << ", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup;
@@ -307,6 +320,8 @@ std::string describe_config(const BenchOptions& o) {
   if (c.softcap > 0) text += " softcap=" + json_number(c.softcap);
   if (c.softmax_type != SoftmaxType::kVanilla)
     text += " sink=" + std::string(to_string(c.softmax_type));
+  if (c.dropout > 0) text += " dropout=" + json_number(c.dropout);
+  if (c.deterministic) text += " deterministic";
   return text;
 }
 
