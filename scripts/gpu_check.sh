@@ -233,7 +233,9 @@ step_sanitize() {
     run_step "$log" "$limit" "$sanitizer" --tool "$tool" --error-exitcode 1 \
       --print-limit 20 "$exe" --gtest_filter="${filter%:}" --gtest_brief=1
     rc=$?
-    detail=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
+    # This tool's summary only (the log holds every tool's, one after the other).
+    detail=$(sed -n "/^==== $tool ====/,\$p" "$log" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' |
+      tail -n 1)
     record "$tool" "$(status_word "$rc")" $(($(date +%s) - t0)) "${detail:-see sanitizer.log}"
   done
 }

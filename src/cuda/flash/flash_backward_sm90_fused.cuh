@@ -168,12 +168,13 @@ __device__ __forceinline__ void cap_ratios(const FlashForwardParams& p, float (&
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
 // (0 where invisible) and, with a cap, `derivative` a quarter of the cap's derivative,
 // r (1 - r) = (1 - t^2) / 4 (fp16 pairs: 32 fp32 registers more would spill; its rounding,
-// 2^-11 relative, is 8x below that of dU^T's bf16 operand; the 4 is folded into dP^T - D in
-// key_tile_gradients_no_dropout), while dP^T is still being computed. `lse2` per query column
-// (shared memory, 8-byte aligned), `key0` the thread's first key, `i0` the first query.
-// `fully_visible`: every (query, key) pair of the tile is visible. The branches are uniform and
-// taken once per tile, so each loop carries only its case's arithmetic and no branch (a test
-// per element compiles to a branch per element, which serialises the MUFU chains): the visible
+// 2^-11 relative, is 8x below that of dU^T's bf16 operand; below 2^-14, where |u| > ~4.8 c,
+// fp16 subnormals keep less, but there the element's dU^T is 2^-12 of the largest; the 4 is
+// folded into dP^T - D in key_tile_gradients_no_dropout), while dP^T is still being computed.
+// `lse2` per query column (shared memory, 8-byte aligned), `key0` the thread's first key, `i0` the
+// first query. `fully_visible`: every (query, key) pair of the tile is visible. The branches are
+// uniform and taken once per tile, so each loop carries only its case's arithmetic and no branch (a
+// test per element compiles to a branch per element, which serialises the MUFU chains): the visible
 // uncapped tile costs one FFMA and one exp2 per element, the visible capped one FMUL, EX2,
 // FADD, RCP, two FFMA and EX2.
 template <int kMTiles>
