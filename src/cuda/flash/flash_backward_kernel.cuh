@@ -157,7 +157,7 @@ __device__ __forceinline__ void store_fragment_rows(const float (&acc)[kDim / 8]
 
 // Raw scores x = q.k (in s) become logits in log2 units before ALiBi and the mask, and
 // `derivative` the logit's derivative with respect to u = scale * x relative to the uncapped
-// case: 1 - tanh^2 with a cap (the forward's tanh(y) = 1 - 2r, r = 1 / (exp(2y) + 1), so
+// case: 1 - tanh^2 with a cap (the forward's tanh(y) = 1 - 2r, r = softcap_ratio, so
 // 1 - t^2 = 4 r (1 - r) without cancellation), else 1. The feature test stays around the loops:
 // a test per element compiles to a branch per element, which serialises each element's MUFU
 // chain. The mask uses visible_range (DESIGN.md §3) per row, computed once.
@@ -165,13 +165,13 @@ template <int kTiles>
 __device__ __forceinline__ void backward_logits(const FlashForwardParams& p, float (&s)[kTiles][4],
                                                 float (&derivative)[kTiles][4]) {
   if (p.use_softcap) {
-    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float exp_scale = softcap_exp_scale(p);
     const float slope = -2.f * p.softcap_log2;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
+        const float r = softcap_ratio(s[t][e], exp_scale);
         derivative[t][e] = 4.f * r * (1.f - r);
         s[t][e] = fmaf(r, slope, p.softcap_log2);
       }

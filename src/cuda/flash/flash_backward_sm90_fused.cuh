@@ -149,16 +149,16 @@ __device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardP
   ptx::cp_async_wait<0>();
 }
 
-// A slab's four raw scores x become the cap's r = 1 / (exp2(2 x a log2 e) + 1) (a = scale / cap;
-// the logit is c' - 2c' r, c' = cap log2 e), and `derivative` gets a quarter of the cap's
-// derivative, r (1 - r), as two fp16 pairs.
+// A slab's four raw scores become the cap's r (softcap_ratio; the logit is c' - 2c' r,
+// c' = cap log2 e), and `derivative` gets a quarter of the cap's derivative, r (1 - r), as two
+// fp16 pairs.
 __device__ __forceinline__ void cap_ratios(const FlashForwardParams& p, float (&x)[4],
                                            uint32_t (&derivative)[2]) {
-  const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+  const float exp_scale = softcap_exp_scale(p);
   float quarter_derivative[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    x[e] = fast_rcp(fast_exp2(x[e] * exp_scale) + 1.f);
+    x[e] = softcap_ratio(x[e], exp_scale);
     quarter_derivative[e] = fmaf(-x[e], x[e], x[e]);
   }
   derivative[0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);

@@ -38,6 +38,17 @@ __device__ __forceinline__ float fast_rcp(float x) {
   return y;
 }
 
+// The softcap's accurate tanh, shared by the forward and every backward kernel: for a raw
+// score u, tanh(u a) = 1 - 2r with r = softcap_ratio(u, softcap_exp_scale(p)) =
+// 1 / (exp2(2 u a log2 e) + 1) (a = scale / cap): one EX2 and one RCP. r is 0 when the exp2
+// overflows and 1 when it underflows, so logits saturate at +-cap without NaN.
+__device__ __forceinline__ float softcap_exp_scale(const FlashForwardParams& p) {
+  return p.softcap_arg_scale * (2.f * kLog2e);
+}
+__device__ __forceinline__ float softcap_ratio(float raw_score, float exp_scale) {
+  return fast_rcp(fast_exp2(raw_score * exp_scale) + 1.f);
+}
+
 // Key range [begin, end) visible to query row i of a sequence (DESIGN.md §3).
 struct VisibleRange {
   int begin, end;
@@ -201,20 +212,17 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
         s[t][e] = p.softcap_log2 * tanh_value;
       }
   } else if (p.use_softcap) {
-    // Accurate tanh from one exp2 and one reciprocal, tanh(y) = 1 - 2 / (exp(2y) + 1), with the
-    // cap folded into the last FFMA: c' tanh(u a) = c' - 2c' r, r = 1 / (exp2(2 u a log2 e) + 1)
-    // (c' = c log2 e, a = scale / c). An element costs FMUL, MUFU.EX2, FADD, MUFU.RCP, FFMA.
-    // r is 0 when the exp2 overflows and 1 when it underflows: the logit saturates at +-c'
-    // without NaN. (tanh.approx.f32 would save the reciprocal, but its ~5e-4 relative error
+    // Accurate tanh (softcap_ratio) with the cap folded into the last FFMA:
+    // c' tanh(u a) = c' - 2c' r (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD,
+    // MUFU.RCP, FFMA. (tanh.approx.f32 would save the reciprocal, but its ~5e-4 relative error
     // moves capped logits by up to c * 5e-4.)
-    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float exp_scale = softcap_exp_scale(p);
     const float slope = -2.f * p.softcap_log2;
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float r = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
-        s[t][e] = fmaf(r, slope, p.softcap_log2);
+        s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, p.softcap_log2);
       }
   } else {
 #pragma unroll
@@ -321,11 +329,11 @@ __device__ __forceinline__ void folded_softmax_update(const FlashForwardParams& 
                                                       RowStats& stats, float (&correction)[2]) {
   const bool cap = p.use_softcap;
   if (cap) {
-    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+    const float exp_scale = softcap_exp_scale(p);
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = fast_rcp(fast_exp2(s[t][e] * exp_scale) + 1.f);
+      for (int e = 0; e < 4; ++e) s[t][e] = softcap_ratio(s[t][e], exp_scale);
   }
   if (!fully_visible) {
     mask_invisible_keys(p, b, s, row0, n0, quad_col);  // sets -inf
