@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/problem_builder.h"
 #include "cp/cp_internal.h"
 #include "cp/cp_layout.h"
+#include "cp/device_ring.h"
 #include "cp/tile.h"
 
 #if defined(DPA_WITH_CUDA)
@@ -852,6 +854,14 @@ void stage_inputs(HostStaging& staging, AttentionInputs& in) {
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
                       const DebugOptions& debug) {
+  if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
+    // Device buffers: the device ring where it applies, else the general algorithms over
+    // host buffers through a host-staged view of the same communicator.
+    if (!debug.sink_per_tile && device_ring_refusal(config, cp_config, args.in, dropout).empty())
+      return device_ring_forward(config, *nccl, args, rng);
+    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
+    return forward(config, cp_config, *staged, args, dropout, rng, debug);
+  }
   if (args.in.q.device != Device::kCUDA)
     return forward_staged(config, cp_config, comm, args, dropout, rng, debug, {});
   HostStaging staging(args.in.q, args.stream);
@@ -867,6 +877,12 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                      const BackwardArgs& args, double dropout) {
+  if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
+    if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
+      return device_ring_backward(config, cp_config, *nccl, args);
+    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
+    return backward(config, cp_config, *staged, args, dropout);
+  }
   if (args.in.q.device != Device::kCUDA)
     return backward_staged(config, cp_config, comm, args, dropout, {});
   HostStaging staging(args.in.q, args.stream);

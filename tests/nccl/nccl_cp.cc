@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cp/device_ring.h"
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
@@ -116,6 +118,17 @@ class DeviceCall {
     seed_ = spec.config.seed;
   }
 
+  // Forward alone; returns when the GPU is done.
+  void run_forward(const std::function<ForwardResult(const ForwardArgs&)>& forward) {
+    ForwardArgs fwd;
+    fwd.in = in_;
+    fwd.o = o_.view();
+    fwd.lse = lse_.view();
+    fwd.rng = RngState{seed_, 7};
+    forward(fwd);
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
   // Forward, then backward; returns when the GPU is done.
   void run(const std::function<ForwardResult(const ForwardArgs&)>& forward,
            const std::function<void(const BackwardArgs&)>& backward) {
@@ -155,6 +168,20 @@ class DeviceCall {
   AttentionInputs in_;
   uint64_t seed_ = 0;
 };
+
+// The inputs a DeviceCall of these shards passes, as device_ring_refusal sees them (it reads
+// shapes and placement only).
+AttentionInputs device_shaped(const CaseTensors& t, const HostTensor& q, const HostTensor& k,
+                              const HostTensor& v) {
+  AttentionInputs in = t.inputs();
+  for (auto [view, host] : {std::pair{&in.q, &q}, {&in.k, &k}, {&in.v, &v}}) {
+    *view = host->view();
+    view->device = Device::kCUDA;
+  }
+  for (TensorView* view : {&in.softmax_offset, &in.alibi_slopes})
+    if (view->defined()) view->device = Device::kCUDA;
+  return in;
+}
 
 // LSE within 5e-3 + 1e-3 |ref| everywhere (equal infinities count as equal); the worst ratio.
 double lse_violation(const HostTensor& got, const HostTensor& ref) {
@@ -220,6 +247,14 @@ std::vector<CpCase> cp_cases(int64_t seqlen) {
   s.lengths_q =
       s.lengths_kv = {int32_t(seqlen / 2 + 37), int32_t(seqlen / 4 - 11), int32_t(seqlen / 8 + 5)};
   cases.push_back({"thd_uneven", s});
+  // The device ring's other shapes: sbhd, no mask (every step all on all), softcap + sink.
+  s = base();
+  s.config.format = Format::kSBHD;
+  s.batch = 2;
+  s.seqlen_q = s.seqlen_kv = seqlen / 2;
+  s.config.softcap = 30.0;
+  s.config.softmax_type = SoftmaxType::kLearnable;
+  cases.push_back({"sbhd_full_softcap_sink", s});
   s = base();
   s.config.mask_type = MaskType::kCausal;
   s.config.dropout = 0.1;
@@ -276,6 +311,13 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
     const bool thd = format == Format::kTHD;
     const std::vector<int64_t> full_lse = lse_shape_of(spec, thd ? t.q.shape()[0] : spec.seqlen_q);
 
+    const char* ring_only_flag = std::getenv("DPA_NCCL_TEST_CP_RING_ONLY");
+    const bool ring_only = ring_only_flag != nullptr && std::string(ring_only_flag) == "1";
+    if (ring_only &&
+        !cp::device_ring_refusal(spec.config, CpConfig{}, device_shaped(t, t.q, t.k, t.v), 0.0)
+             .empty())
+      continue;  // same on every rank
+
     // The reference: the same call without CP on this rank's GPU (once per configuration).
     DotProductAttention single(spec.config);
     Outputs reference;
@@ -301,13 +343,28 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
     shard_lse(reference.lse.view(), reference_lse.view(), format, cp, rank, cu_padded);
     const HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
 
+    // Each layout through the host-staged communicator (the general algorithms), and p2p also
+    // through the NCCL communicator itself, which takes the device ring where it applies.
+    struct Variant {
+      test::CpLayout layout;
+      bool device_ring;
+    };
+    std::vector<Variant> variants;
     for (const test::CpLayout& layout : layouts_for(cp)) {
+      if (!ring_only) variants.push_back({layout, false});
+      CpConfig ring_config;
+      if (layout.type == CpCommType::kP2P &&
+          cp::device_ring_refusal(spec.config, ring_config, device_shaped(t, q, k, v), 0.0).empty())
+        variants.push_back({layout, true});
+    }
+    for (const auto& [layout, device_ring] : variants) {
       const auto started = Clock::now();
       CpConfig cp_config;
       cp_config.comm_type = layout.type;
       cp_config.a2a_group_size = layout.group;
       cp_config.reduce_dalpha = true;  // every rank holds the whole gradient
-      ContextParallelAttention attention(spec.config, cp_config, *comm);
+      ContextParallelAttention attention(spec.config, cp_config,
+                                         device_ring ? static_cast<Communicator&>(*nccl) : *comm);
       Outputs got;
       BackendKind tile_backward = BackendKind::kAuto;
       {
@@ -329,9 +386,10 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
           o <= 2e-2 && lse <= 1.0 && dq <= 3e-2 && dk <= 3e-2 && dv <= 3e-2 && dalpha <= 3e-2;
       failures += ok ? 0 : 1;
       std::printf(
-          "dpa_nccl_tests: rank %d: cp %-22s %-18s s=%lld: o %.1e lse %.2f dq %.1e dk %.1e dv "
+          "dpa_nccl_tests: rank %d: cp %-22s %-19s s=%lld: o %.1e lse %.2f dq %.1e dk %.1e dv "
           "%.1e dalpha %.1e (backward: reference %s, tiles %s)  %s (%.1f s)\n",
-          rank, c.name.c_str(), test::cp_layout_name(layout).c_str(),
+          rank, c.name.c_str(),
+          (test::cp_layout_name(layout) + (device_ring ? "_ring" : "")).c_str(),
           static_cast<long long>(spec.seqlen_q), o, lse, dq, dk, dv, dalpha,
           std::string(to_string(reference_backward)).c_str(),
           std::string(to_string(tile_backward)).c_str(), ok ? "ok" : "FAILED",
@@ -367,11 +425,11 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   // Every rank waits for every other before and after a timed step; the slowest rank's time.
   std::vector<float> token(1, 0.f);
   auto barrier = [&] { comm->all_reduce(token.data(), 1, DType::kFloat32)->wait(); };
-  auto median_seconds = [&](const std::function<void()>& step) {
+  auto median_seconds = [&](int runs, const std::function<void()>& step) {
     step();  // warm-up
     std::vector<double> times;
-    // DESIGN.md §10's 20 runs, timed on the host clock: host staging belongs to the cost.
-    for (int i = 0; i < 20; ++i) {
+    // DESIGN.md §10's 20 runs, timed on the host clock: every copy belongs to the cost.
+    for (int i = 0; i < runs; ++i) {
       barrier();
       const auto start = Clock::now();
       step();  // returns when the GPU is done
@@ -384,10 +442,25 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
   };
-  // Causal forward + backward FLOPs (DESIGN.md §10): 3.5x the forward's 4 b H s^2 d / 2.
-  auto flops = [](const CaseSpec& s) {
-    return 3.5 * 4.0 * double(s.batch) * double(s.heads_q) * double(s.seqlen_q) *
-           double(s.seqlen_kv) * double(s.head_dim_qk) / 2.0;
+  // Causal FLOPs (DESIGN.md §10): the forward's 4 b H s^2 d / 2, 3.5x that with the backward.
+  auto flops = [](const CaseSpec& s, bool with_backward) {
+    return (with_backward ? 3.5 : 1.0) * 4.0 * double(s.batch) * double(s.heads_q) *
+           double(s.seqlen_q) * double(s.seqlen_kv) * double(s.head_dim_qk) / 2.0;
+  };
+  using Forward = std::function<ForwardResult(const ForwardArgs&)>;
+  using Backward = std::function<void(const BackwardArgs&)>;
+  // Per-GPU TFLOP/s of `call` (forward, then forward + backward) over `runs` runs.
+  struct Rates {
+    double forward = 0, forward_backward = 0;
+  };
+  auto measure = [&](DeviceCall& call, const CaseSpec& spec, int runs, const Forward& forward,
+                     const Backward& backward, int gpus) {
+    Rates r;
+    r.forward = flops(spec, false) / median_seconds(runs, [&] { call.run_forward(forward); }) /
+                gpus * 1e-12;
+    r.forward_backward = flops(spec, true) /
+                         median_seconds(runs, [&] { call.run(forward, backward); }) / gpus * 1e-12;
+    return r;
   };
 
   const int64_t per_gpu = settings.bench_seqlen_per_gpu;
@@ -397,13 +470,13 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   DotProductAttention single(alone.config);
   DeviceCall alone_call(alone, alone_tensors, alone_tensors.q, alone_tensors.k, alone_tensors.v,
                         alone_tensors.d_o, lse_shape_of(alone, per_gpu), device);
-  const double alone_s = median_seconds([&] {
-    alone_call.run([&](const ForwardArgs& a) { return single.forward(a); },
-                   [&](const BackwardArgs& a) { single.backward(a); });
-  });
-  const double alone_tflops = flops(alone) / alone_s * 1e-12;
+  const Rates one = measure(
+      alone_call, alone, 20, [&](const ForwardArgs& a) { return single.forward(a); },
+      [&](const BackwardArgs& a) { single.backward(a); }, 1);
 
-  // cp ranks with per_gpu tokens each (p2p).
+  // cp ranks with per_gpu tokens each (p2p): the device ring (through the NCCL communicator),
+  // and with DPA_NCCL_TEST_CP_BENCH_STAGED=1 also the general algorithm through the host-staged
+  // communicator (3 runs: it is slow).
   const CaseSpec together = spec_for(per_gpu * cp);
   const CaseTensors t = test::make_case(together);
   ThdCpPartition part;
@@ -415,20 +488,32 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   const HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
   CpConfig cp_config;
   cp_config.comm_type = CpCommType::kP2P;
-  ContextParallelAttention attention(together.config, cp_config, *comm);
   DeviceCall together_call(together, t, q, k, v, d_o, lse_shape_of(together, per_gpu), device);
-  const double together_s = median_seconds([&] {
-    together_call.run([&](const ForwardArgs& a) { return attention.forward(a); },
-                      [&](const BackwardArgs& a) { attention.backward(a); });
-  });
-  const double per_gpu_tflops = flops(together) / together_s / cp * 1e-12;
+  auto run_cp = [&](Communicator& through, int runs) {
+    ContextParallelAttention attention(together.config, cp_config, through);
+    return measure(
+        together_call, together, runs, [&](const ForwardArgs& a) { return attention.forward(a); },
+        [&](const BackwardArgs& a) { attention.backward(a); }, cp);
+  };
+  const std::string ring_refusal =
+      cp::device_ring_refusal(together.config, cp_config, device_shaped(t, q, k, v), 0.0);
+  const Rates ring = run_cp(*nccl, 20);
+  const char* staged_flag = std::getenv("DPA_NCCL_TEST_CP_BENCH_STAGED");
+  const bool with_staged = staged_flag != nullptr && std::string(staged_flag) == "1";
+  const Rates staged = with_staged ? run_cp(*comm, 3) : Rates{};
   if (env.rank == 0) {
-    std::printf(
-        "dpa_nccl_tests: cp scaling (p2p, causal, softcap 50, learnable sink, bf16, H=16, "
-        "d=128, %lld tokens per GPU; fwd+bwd, CP through host-staged NCCL): cp=1 %.1f TFLOP/s, "
-        "cp=%d %.1f TFLOP/s per GPU, efficiency %.0f%% of ideal\n",
-        static_cast<long long>(per_gpu), alone_tflops, cp, per_gpu_tflops,
-        100.0 * per_gpu_tflops / alone_tflops);
+    auto report = [&](const char* what, const Rates& r) {
+      std::printf(
+          "dpa_nccl_tests: cp scaling (p2p, causal, softcap 50, learnable sink, bf16, H=16, "
+          "d=128, %lld tokens per GPU, %s): forward cp=1 %.1f, cp=%d %.1f TFLOP/s per GPU "
+          "(%.1f%% of ideal); forward+backward cp=1 %.1f, cp=%d %.1f TFLOP/s per GPU (%.1f%% of "
+          "ideal)\n",
+          static_cast<long long>(per_gpu), what, one.forward, cp, r.forward,
+          100.0 * r.forward / one.forward, one.forward_backward, cp, r.forward_backward,
+          100.0 * r.forward_backward / one.forward_backward);
+    };
+    report(ring_refusal.empty() ? "device ring" : ("host-staged: " + ring_refusal).c_str(), ring);
+    if (with_staged) report("host-staged communicator, median of 3", staged);
     std::fflush(stdout);
   }
 }

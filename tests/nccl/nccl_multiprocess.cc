@@ -589,6 +589,8 @@ int main(int argc, char** argv) {
       worker_mode = true;
     } else if (arg == "--no-dead-peer") {
       settings.dead_peer = false;
+    } else if (arg == "--cp-ring-only") {
+      setenv("DPA_NCCL_TEST_CP_RING_ONLY", "1", 1);
     } else if ((arg == "--cp-seqlen" || arg == "--cp-bench") && i + 1 < argc) {
       // Through the environment, so that the workers (and torchrun's) see it too.
       setenv(arg == "--cp-seqlen" ? "DPA_NCCL_TEST_CP_SEQLEN" : "DPA_NCCL_TEST_CP_BENCH", argv[++i],
@@ -596,11 +598,12 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--nproc N] [--deadline-s S] [--no-dead-peer] [--cp-seqlen S]\n"
-                   "          [--cp-bench TOKENS_PER_GPU]   (launcher)\n"
+                   "          [--cp-bench TOKENS_PER_GPU] [--cp-ring-only]   (launcher)\n"
                    "       %s [--no-dead-peer]   (worker, under torchrun/mpirun/srun)\n"
                    "  --cp-seqlen: unsharded length of the CP configurations (default 2048, 0 "
                    "skips them)\n"
-                   "  --cp-bench: run the CP scaling benchmark with this many tokens per GPU\n",
+                   "  --cp-bench: run the CP scaling benchmark with this many tokens per GPU\n"
+                   "  --cp-ring-only: run only the CP configurations the device ring takes\n",
                    argv[0], argv[0]);
       return 2;
     }

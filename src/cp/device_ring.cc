@@ -1,0 +1,396 @@
+#include "cp/device_ring.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#if defined(DPA_WITH_CUDA)
+#include "cuda/cp_ring_ops.h"
+#include "cuda/runtime.h"
+#endif
+
+namespace dpa::cp {
+
+#if !defined(DPA_WITH_CUDA)
+
+std::string device_ring_refusal(const AttentionConfig&, const CpConfig&, const AttentionInputs&,
+                                double) {
+  return "a build without CUDA";
+}
+
+ForwardResult device_ring_forward(const AttentionConfig&, NcclCommunicator&, const ForwardArgs&,
+                                  const RngState&) {
+  throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
+}
+BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, NcclCommunicator&,
+                                 const BackwardArgs&) {
+  throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
+}
+
+#else
+
+namespace {
+
+using cuda::RowBlock;
+
+bool causal_mask(MaskType mask) {
+  return mask == MaskType::kCausal || mask == MaskType::kCausalBottomRight;
+}
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+// The local shard: [batch, rows, heads, dim] in bshd, [rows, batch, heads, dim] in sbhd.
+struct Shard {
+  Format format = Format::kBSHD;
+  int64_t batch = 0, rows = 0, heads_q = 0, heads_kv = 0, dqk = 0, dv = 0;
+  DType dtype = DType::kBFloat16;
+  int device = 0;
+
+  int seq_dim() const { return format == Format::kBSHD ? 1 : 0; }
+  int batch_dim() const { return format == Format::kBSHD ? 0 : 1; }
+  size_t bytes(int64_t heads, int64_t dim, size_t element = 0) const {
+    return size_t(batch * rows * heads * dim) * (element ? element : dtype_size(dtype));
+  }
+  // A contiguous CUDA view of `rows_` rows shaped like the shard.
+  TensorView view(void* data, DType type, int64_t rows_, int64_t heads, int64_t dim) const {
+    const int64_t shape[4] = {format == Format::kBSHD ? batch : rows_,
+                              format == Format::kBSHD ? rows_ : batch, heads, dim};
+    TensorView t = TensorView::contiguous(data, type, shape, 4, Device::kCUDA);
+    t.device_index = device;
+    return t;
+  }
+  TensorView lse_view(float* data, int64_t rows_) const {
+    TensorView t =
+        TensorView::contiguous(data, DType::kFloat32, {batch, heads_q, rows_}, Device::kCUDA);
+    t.device_index = device;
+    return t;
+  }
+};
+
+Shard shard_of(const AttentionConfig& config, const AttentionInputs& in) {
+  Shard s;
+  s.format = config.format;
+  s.batch = in.q.shape[s.batch_dim()];
+  s.rows = in.q.shape[s.seq_dim()];
+  s.heads_q = in.q.shape[2];
+  s.heads_kv = in.k.shape[2];
+  s.dqk = in.q.shape[3];
+  s.dv = in.v.shape[3];
+  s.dtype = in.q.dtype;
+  s.device = in.q.device_index;
+  require(in.k.shape[s.batch_dim()] == s.batch && in.v.shape[s.batch_dim()] == s.batch &&
+              in.v.shape[s.seq_dim()] == s.rows && in.k.shape[3] == s.dqk &&
+              in.v.shape[2] == s.heads_kv,
+          "k", "k and v must match q's batch and local length and each other's heads");
+  return s;
+}
+
+// Rows [first, first + count) of a shard-shaped view.
+TensorView rows_of(const TensorView& t, const Shard& s, int64_t first, int64_t count) {
+  TensorView slice = t;
+  slice.data =
+      static_cast<char*>(t.data) + first * t.strides[s.seq_dim()] * int64_t(dtype_size(t.dtype));
+  slice.shape[s.seq_dim()] = count;
+  return slice;
+}
+
+RowBlock block_of(const TensorView& t, const Shard& s) {
+  RowBlock b;
+  b.data = t.data;
+  b.batch = t.shape[s.batch_dim()];
+  b.rows = t.shape[s.seq_dim()];
+  b.width = t.shape[2] * t.shape[3];
+  b.batch_stride = t.strides[s.batch_dim()];
+  b.row_stride = t.strides[s.seq_dim()];
+  return b;
+}
+
+// `name` must be a contiguous CUDA tensor on the shard's device with this shape and dtype.
+void require_shard_tensor(const TensorView& t, const char* name, const Shard& s, DType dtype,
+                          const std::vector<int64_t>& shape) {
+  bool same = t.ndim == int(shape.size());
+  for (size_t d = 0; same && d < shape.size(); ++d) same = t.shape[d] == shape[d];
+  std::string expected = "[";
+  for (size_t d = 0; d < shape.size(); ++d) expected += (d ? ", " : "") + str(shape[d]);
+  expected += "]";
+  require(same && t.dtype == dtype && t.is_contiguous() && t.device == Device::kCUDA &&
+              t.device_index == s.device,
+          name,
+          "must be a contiguous " + std::string(to_string(dtype)) + " tensor " + expected +
+              " on CUDA device " + str(s.device) + " (the device ring), got " + t.shape_string());
+}
+
+std::vector<int64_t> shard_shape(const Shard& s, int64_t heads, int64_t dim) {
+  if (s.format == Format::kBSHD) return {s.batch, s.rows, heads, dim};
+  return {s.rows, s.batch, heads, dim};
+}
+
+void wait_all(std::vector<CommHandle>& handles) {
+  for (CommHandle& h : handles) h->wait();
+  handles.clear();
+}
+
+// The tile of one ring step: query rows [q_first, q_first + q_rows) against key rows
+// [kv_first, kv_first + kv_rows), causal or not. With the dual-chunk split (rank r holds chunks
+// r and 2n-1-r), KV from rank `source` meets the local queries as: source == rank, the local
+// causal triangle (local order is position order); source < rank, every query on the first KV
+// chunk; source > rank, the second query chunk on every key. Without a causal mask, all on all.
+struct StepTile {
+  int64_t q_first = 0, q_rows = 0, kv_first = 0, kv_rows = 0;
+  bool causal = false;
+};
+
+StepTile step_tile(bool causal, int rank, int source, int64_t rows) {
+  const int64_t half = rows / 2;
+  if (!causal) return {0, rows, 0, rows, false};
+  if (source == rank) return {0, rows, 0, rows, true};
+  if (source < rank) return {0, rows, 0, half, false};
+  return {half, half, 0, rows, false};
+}
+
+// One-rank offsets of the ring.
+struct Ring {
+  int rank = 0, size = 1;
+  int next() const { return (rank + 1) % size; }
+  int previous() const { return (rank + size - 1) % size; }
+  int source(int step) const { return (rank - step + size) % size; }
+};
+
+// Posts send(a, b) to the next rank and recv(into_a, into_b) from the previous one, ordered
+// after the compute stream's work so far, and launches them.
+std::vector<CommHandle> exchange(NcclCommunicator& comm, const Ring& ring, void* stream,
+                                 const void* a, const void* b, void* into_a, void* into_b,
+                                 size_t bytes_a, size_t bytes_b) {
+  cuda::order_after(comm.stream(), stream);
+  std::vector<CommHandle> handles;
+  handles.push_back(comm.send(a, bytes_a, ring.next(), 0));
+  handles.push_back(comm.send(b, bytes_b, ring.next(), 0));
+  handles.push_back(comm.recv(into_a, bytes_a, ring.previous(), 0));
+  handles.push_back(comm.recv(into_b, bytes_b, ring.previous(), 0));
+  comm.start_pending();
+  return handles;
+}
+
+AttentionConfig tile_config(const AttentionConfig& config, bool causal) {
+  AttentionConfig tile = config;
+  tile.mask_type = causal ? MaskType::kCausal : MaskType::kNoMask;
+  tile.window_left = tile.window_right = -1;
+  tile.softmax_type = SoftmaxType::kVanilla;  // the sink joins once, after the merge
+  return tile;
+}
+
+void require_communicator_device(const NcclCommunicator& comm, const Shard& s) {
+  require(comm.device() == s.device, "q",
+          "must be on the communicator's CUDA device " + str(comm.device()) + ", got device " +
+              str(s.device));
+}
+
+}  // namespace
+
+std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& cp,
+                                const AttentionInputs& in, double dropout) {
+  if (in.q.device != Device::kCUDA) return "host tensors";
+  if (cp.comm_type != CpCommType::kP2P)
+    return "comm type " + std::string(to_string(cp.comm_type)) + " (the device ring is p2p)";
+  if (config.format == Format::kTHD) return "format thd";
+  if (in.cu_seqlens_q.defined() || in.cu_seqlens_kv.defined()) return "sequence tables (padding)";
+  const bool causal = causal_mask(config.mask_type);
+  if (!causal && config.mask_type != MaskType::kNoMask) return "a padding or arbitrary mask";
+  if (config.window_left >= 0 || config.window_right > 0 || (!causal && config.window_right == 0))
+    return "a sliding window";
+  if (config.bias_type != BiasType::kNoBias || in.bias.defined()) return "a bias";
+  if (in.alibi_slopes.defined()) return "ALiBi";
+  if (in.attn_mask.defined()) return "an attention mask";
+  if (dropout > 0.0) return "dropout";
+  if (in.q.dtype != DType::kFloat16 && in.q.dtype != DType::kBFloat16)
+    return "a dtype other "
+           "than fp16 or bf16";
+  for (const TensorView* t : {&in.q, &in.k, &in.v})
+    if (t->ndim != 4 || !t->is_contiguous() || t->device != Device::kCUDA ||
+        t->dtype != in.q.dtype || t->device_index != in.q.device_index)
+      return "q, k and v not contiguous 4-D tensors of one dtype on one GPU";
+  if (in.softmax_offset.defined() && in.softmax_offset.device != Device::kCUDA)
+    return "softmax_offset in host memory";
+  const int seq_dim = config.format == Format::kBSHD ? 1 : 0;
+  if (in.q.shape[seq_dim] % 2 != 0 || in.q.shape[seq_dim] != in.k.shape[seq_dim])
+    return "local q and kv lengths that differ or are odd";
+  return "";
+}
+
+ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
+                                  const ForwardArgs& args, const RngState& rng) {
+  const Shard s = shard_of(config, args.in);
+  require_communicator_device(comm, s);
+  require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
+  require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
+  const cuda::DeviceGuard guard(s.device);
+  void* const stream = args.stream;
+  const Ring ring{comm.rank(), comm.size()};
+  const bool causal = causal_mask(config.mask_type);
+
+  const size_t k_bytes = s.bytes(s.heads_kv, s.dqk), v_bytes = s.bytes(s.heads_kv, s.dv);
+  cuda::DeviceMemory kv_memory[2] = {{k_bytes + v_bytes, s.device}, {k_bytes + v_bytes, s.device}};
+  cuda::DeviceMemory o_acc(s.bytes(s.heads_q, s.dv, 4), s.device);
+  cuda::DeviceMemory lse_acc(size_t(s.batch * s.heads_q * s.rows) * 4, s.device);
+  cuda::DeviceMemory o_tile(s.bytes(s.heads_q, s.dv), s.device);
+  cuda::DeviceMemory lse_tile(size_t(s.batch * s.heads_q * s.rows) * 4, s.device);
+  float* const lse_acc_data = static_cast<float*>(lse_acc.get());
+  cuda::fill_f32(lse_acc_data, -INFINITY, s.batch * s.heads_q * s.rows, stream);
+  const TensorView o_acc_view = s.view(o_acc.get(), DType::kFloat32, s.rows, s.heads_q, s.dv);
+
+  DotProductAttention causal_tiles(tile_config(config, true)),
+      full_tiles(tile_config(config, false));
+  BackendKind used = BackendKind::kAuto;
+  TensorView k = args.in.k, v = args.in.v;
+  for (int step = 0; step < ring.size; ++step) {
+    std::vector<CommHandle> pending;
+    TensorView next_k = k, next_v = v;
+    if (step + 1 < ring.size) {
+      char* buffer = static_cast<char*>(kv_memory[step % 2].get());
+      next_k.data = buffer;
+      next_v.data = buffer + k_bytes;
+      pending =
+          exchange(comm, ring, stream, k.data, v.data, next_k.data, next_v.data, k_bytes, v_bytes);
+    }
+    const StepTile tile = step_tile(causal, ring.rank, ring.source(step), s.rows);
+    ForwardArgs a;
+    a.in.q = rows_of(args.in.q, s, tile.q_first, tile.q_rows);
+    a.in.k = rows_of(k, s, tile.kv_first, tile.kv_rows);
+    a.in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
+    a.o = s.view(o_tile.get(), s.dtype, tile.q_rows, s.heads_q, s.dv);
+    a.lse = s.lse_view(static_cast<float*>(lse_tile.get()), tile.q_rows);
+    a.stream = stream;
+    used = (tile.causal ? causal_tiles : full_tiles).forward(a).backend;
+    cuda::merge_partial_rows(block_of(rows_of(o_acc_view, s, tile.q_first, tile.q_rows), s),
+                             lse_acc_data, s.rows, tile.q_first, block_of(a.o, s), s.dtype,
+                             static_cast<const float*>(lse_tile.get()), s.heads_q, stream);
+    wait_all(pending);
+    k = next_k;
+    v = next_v;
+  }
+  cuda::finalize_forward_rows(block_of(args.o, s), s.dtype, static_cast<float*>(args.lse.data),
+                              block_of(o_acc_view, s), lse_acc_data, s.heads_q,
+                              int(config.softmax_type),
+                              static_cast<const float*>(args.in.softmax_offset.data), stream);
+  cuda::synchronize(stream, s.device);  // the buffers above are freed on return
+  return {used, rng};
+}
+
+BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
+                                 NcclCommunicator& comm, const BackwardArgs& args) {
+  const Shard s = shard_of(config, args.in);
+  require_communicator_device(comm, s);
+  require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
+  require_shard_tensor(args.d_o, "d_o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
+  require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
+  require_shard_tensor(args.dq, "dq", s, s.dtype, shard_shape(s, s.heads_q, s.dqk));
+  require_shard_tensor(args.dk, "dk", s, s.dtype, shard_shape(s, s.heads_kv, s.dqk));
+  require_shard_tensor(args.dv, "dv", s, s.dtype, shard_shape(s, s.heads_kv, s.dv));
+  const bool wants_dalpha = args.dsoftmax_offset.defined();
+  if (wants_dalpha) {
+    require(config.softmax_type == SoftmaxType::kLearnable, "dsoftmax_offset",
+            "is requested but softmax_type is not learnable");
+    require_shard_tensor(args.dsoftmax_offset, "dsoftmax_offset", s, DType::kFloat32, {s.heads_q});
+  }
+  require(args.dbias.ndim == 0, "dbias", "is requested but there is no bias");
+  const cuda::DeviceGuard guard(s.device);
+  void* const stream = args.stream;
+  const Ring ring{comm.rank(), comm.size()};
+  const bool causal = causal_mask(config.mask_type);
+
+  const size_t k_bytes = s.bytes(s.heads_kv, s.dqk), v_bytes = s.bytes(s.heads_kv, s.dv);
+  const size_t dk_bytes = s.bytes(s.heads_kv, s.dqk, 4), dv_bytes = s.bytes(s.heads_kv, s.dv, 4);
+  cuda::DeviceMemory kv_memory[2] = {{k_bytes + v_bytes, s.device}, {k_bytes + v_bytes, s.device}};
+  // dKV travels with fp32 accumulators: the gradient of the KV a rank holds now.
+  cuda::DeviceMemory dkv_memory[2] = {{dk_bytes + dv_bytes, s.device},
+                                      {dk_bytes + dv_bytes, s.device}};
+  cuda::DeviceMemory dq_acc(s.bytes(s.heads_q, s.dqk, 4), s.device);
+  cuda::DeviceMemory dq_tile(s.bytes(s.heads_q, s.dqk), s.device);
+  cuda::DeviceMemory dk_tile(k_bytes, s.device), dv_tile(v_bytes, s.device);
+  cuda::DeviceMemory lse_tile(size_t(s.batch * s.heads_q * s.rows) * 4, s.device);
+  const TensorView dq_acc_view = s.view(dq_acc.get(), DType::kFloat32, s.rows, s.heads_q, s.dqk);
+  auto dk_acc = [&](int i) {
+    return s.view(dkv_memory[i].get(), DType::kFloat32, s.rows, s.heads_kv, s.dqk);
+  };
+  auto dv_acc = [&](int i) {
+    return s.view(static_cast<char*>(dkv_memory[i].get()) + dk_bytes, DType::kFloat32, s.rows,
+                  s.heads_kv, s.dv);
+  };
+  cuda::fill_f32(static_cast<float*>(dq_acc.get()), 0.f, s.batch * s.rows * s.heads_q * s.dqk,
+                 stream);
+  cuda::fill_f32(static_cast<float*>(dkv_memory[0].get()), 0.f, int64_t((dk_bytes + dv_bytes) / 4),
+                 stream);
+
+  DotProductAttention causal_tiles(tile_config(config, true)),
+      full_tiles(tile_config(config, false));
+  BackendKind used = BackendKind::kAuto;
+  TensorView k = args.in.k, v = args.in.v;
+  int held = 0;  // dkv_memory[held]: the gradient of the KV this rank holds
+  std::vector<CommHandle> pending_dkv;
+  for (int step = 0; step < ring.size; ++step) {
+    std::vector<CommHandle> pending_kv;
+    TensorView next_k = k, next_v = v;
+    if (step + 1 < ring.size) {
+      char* buffer = static_cast<char*>(kv_memory[step % 2].get());
+      next_k.data = buffer;
+      next_v.data = buffer + k_bytes;
+      pending_kv =
+          exchange(comm, ring, stream, k.data, v.data, next_k.data, next_v.data, k_bytes, v_bytes);
+    }
+    const StepTile tile = step_tile(causal, ring.rank, ring.source(step), s.rows);
+    BackwardArgs a;
+    a.in.q = rows_of(args.in.q, s, tile.q_first, tile.q_rows);
+    a.in.k = rows_of(k, s, tile.kv_first, tile.kv_rows);
+    a.in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
+    a.o = rows_of(args.o, s, tile.q_first, tile.q_rows);
+    a.d_o = rows_of(args.d_o, s, tile.q_first, tile.q_rows);
+    a.lse = args.lse;  // the final LSE, sink included: P = exp(S - LSE') is the true P
+    if (tile.q_rows != s.rows) {
+      cuda::copy_lse_rows(static_cast<float*>(lse_tile.get()),
+                          static_cast<const float*>(args.lse.data), s.batch * s.heads_q, s.rows,
+                          tile.q_first, tile.q_rows, stream);
+      a.lse = s.lse_view(static_cast<float*>(lse_tile.get()), tile.q_rows);
+    }
+    a.dq = s.view(dq_tile.get(), s.dtype, tile.q_rows, s.heads_q, s.dqk);
+    a.dk = s.view(dk_tile.get(), s.dtype, tile.kv_rows, s.heads_kv, s.dqk);
+    a.dv = s.view(dv_tile.get(), s.dtype, tile.kv_rows, s.heads_kv, s.dv);
+    a.stream = stream;
+    used = (tile.causal ? causal_tiles : full_tiles).backward(a);
+    cuda::accumulate_rows(block_of(rows_of(dq_acc_view, s, tile.q_first, tile.q_rows), s),
+                          block_of(a.dq, s), s.dtype, stream);
+    // The held dKV arrived with the previous step's exchange; the tile above already runs.
+    wait_all(pending_dkv);
+    cuda::accumulate_rows(block_of(rows_of(dk_acc(held), s, tile.kv_first, tile.kv_rows), s),
+                          block_of(a.dk, s), s.dtype, stream);
+    cuda::accumulate_rows(block_of(rows_of(dv_acc(held), s, tile.kv_first, tile.kv_rows), s),
+                          block_of(a.dv, s), s.dtype, stream);
+    if (ring.size > 1) {  // after n transfers each dKV is back with its owner
+      pending_dkv = exchange(comm, ring, stream, dk_acc(held).data, dv_acc(held).data,
+                             dk_acc(1 - held).data, dv_acc(1 - held).data, dk_bytes, dv_bytes);
+      held = 1 - held;
+    }
+    wait_all(pending_kv);
+    k = next_k;
+    v = next_v;
+  }
+  wait_all(pending_dkv);
+  cuda::convert_rows(block_of(args.dq, s), s.dtype, block_of(dq_acc_view, s), stream);
+  cuda::convert_rows(block_of(args.dk, s), s.dtype, block_of(dk_acc(held), s), stream);
+  cuda::convert_rows(block_of(args.dv, s), s.dtype, block_of(dv_acc(held), s), stream);
+  if (wants_dalpha) {
+    float* dalpha = static_cast<float*>(args.dsoftmax_offset.data);
+    cuda::sink_gradient(dalpha, block_of(args.o, s), block_of(args.d_o, s), s.dtype,
+                        static_cast<const float*>(args.lse.data), s.heads_q,
+                        static_cast<const float*>(args.in.softmax_offset.data), stream);
+    if (cp.reduce_dalpha) {
+      cuda::order_after(comm.stream(), stream);
+      comm.all_reduce(dalpha, s.heads_q, DType::kFloat32)->wait();
+    }
+  }
+  cuda::synchronize(stream, s.device);  // the buffers above are freed on return
+  return used;
+}
+
+#endif
+
+}  // namespace dpa::cp

@@ -1,0 +1,35 @@
+// The device-resident p2p ring (docs/context_parallel.md "The device ring"): context
+// parallelism over an NcclCommunicator with every buffer in GPU memory. KV (and dKV in the
+// backward) travel the ring through NCCL while the tiles of the current step run on the
+// caller's stream, so the transfer hides behind the compute. Each tile is a plain
+// DotProductAttention call on row ranges of the local shard (no CP fields: with the dual-chunk
+// split and a causal mask, every step is one of three shapes), and its partial joins fp32
+// accumulators on the GPU (cuda/cp_ring_ops.h).
+//
+// It covers the common training case. Everything else under an NcclCommunicator takes the
+// general algorithms through the host-staged communicator (correct, slower); see
+// device_ring_refusal.
+#pragma once
+
+#include <string>
+
+#include "dpa/cp.h"
+#include "dpa/nccl.h"
+
+namespace dpa::cp {
+
+// Why the device ring cannot run a call with these settings, or "" when it can: CUDA tensors
+// (bshd or sbhd, fp16 or bf16, contiguous q, k, v), comm type p2p, no padding tables, mask
+// no_mask or causal, no sliding window, bias, ALiBi, arbitrary mask or dropout. Softcap, every
+// softmax type (the sink joins after the merge), GQA and MLA head dims are covered.
+std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& cp,
+                                const AttentionInputs& in, double dropout);
+
+// Forward and backward over the ring; call only when device_ring_refusal is empty. They return
+// when the outputs are complete (the caller's stream is synchronised).
+ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
+                                  const ForwardArgs& args, const RngState& rng);
+BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
+                                 NcclCommunicator& comm, const BackwardArgs& args);
+
+}  // namespace dpa::cp

@@ -1,0 +1,239 @@
+#include <cuda_runtime.h>
+
+#include "cuda/cp_ring_ops.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_common.cuh"
+#include "dpa/error.h"
+
+namespace dpa::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+__device__ __forceinline__ int64_t block_offset(const RowBlock& block, int64_t n) {
+  const int64_t x = n % block.width;
+  const int64_t t = (n / block.width) % block.rows;
+  const int64_t b = n / (block.width * block.rows);
+  return b * block.batch_stride + t * block.row_stride + x;
+}
+
+template <typename T>
+__global__ void accumulate_kernel(RowBlock acc, RowBlock tile) {
+  const int64_t total = acc.batch * acc.rows * acc.width;
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < total;
+       n += int64_t(gridDim.x) * blockDim.x)
+    static_cast<float*>(acc.data)[block_offset(acc, n)] +=
+        to_float(static_cast<const T*>(tile.data)[block_offset(tile, n)]);
+}
+
+template <typename T>
+__global__ void convert_kernel(RowBlock dst, RowBlock src) {
+  const int64_t total = dst.batch * dst.rows * dst.width;
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < total;
+       n += int64_t(gridDim.x) * blockDim.x)
+    static_cast<T*>(dst.data)[block_offset(dst, n)] =
+        from_float<T>(static_cast<const float*>(src.data)[block_offset(src, n)]);
+}
+
+__device__ __forceinline__ float log_add_exp(float a, float b) {
+  if (a == -INFINITY) return b;
+  if (b == -INFINITY) return a;
+  return fmaxf(a, b) + log1pf(expf(-fabsf(a - b)));
+}
+
+// One warp per (batch, row, head) of `block`; returns false past the end.
+struct RowItem {
+  int64_t b, t, h;
+};
+__device__ __forceinline__ RowItem row_item(int64_t n, int64_t rows, int64_t heads) {
+  return {n / (heads * rows), (n / heads) % rows, n % heads};
+}
+
+template <typename T>
+__global__ void merge_kernel(RowBlock o_acc, float* lse_acc, int64_t lse_rows,
+                             int64_t lse_first_row, RowBlock o_tile, const float* lse_tile,
+                             int64_t heads) {
+  const int lane = threadIdx.x % 32;
+  const int64_t dv = o_acc.width / heads;
+  const int64_t items = o_acc.batch * o_acc.rows * heads;
+  for (int64_t n = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; n < items;
+       n += int64_t(gridDim.x) * blockDim.x / 32) {
+    const RowItem r = row_item(n, o_acc.rows, heads);
+    float* lse = lse_acc + (r.b * heads + r.h) * lse_rows + lse_first_row + r.t;
+    const float tile_lse = lse_tile[(r.b * heads + r.h) * o_acc.rows + r.t];
+    const float old_lse = *lse;
+    const float merged = log_add_exp(old_lse, tile_lse);
+    const float keep = old_lse == -INFINITY ? 0.f : expf(old_lse - merged);
+    const float take = tile_lse == -INFINITY ? 0.f : expf(tile_lse - merged);
+    float* acc = static_cast<float*>(o_acc.data) + r.b * o_acc.batch_stride +
+                 r.t * o_acc.row_stride + r.h * dv;
+    const T* tile = static_cast<const T*>(o_tile.data) + r.b * o_tile.batch_stride +
+                    r.t * o_tile.row_stride + r.h * dv;
+    for (int64_t c = lane; c < dv; c += 32)
+      acc[c] = (keep == 0.f ? 0.f : acc[c] * keep) + take * to_float(tile[c]);
+    __syncwarp();  // every lane has read the old LSE
+    if (lane == 0) *lse = merged;
+  }
+}
+
+template <typename T>
+__global__ void finalize_kernel(RowBlock o, float* lse_out, RowBlock o_acc, const float* lse_acc,
+                                int64_t heads, int softmax_type, const float* offsets) {
+  const int lane = threadIdx.x % 32;
+  const int64_t dv = o.width / heads;
+  const int64_t items = o.batch * o.rows * heads;
+  for (int64_t n = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; n < items;
+       n += int64_t(gridDim.x) * blockDim.x / 32) {
+    const RowItem r = row_item(n, o.rows, heads);
+    const int64_t lse_index = (r.b * heads + r.h) * o.rows + r.t;
+    const float row_lse = lse_acc[lse_index];
+    const float final_lse = log_add_exp(row_lse, sink_logit(softmax_type, offsets, r.h));
+    const float scale = row_lse == -INFINITY ? 0.f : expf(row_lse - final_lse);
+    const float* acc = static_cast<const float*>(o_acc.data) + r.b * o_acc.batch_stride +
+                       r.t * o_acc.row_stride + r.h * dv;
+    T* out = static_cast<T*>(o.data) + r.b * o.batch_stride + r.t * o.row_stride + r.h * dv;
+    for (int64_t c = lane; c < dv; c += 32)
+      out[c] = from_float<T>(scale == 0.f ? 0.f : acc[c] * scale);
+    if (lane == 0) lse_out[lse_index] = final_lse;
+  }
+}
+
+// One block per head; warp w takes rows w, w + warps, ... in order, then the block sums the
+// warps in order: a fixed reduction order.
+constexpr int kSinkWarps = 16;
+template <typename T>
+__global__ void sink_gradient_kernel(float* dalpha, RowBlock o, RowBlock d_o, const float* lse,
+                                     int64_t heads, const float* offsets) {
+  __shared__ float warp_sums[kSinkWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t h = blockIdx.x, dv = o.width / heads;
+  const float sigma = offsets[h];
+  float sum = 0.f;
+  for (int64_t n = warp; n < o.batch * o.rows; n += kSinkWarps) {
+    const int64_t b = n / o.rows, t = n % o.rows;
+    const T* o_row = static_cast<const T*>(o.data) + b * o.batch_stride + t * o.row_stride + h * dv;
+    const T* do_row =
+        static_cast<const T*>(d_o.data) + b * d_o.batch_stride + t * d_o.row_stride + h * dv;
+    float d = 0.f;
+    for (int64_t c = lane; c < dv; c += 32) d += to_float(o_row[c]) * to_float(do_row[c]);
+    for (int offset = 16; offset > 0; offset /= 2) d += __shfl_xor_sync(0xffffffffu, d, offset);
+    const float row_lse = lse[(b * heads + h) * o.rows + t];
+    if (row_lse != -INFINITY) sum -= expf(sigma - row_lse) * d;
+  }
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kSinkWarps; ++w) total += warp_sums[w];
+    dalpha[h] = total;
+  }
+}
+
+__global__ void fill_kernel(float* data, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    data[i] = value;
+}
+
+unsigned warp_grid(int64_t items) {
+  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return unsigned(blocks < 1 ? 1 : (blocks < 65536 ? blocks : 65536));
+}
+
+// Calls f(T{}) with T the storage type of `dtype` (fp16 or bf16).
+template <typename F>
+void with_storage_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return f(__half{});
+    case DType::kBFloat16:
+      return f(__nv_bfloat16{});
+    default:
+      throw Error(ErrorCode::kInternal, "dtype", "the CP ring stores fp16 or bf16 only");
+  }
+}
+
+}  // namespace
+
+void accumulate_rows(const RowBlock& acc, const RowBlock& tile, DType tile_dtype, void* stream) {
+  const int64_t total = acc.batch * acc.rows * acc.width;
+  if (total == 0) return;
+  with_storage_type(tile_dtype, [&](auto t) {
+    accumulate_kernel<decltype(t)>
+        <<<elementwise_grid(total), kElementwiseThreads, 0, as_stream(stream)>>>(acc, tile);
+  });
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void convert_rows(const RowBlock& dst, DType dst_dtype, const RowBlock& src, void* stream) {
+  const int64_t total = dst.batch * dst.rows * dst.width;
+  if (total == 0) return;
+  with_storage_type(dst_dtype, [&](auto t) {
+    convert_kernel<decltype(t)>
+        <<<elementwise_grid(total), kElementwiseThreads, 0, as_stream(stream)>>>(dst, src);
+  });
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void merge_partial_rows(const RowBlock& o_acc, float* lse_acc, int64_t lse_rows,
+                        int64_t lse_first_row, const RowBlock& o_tile, DType tile_dtype,
+                        const float* lse_tile, int64_t heads, void* stream) {
+  const int64_t items = o_acc.batch * o_acc.rows * heads;
+  if (items == 0) return;
+  with_storage_type(tile_dtype, [&](auto t) {
+    merge_kernel<decltype(t)><<<warp_grid(items), 32 * kWarpsPerBlock, 0, as_stream(stream)>>>(
+        o_acc, lse_acc, lse_rows, lse_first_row, o_tile, lse_tile, heads);
+  });
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void finalize_forward_rows(const RowBlock& o, DType dtype, float* lse, const RowBlock& o_acc,
+                           const float* lse_acc, int64_t heads, int softmax_type,
+                           const float* offsets, void* stream) {
+  const int64_t items = o.batch * o.rows * heads;
+  if (items == 0) return;
+  with_storage_type(dtype, [&](auto t) {
+    finalize_kernel<decltype(t)><<<warp_grid(items), 32 * kWarpsPerBlock, 0, as_stream(stream)>>>(
+        o, lse, o_acc, lse_acc, heads, softmax_type, offsets);
+  });
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void sink_gradient(float* dalpha, const RowBlock& o, const RowBlock& d_o, DType dtype,
+                   const float* lse, int64_t heads, const float* offsets, void* stream) {
+  if (heads == 0) return;
+  with_storage_type(dtype, [&](auto t) {
+    sink_gradient_kernel<decltype(t)><<<unsigned(heads), 32 * kSinkWarps, 0, as_stream(stream)>>>(
+        dalpha, o, d_o, lse, heads, offsets);
+  });
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void copy_lse_rows(float* dst, const float* src, int64_t planes, int64_t src_rows,
+                   int64_t first_row, int64_t rows, void* stream) {
+  if (planes == 0 || rows == 0) return;
+  DPA_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(rows) * sizeof(float), src + first_row,
+                                   size_t(src_rows) * sizeof(float), size_t(rows) * sizeof(float),
+                                   size_t(planes), cudaMemcpyDeviceToDevice, as_stream(stream)));
+}
+
+void fill_f32(float* data, float value, int64_t n, void* stream) {
+  if (n == 0) return;
+  fill_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(data, value, n);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void order_after(void* waiting, void* stream) {
+  if (waiting == stream) return;
+  cudaEvent_t event = nullptr;
+  DPA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(event, as_stream(stream));
+  const cudaError_t waited =
+      recorded == cudaSuccess ? cudaStreamWaitEvent(as_stream(waiting), event, 0) : recorded;
+  cudaEventDestroy(event);  // released once the recorded work completes
+  DPA_CUDA_CHECK(waited);
+}
+
+}  // namespace dpa::cuda
