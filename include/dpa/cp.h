@@ -16,6 +16,10 @@
 
 namespace dpa {
 
+namespace cp {
+class RingWorkspace;
+}
+
 // How KV (and dKV) reach the queries that need them.
 //   p2p:        KV travels a ring of the cp ranks; dKV travels it in the backward.
 //   all_gather: every rank fetches the KV chunks its queries can see (window-aware; all of
@@ -161,6 +165,9 @@ class ContextParallelAttention {
   CpConfig cp_;
   Communicator& comm_;
   uint64_t next_offset_ = 0;
+  // Device buffers of the device ring (an NcclCommunicator), kept between calls; copies of the
+  // object share them (use one object per thread).
+  std::shared_ptr<cp::RingWorkspace> ring_workspace_;
 };
 
 }  // namespace dpa

@@ -853,12 +853,12 @@ void stage_inputs(HostStaging& staging, AttentionInputs& in) {
 
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
-                      const DebugOptions& debug) {
+                      const DebugOptions& debug, RingWorkspace* workspace) {
   if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
     // Device buffers: the device ring where it applies, else the general algorithms over
     // host buffers through a host-staged view of the same communicator.
     if (!debug.sink_per_tile && device_ring_refusal(config, cp_config, args.in, dropout).empty())
-      return device_ring_forward(config, *nccl, args, rng);
+      return device_ring_forward(config, *nccl, args, rng, workspace);
     const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
     return forward(config, cp_config, *staged, args, dropout, rng, debug);
   }
@@ -876,10 +876,10 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
 }
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
-                     const BackwardArgs& args, double dropout) {
+                     const BackwardArgs& args, double dropout, RingWorkspace* workspace) {
   if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
-      return device_ring_backward(config, cp_config, *nccl, args);
+      return device_ring_backward(config, cp_config, *nccl, args, workspace);
     const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
     return backward(config, cp_config, *staged, args, dropout);
   }
@@ -908,20 +908,22 @@ namespace dpa {
 
 ContextParallelAttention::ContextParallelAttention(const AttentionConfig& config,
                                                    const CpConfig& cp, Communicator& communicator)
-    : config_(config), cp_(cp), comm_(communicator) {
+    : config_(config), cp_(cp), comm_(communicator), ring_workspace_(cp::make_ring_workspace()) {
   validate_config(config_);
 }
 
 ForwardResult ContextParallelAttention::forward(const ForwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   const RngState rng = args.rng.value_or(RngState{config_.seed, next_offset_});
-  ForwardResult result = cp::forward(config_, cp_, comm_, args, dropout, rng);
+  ForwardResult result =
+      cp::forward(config_, cp_, comm_, args, dropout, rng, {}, ring_workspace_.get());
   if (!args.rng && dropout > 0.0) ++next_offset_;
   return result;
 }
 
 BackendKind ContextParallelAttention::backward(const BackwardArgs& args) {
-  return cp::backward(config_, cp_, comm_, args, args.dropout.value_or(config_.dropout));
+  return cp::backward(config_, cp_, comm_, args, args.dropout.value_or(config_.dropout),
+                      ring_workspace_.get());
 }
 
 }  // namespace dpa

@@ -1,6 +1,7 @@
 // The CP algorithms behind ContextParallelAttention, with test-only switches.
 #pragma once
 
+#include "cp/device_ring.h"
 #include "dpa/cp.h"
 
 namespace dpa::cp {
@@ -11,10 +12,11 @@ struct DebugOptions {
   bool sink_per_tile = false;
 };
 
+// `workspace`: the device ring's buffers kept between calls (cp/device_ring.h), or null.
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
-                      const DebugOptions& debug = {});
+                      const DebugOptions& debug = {}, RingWorkspace* workspace = nullptr);
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp, Communicator& comm,
-                     const BackwardArgs& args, double dropout);
+                     const BackwardArgs& args, double dropout, RingWorkspace* workspace = nullptr);
 
 }  // namespace dpa::cp

@@ -13,25 +13,68 @@ namespace dpa::cp {
 
 #if !defined(DPA_WITH_CUDA)
 
+class RingWorkspace {};
+std::shared_ptr<RingWorkspace> make_ring_workspace() { return std::make_shared<RingWorkspace>(); }
+
 std::string device_ring_refusal(const AttentionConfig&, const CpConfig&, const AttentionInputs&,
                                 double) {
   return "a build without CUDA";
 }
 
 ForwardResult device_ring_forward(const AttentionConfig&, NcclCommunicator&, const ForwardArgs&,
-                                  const RngState&) {
+                                  const RngState&, RingWorkspace*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
 BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, NcclCommunicator&,
-                                 const BackwardArgs&) {
+                                 const BackwardArgs&, RingWorkspace*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
 
 #else
 
+class RingWorkspace {
+ public:
+  // `bytes` of device memory on `device` for buffer `slot`, valid until the next call.
+  void* get(int slot, size_t bytes, int device) {
+    if (size_t(slot) >= buffers_.size()) buffers_.resize(size_t(slot) + 1);
+    Buffer& b = buffers_[size_t(slot)];
+    if (b.bytes < bytes || b.device != device) {
+      b.memory = cuda::DeviceMemory();  // free first: the old and new may not fit together
+      b.memory = cuda::DeviceMemory(bytes, device);
+      b.bytes = bytes;
+      b.device = device;
+    }
+    return b.memory.get();
+  }
+
+ private:
+  struct Buffer {
+    cuda::DeviceMemory memory;
+    size_t bytes = 0;
+    int device = -1;
+  };
+  std::vector<Buffer> buffers_;
+};
+
+std::shared_ptr<RingWorkspace> make_ring_workspace() { return std::make_shared<RingWorkspace>(); }
+
 namespace {
 
 using cuda::RowBlock;
+
+// The buffers of one call, by slot; forward and backward share slots where they can.
+enum Slot : int {
+  kKvA,
+  kKvB,
+  kAccumulator,  // o (forward) or dq (backward), fp32
+  kQueryTile,    // o or dq of one tile
+  kLseA,         // the LSE accumulator (forward) or a tile's rows of the final LSE (backward)
+  kLseB,         // a tile's LSE (forward)
+  kDkvA,
+  kDkvB,
+  kDkTile,
+  kDvTile,
+};
 
 bool causal_mask(MaskType mask) {
   return mask == MaskType::kCausal || mask == MaskType::kCausalBottomRight;
@@ -218,7 +261,8 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
 }
 
 ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
-                                  const ForwardArgs& args, const RngState& rng) {
+                                  const ForwardArgs& args, const RngState& rng,
+                                  RingWorkspace* workspace) {
   const Shard s = shard_of(config, args.in);
   require_communicator_device(comm, s);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
@@ -229,14 +273,17 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
   const bool causal = causal_mask(config.mask_type);
 
   const size_t k_bytes = s.bytes(s.heads_kv, s.dqk), v_bytes = s.bytes(s.heads_kv, s.dv);
-  cuda::DeviceMemory kv_memory[2] = {{k_bytes + v_bytes, s.device}, {k_bytes + v_bytes, s.device}};
-  cuda::DeviceMemory o_acc(s.bytes(s.heads_q, s.dv, 4), s.device);
-  cuda::DeviceMemory lse_acc(size_t(s.batch * s.heads_q * s.rows) * 4, s.device);
-  cuda::DeviceMemory o_tile(s.bytes(s.heads_q, s.dv), s.device);
-  cuda::DeviceMemory lse_tile(size_t(s.batch * s.heads_q * s.rows) * 4, s.device);
-  float* const lse_acc_data = static_cast<float*>(lse_acc.get());
+  RingWorkspace own;
+  RingWorkspace& w = workspace != nullptr ? *workspace : own;
+  const size_t lse_bytes = size_t(s.batch * s.heads_q * s.rows) * 4;
+  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device),
+                              w.get(kKvB, k_bytes + v_bytes, s.device)};
+  void* const o_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dv, 4), s.device);
+  void* const o_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dv), s.device);
+  float* const lse_acc_data = static_cast<float*>(w.get(kLseA, lse_bytes, s.device));
+  float* const lse_tile = static_cast<float*>(w.get(kLseB, lse_bytes, s.device));
   cuda::fill_f32(lse_acc_data, -INFINITY, s.batch * s.heads_q * s.rows, stream);
-  const TensorView o_acc_view = s.view(o_acc.get(), DType::kFloat32, s.rows, s.heads_q, s.dv);
+  const TensorView o_acc_view = s.view(o_acc, DType::kFloat32, s.rows, s.heads_q, s.dv);
 
   DotProductAttention causal_tiles(tile_config(config, true)),
       full_tiles(tile_config(config, false));
@@ -246,7 +293,7 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
     std::vector<CommHandle> pending;
     TensorView next_k = k, next_v = v;
     if (step + 1 < ring.size) {
-      char* buffer = static_cast<char*>(kv_memory[step % 2].get());
+      char* buffer = static_cast<char*>(kv_memory[step % 2]);
       next_k.data = buffer;
       next_v.data = buffer + k_bytes;
       pending =
@@ -257,13 +304,13 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
     a.in.q = rows_of(args.in.q, s, tile.q_first, tile.q_rows);
     a.in.k = rows_of(k, s, tile.kv_first, tile.kv_rows);
     a.in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
-    a.o = s.view(o_tile.get(), s.dtype, tile.q_rows, s.heads_q, s.dv);
-    a.lse = s.lse_view(static_cast<float*>(lse_tile.get()), tile.q_rows);
+    a.o = s.view(o_tile, s.dtype, tile.q_rows, s.heads_q, s.dv);
+    a.lse = s.lse_view(lse_tile, tile.q_rows);
     a.stream = stream;
     used = (tile.causal ? causal_tiles : full_tiles).forward(a).backend;
     cuda::merge_partial_rows(block_of(rows_of(o_acc_view, s, tile.q_first, tile.q_rows), s),
                              lse_acc_data, s.rows, tile.q_first, block_of(a.o, s), s.dtype,
-                             static_cast<const float*>(lse_tile.get()), s.heads_q, stream);
+                             lse_tile, s.heads_q, stream);
     wait_all(pending);
     k = next_k;
     v = next_v;
@@ -272,12 +319,13 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
                               block_of(o_acc_view, s), lse_acc_data, s.heads_q,
                               int(config.softmax_type),
                               static_cast<const float*>(args.in.softmax_offset.data), stream);
-  cuda::synchronize(stream, s.device);  // the buffers above are freed on return
+  cuda::synchronize(stream, s.device);  // the workspace is free for the next call
   return {used, rng};
 }
 
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
-                                 NcclCommunicator& comm, const BackwardArgs& args) {
+                                 NcclCommunicator& comm, const BackwardArgs& args,
+                                 RingWorkspace* workspace) {
   const Shard s = shard_of(config, args.in);
   require_communicator_device(comm, s);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
@@ -300,25 +348,29 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
 
   const size_t k_bytes = s.bytes(s.heads_kv, s.dqk), v_bytes = s.bytes(s.heads_kv, s.dv);
   const size_t dk_bytes = s.bytes(s.heads_kv, s.dqk, 4), dv_bytes = s.bytes(s.heads_kv, s.dv, 4);
-  cuda::DeviceMemory kv_memory[2] = {{k_bytes + v_bytes, s.device}, {k_bytes + v_bytes, s.device}};
+  RingWorkspace own;
+  RingWorkspace& w = workspace != nullptr ? *workspace : own;
+  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device),
+                              w.get(kKvB, k_bytes + v_bytes, s.device)};
   // dKV travels with fp32 accumulators: the gradient of the KV a rank holds now.
-  cuda::DeviceMemory dkv_memory[2] = {{dk_bytes + dv_bytes, s.device},
-                                      {dk_bytes + dv_bytes, s.device}};
-  cuda::DeviceMemory dq_acc(s.bytes(s.heads_q, s.dqk, 4), s.device);
-  cuda::DeviceMemory dq_tile(s.bytes(s.heads_q, s.dqk), s.device);
-  cuda::DeviceMemory dk_tile(k_bytes, s.device), dv_tile(v_bytes, s.device);
-  cuda::DeviceMemory lse_tile(size_t(s.batch * s.heads_q * s.rows) * 4, s.device);
-  const TensorView dq_acc_view = s.view(dq_acc.get(), DType::kFloat32, s.rows, s.heads_q, s.dqk);
+  void* const dkv_memory[2] = {w.get(kDkvA, dk_bytes + dv_bytes, s.device),
+                               w.get(kDkvB, dk_bytes + dv_bytes, s.device)};
+  void* const dq_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dqk, 4), s.device);
+  void* const dq_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dqk), s.device);
+  void* const dk_tile = w.get(kDkTile, k_bytes, s.device);
+  void* const dv_tile = w.get(kDvTile, v_bytes, s.device);
+  float* const lse_tile =
+      static_cast<float*>(w.get(kLseA, size_t(s.batch * s.heads_q * s.rows) * 4, s.device));
+  const TensorView dq_acc_view = s.view(dq_acc, DType::kFloat32, s.rows, s.heads_q, s.dqk);
   auto dk_acc = [&](int i) {
-    return s.view(dkv_memory[i].get(), DType::kFloat32, s.rows, s.heads_kv, s.dqk);
+    return s.view(dkv_memory[i], DType::kFloat32, s.rows, s.heads_kv, s.dqk);
   };
   auto dv_acc = [&](int i) {
-    return s.view(static_cast<char*>(dkv_memory[i].get()) + dk_bytes, DType::kFloat32, s.rows,
-                  s.heads_kv, s.dv);
+    return s.view(static_cast<char*>(dkv_memory[i]) + dk_bytes, DType::kFloat32, s.rows, s.heads_kv,
+                  s.dv);
   };
-  cuda::fill_f32(static_cast<float*>(dq_acc.get()), 0.f, s.batch * s.rows * s.heads_q * s.dqk,
-                 stream);
-  cuda::fill_f32(static_cast<float*>(dkv_memory[0].get()), 0.f, int64_t((dk_bytes + dv_bytes) / 4),
+  cuda::fill_f32(static_cast<float*>(dq_acc), 0.f, s.batch * s.rows * s.heads_q * s.dqk, stream);
+  cuda::fill_f32(static_cast<float*>(dkv_memory[0]), 0.f, int64_t((dk_bytes + dv_bytes) / 4),
                  stream);
 
   DotProductAttention causal_tiles(tile_config(config, true)),
@@ -331,7 +383,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
     std::vector<CommHandle> pending_kv;
     TensorView next_k = k, next_v = v;
     if (step + 1 < ring.size) {
-      char* buffer = static_cast<char*>(kv_memory[step % 2].get());
+      char* buffer = static_cast<char*>(kv_memory[step % 2]);
       next_k.data = buffer;
       next_v.data = buffer + k_bytes;
       pending_kv =
@@ -346,14 +398,13 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
     a.d_o = rows_of(args.d_o, s, tile.q_first, tile.q_rows);
     a.lse = args.lse;  // the final LSE, sink included: P = exp(S - LSE') is the true P
     if (tile.q_rows != s.rows) {
-      cuda::copy_lse_rows(static_cast<float*>(lse_tile.get()),
-                          static_cast<const float*>(args.lse.data), s.batch * s.heads_q, s.rows,
-                          tile.q_first, tile.q_rows, stream);
-      a.lse = s.lse_view(static_cast<float*>(lse_tile.get()), tile.q_rows);
+      cuda::copy_lse_rows(lse_tile, static_cast<const float*>(args.lse.data), s.batch * s.heads_q,
+                          s.rows, tile.q_first, tile.q_rows, stream);
+      a.lse = s.lse_view(lse_tile, tile.q_rows);
     }
-    a.dq = s.view(dq_tile.get(), s.dtype, tile.q_rows, s.heads_q, s.dqk);
-    a.dk = s.view(dk_tile.get(), s.dtype, tile.kv_rows, s.heads_kv, s.dqk);
-    a.dv = s.view(dv_tile.get(), s.dtype, tile.kv_rows, s.heads_kv, s.dv);
+    a.dq = s.view(dq_tile, s.dtype, tile.q_rows, s.heads_q, s.dqk);
+    a.dk = s.view(dk_tile, s.dtype, tile.kv_rows, s.heads_kv, s.dqk);
+    a.dv = s.view(dv_tile, s.dtype, tile.kv_rows, s.heads_kv, s.dv);
     a.stream = stream;
     used = (tile.causal ? causal_tiles : full_tiles).backward(a);
     cuda::accumulate_rows(block_of(rows_of(dq_acc_view, s, tile.q_first, tile.q_rows), s),
@@ -387,7 +438,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
       comm.all_reduce(dalpha, s.heads_q, DType::kFloat32)->wait();
     }
   }
-  cuda::synchronize(stream, s.device);  // the buffers above are freed on return
+  cuda::synchronize(stream, s.device);  // the workspace is free for the next call
   return used;
 }
 

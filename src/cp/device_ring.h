@@ -11,6 +11,7 @@
 // device_ring_refusal.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "dpa/cp.h"
@@ -25,11 +26,20 @@ namespace dpa::cp {
 std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& cp,
                                 const AttentionInputs& in, double dropout);
 
+// The ring's device buffers (KV in flight, fp32 accumulators, tile outputs), kept between
+// calls: allocating and freeing ~10 buffers of the shard's size per call costs milliseconds and
+// a device synchronisation. Buffers only grow. One per ContextParallelAttention object.
+class RingWorkspace;
+std::shared_ptr<RingWorkspace> make_ring_workspace();
+
 // Forward and backward over the ring; call only when device_ring_refusal is empty. They return
-// when the outputs are complete (the caller's stream is synchronised).
+// when the outputs are complete (the caller's stream is synchronised). A null workspace uses
+// buffers of the call's own.
 ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
-                                  const ForwardArgs& args, const RngState& rng);
+                                  const ForwardArgs& args, const RngState& rng,
+                                  RingWorkspace* workspace);
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
-                                 NcclCommunicator& comm, const BackwardArgs& args);
+                                 NcclCommunicator& comm, const BackwardArgs& args,
+                                 RingWorkspace* workspace);
 
 }  // namespace dpa::cp

@@ -313,9 +313,9 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
 
     const char* ring_only_flag = std::getenv("DPA_NCCL_TEST_CP_RING_ONLY");
     const bool ring_only = ring_only_flag != nullptr && std::string(ring_only_flag) == "1";
-    if (ring_only &&
-        !cp::device_ring_refusal(spec.config, CpConfig{}, device_shaped(t, t.q, t.k, t.v), 0.0)
-             .empty())
+    if (ring_only && !cp::device_ring_refusal(spec.config, CpConfig{},
+                                              device_shaped(t, t.q, t.k, t.v), spec.config.dropout)
+                          .empty())
       continue;  // same on every rank
 
     // The reference: the same call without CP on this rank's GPU (once per configuration).
@@ -344,27 +344,31 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
     const HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
 
     // Each layout through the host-staged communicator (the general algorithms), and p2p also
-    // through the NCCL communicator itself, which takes the device ring where it applies.
+    // through the NCCL communicator itself: the device ring where it applies ("_ring"), else
+    // the general algorithms through a host-staged view it makes itself ("_nccl").
     struct Variant {
       test::CpLayout layout;
-      bool device_ring;
+      bool through_nccl;
+      std::string name;
     };
     std::vector<Variant> variants;
     for (const test::CpLayout& layout : layouts_for(cp)) {
-      if (!ring_only) variants.push_back({layout, false});
-      CpConfig ring_config;
-      if (layout.type == CpCommType::kP2P &&
-          cp::device_ring_refusal(spec.config, ring_config, device_shaped(t, q, k, v), 0.0).empty())
-        variants.push_back({layout, true});
+      const std::string name = test::cp_layout_name(layout);
+      if (!ring_only) variants.push_back({layout, false, name});
+      if (layout.type != CpCommType::kP2P) continue;
+      const bool ring = cp::device_ring_refusal(spec.config, CpConfig{}, device_shaped(t, q, k, v),
+                                                spec.config.dropout)
+                            .empty();
+      if (ring || !ring_only) variants.push_back({layout, true, name + (ring ? "_ring" : "_nccl")});
     }
-    for (const auto& [layout, device_ring] : variants) {
+    for (const auto& [layout, through_nccl, variant_name] : variants) {
       const auto started = Clock::now();
       CpConfig cp_config;
       cp_config.comm_type = layout.type;
       cp_config.a2a_group_size = layout.group;
       cp_config.reduce_dalpha = true;  // every rank holds the whole gradient
       ContextParallelAttention attention(spec.config, cp_config,
-                                         device_ring ? static_cast<Communicator&>(*nccl) : *comm);
+                                         through_nccl ? static_cast<Communicator&>(*nccl) : *comm);
       Outputs got;
       BackendKind tile_backward = BackendKind::kAuto;
       {
@@ -388,10 +392,8 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
       std::printf(
           "dpa_nccl_tests: rank %d: cp %-22s %-19s s=%lld: o %.1e lse %.2f dq %.1e dk %.1e dv "
           "%.1e dalpha %.1e (backward: reference %s, tiles %s)  %s (%.1f s)\n",
-          rank, c.name.c_str(),
-          (test::cp_layout_name(layout) + (device_ring ? "_ring" : "")).c_str(),
-          static_cast<long long>(spec.seqlen_q), o, lse, dq, dk, dv, dalpha,
-          std::string(to_string(reference_backward)).c_str(),
+          rank, c.name.c_str(), variant_name.c_str(), static_cast<long long>(spec.seqlen_q), o, lse,
+          dq, dk, dv, dalpha, std::string(to_string(reference_backward)).c_str(),
           std::string(to_string(tile_backward)).c_str(), ok ? "ok" : "FAILED",
           std::chrono::duration<double>(Clock::now() - started).count());
       std::fflush(stdout);
@@ -449,30 +451,39 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   };
   using Forward = std::function<ForwardResult(const ForwardArgs&)>;
   using Backward = std::function<void(const BackwardArgs&)>;
-  // Per-GPU TFLOP/s of `call` (forward, then forward + backward) over `runs` runs.
-  struct Rates {
+  // Median seconds of `call`: forward alone, then forward + backward.
+  struct Times {
     double forward = 0, forward_backward = 0;
   };
-  auto measure = [&](DeviceCall& call, const CaseSpec& spec, int runs, const Forward& forward,
-                     const Backward& backward, int gpus) {
-    Rates r;
-    r.forward = flops(spec, false) / median_seconds(runs, [&] { call.run_forward(forward); }) /
-                gpus * 1e-12;
-    r.forward_backward = flops(spec, true) /
-                         median_seconds(runs, [&] { call.run(forward, backward); }) / gpus * 1e-12;
-    return r;
+  auto time_call = [&](DeviceCall& call, int runs, const Forward& forward,
+                       const Backward& backward) {
+    Times times;
+    times.forward = median_seconds(runs, [&] { call.run_forward(forward); });
+    times.forward_backward = median_seconds(runs, [&] { call.run(forward, backward); });
+    return times;
+  };
+  auto time_attention = [&](const CaseSpec& spec, int runs) {
+    const CaseTensors tensors = test::make_case(spec);
+    DotProductAttention attention(spec.config);
+    DeviceCall call(spec, tensors, tensors.q, tensors.k, tensors.v, tensors.d_o,
+                    lse_shape_of(spec, spec.seqlen_q), device);
+    return time_call(
+        call, runs, [&](const ForwardArgs& a) { return attention.forward(a); },
+        [&](const BackwardArgs& a) { attention.backward(a); });
   };
 
   const int64_t per_gpu = settings.bench_seqlen_per_gpu;
   // One GPU alone with per_gpu tokens (every rank measures its own; rank 0 reports).
   const CaseSpec alone = spec_for(per_gpu);
-  const CaseTensors alone_tensors = test::make_case(alone);
-  DotProductAttention single(alone.config);
-  DeviceCall alone_call(alone, alone_tensors, alone_tensors.q, alone_tensors.k, alone_tensors.v,
-                        alone_tensors.d_o, lse_shape_of(alone, per_gpu), device);
-  const Rates one = measure(
-      alone_call, alone, 20, [&](const ForwardArgs& a) { return single.forward(a); },
-      [&](const BackwardArgs& a) { single.backward(a); }, 1);
+  const Times one = time_attention(alone, 20);
+  // What the ring's tiles cost without communication: a rank's tiles are its local causal
+  // triangle (the call above) and cp - 1 tiles of per_gpu x per_gpu / 2 pairs without a mask
+  // or a sink (both orientations have the same work; the one timed is q per_gpu, kv half).
+  CaseSpec half = spec_for(per_gpu);
+  half.seqlen_kv = per_gpu / 2;
+  half.config.mask_type = MaskType::kNoMask;
+  half.config.softmax_type = SoftmaxType::kVanilla;
+  const Times half_tile = time_attention(half, 20);
 
   // cp ranks with per_gpu tokens each (p2p): the device ring (through the NCCL communicator),
   // and with DPA_NCCL_TEST_CP_BENCH_STAGED=1 also the general algorithm through the host-staged
@@ -491,29 +502,38 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   DeviceCall together_call(together, t, q, k, v, d_o, lse_shape_of(together, per_gpu), device);
   auto run_cp = [&](Communicator& through, int runs) {
     ContextParallelAttention attention(together.config, cp_config, through);
-    return measure(
-        together_call, together, runs, [&](const ForwardArgs& a) { return attention.forward(a); },
-        [&](const BackwardArgs& a) { attention.backward(a); }, cp);
+    return time_call(
+        together_call, runs, [&](const ForwardArgs& a) { return attention.forward(a); },
+        [&](const BackwardArgs& a) { attention.backward(a); });
   };
   const std::string ring_refusal =
       cp::device_ring_refusal(together.config, cp_config, device_shaped(t, q, k, v), 0.0);
-  const Rates ring = run_cp(*nccl, 20);
+  const Times ring = run_cp(*nccl, 20);
   const char* staged_flag = std::getenv("DPA_NCCL_TEST_CP_BENCH_STAGED");
   const bool with_staged = staged_flag != nullptr && std::string(staged_flag) == "1";
-  const Rates staged = with_staged ? run_cp(*comm, 3) : Rates{};
+  const Times staged = with_staged ? run_cp(*comm, 3) : Times{};
   if (env.rank == 0) {
-    auto report = [&](const char* what, const Rates& r) {
+    const double one_fwd = flops(alone, false) / one.forward * 1e-12;
+    const double one_all = flops(alone, true) / one.forward_backward * 1e-12;
+    // Per-GPU TFLOP/s of the cp-rank run and its share of the cp = 1 rate.
+    auto report = [&](const std::string& what, double forward_s, double forward_backward_s) {
+      const double fwd = flops(together, false) / forward_s / cp * 1e-12;
+      const double all = flops(together, true) / forward_backward_s / cp * 1e-12;
       std::printf(
           "dpa_nccl_tests: cp scaling (p2p, causal, softcap 50, learnable sink, bf16, H=16, "
           "d=128, %lld tokens per GPU, %s): forward cp=1 %.1f, cp=%d %.1f TFLOP/s per GPU "
           "(%.1f%% of ideal); forward+backward cp=1 %.1f, cp=%d %.1f TFLOP/s per GPU (%.1f%% of "
           "ideal)\n",
-          static_cast<long long>(per_gpu), what, one.forward, cp, r.forward,
-          100.0 * r.forward / one.forward, one.forward_backward, cp, r.forward_backward,
-          100.0 * r.forward_backward / one.forward_backward);
+          static_cast<long long>(per_gpu), what.c_str(), one_fwd, cp, fwd, 100.0 * fwd / one_fwd,
+          one_all, cp, all, 100.0 * all / one_all);
     };
-    report(ring_refusal.empty() ? "device ring" : ("host-staged: " + ring_refusal).c_str(), ring);
-    if (with_staged) report("host-staged communicator, median of 3", staged);
+    report(ring_refusal.empty() ? "device ring" : "host-staged: " + ring_refusal, ring.forward,
+           ring.forward_backward);
+    report("the ring's tiles alone on one GPU, no communication or merges",
+           one.forward + (cp - 1) * half_tile.forward,
+           one.forward_backward + (cp - 1) * half_tile.forward_backward);
+    if (with_staged)
+      report("host-staged communicator, median of 3", staged.forward, staged.forward_backward);
     std::fflush(stdout);
   }
 }
