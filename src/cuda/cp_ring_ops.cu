@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/cp_ring_ops.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
@@ -12,29 +14,62 @@ constexpr int kWarpsPerBlock = 8;
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-__device__ __forceinline__ int64_t block_offset(const RowBlock& block, int64_t n) {
-  const int64_t x = n % block.width;
-  const int64_t t = (n / block.width) % block.rows;
-  const int64_t b = n / (block.width * block.rows);
-  return b * block.batch_stride + t * block.row_stride + x;
+// Four consecutive storage elements, loaded and stored as one 8-byte access.
+template <typename T>
+struct alignas(8) Four {
+  T v[4];
+};
+
+// The first element of row `row` (batch-major) of `block`; the pointer argument names the type.
+template <typename T>
+__device__ __forceinline__ T* row_start(const RowBlock& block, T*, int64_t row) {
+  return static_cast<T*>(block.data) + (row / block.rows) * block.batch_stride +
+         (row % block.rows) * block.row_stride;
+}
+
+// One block per row (grid-stride over rows), threads across the row: index arithmetic once
+// per row, and with `vectorized` (width and row starts multiples of 4 elements) 16-byte fp32
+// and 8-byte storage accesses.
+template <typename T>
+__global__ void accumulate_kernel(RowBlock acc, RowBlock tile, bool vectorized) {
+  for (int64_t row = blockIdx.x; row < acc.batch * acc.rows; row += gridDim.x) {
+    float* a = row_start(acc, static_cast<float*>(nullptr), row);
+    const T* x = row_start(tile, static_cast<T*>(nullptr), row);
+    if (vectorized) {
+      for (int64_t c = 4 * int64_t(threadIdx.x); c < acc.width; c += 4 * int64_t(blockDim.x)) {
+        float4 sum = *reinterpret_cast<const float4*>(a + c);
+        const Four<T> add = *reinterpret_cast<const Four<T>*>(x + c);
+        sum.x += to_float(add.v[0]);
+        sum.y += to_float(add.v[1]);
+        sum.z += to_float(add.v[2]);
+        sum.w += to_float(add.v[3]);
+        *reinterpret_cast<float4*>(a + c) = sum;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < acc.width; c += blockDim.x) a[c] += to_float(x[c]);
+    }
+  }
 }
 
 template <typename T>
-__global__ void accumulate_kernel(RowBlock acc, RowBlock tile) {
-  const int64_t total = acc.batch * acc.rows * acc.width;
-  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < total;
-       n += int64_t(gridDim.x) * blockDim.x)
-    static_cast<float*>(acc.data)[block_offset(acc, n)] +=
-        to_float(static_cast<const T*>(tile.data)[block_offset(tile, n)]);
-}
-
-template <typename T>
-__global__ void convert_kernel(RowBlock dst, RowBlock src) {
-  const int64_t total = dst.batch * dst.rows * dst.width;
-  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < total;
-       n += int64_t(gridDim.x) * blockDim.x)
-    static_cast<T*>(dst.data)[block_offset(dst, n)] =
-        from_float<T>(static_cast<const float*>(src.data)[block_offset(src, n)]);
+__global__ void convert_kernel(RowBlock dst, RowBlock src, bool vectorized) {
+  for (int64_t row = blockIdx.x; row < dst.batch * dst.rows; row += gridDim.x) {
+    T* out = row_start(dst, static_cast<T*>(nullptr), row);
+    const float* in = row_start(src, static_cast<float*>(nullptr), row);
+    if (vectorized) {
+      for (int64_t c = 4 * int64_t(threadIdx.x); c < dst.width; c += 4 * int64_t(blockDim.x)) {
+        const float4 value = *reinterpret_cast<const float4*>(in + c);
+        Four<T> four;
+        four.v[0] = from_float<T>(value.x);
+        four.v[1] = from_float<T>(value.y);
+        four.v[2] = from_float<T>(value.z);
+        four.v[3] = from_float<T>(value.w);
+        *reinterpret_cast<Four<T>*>(out + c) = four;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < dst.width; c += blockDim.x) out[c] = from_float<T>(in[c]);
+    }
+  }
 }
 
 __device__ __forceinline__ float log_add_exp(float a, float b) {
@@ -157,22 +192,41 @@ void with_storage_type(DType dtype, F&& f) {
 
 }  // namespace
 
+namespace {
+
+// Whether every row of both blocks starts on a multiple of 4 elements of a 16-byte aligned
+// (fp32) or 8-byte aligned (storage) base, with a width of a multiple of 4.
+bool vectorizable(const RowBlock& fp32, const RowBlock& storage) {
+  auto aligned = [](const RowBlock& b, size_t alignment) {
+    return reinterpret_cast<uintptr_t>(b.data) % alignment == 0 && b.batch_stride % 4 == 0 &&
+           b.row_stride % 4 == 0;
+  };
+  return fp32.width % 4 == 0 && aligned(fp32, 16) && aligned(storage, 8);
+}
+
+constexpr int kRowThreads = 256;
+unsigned row_grid(int64_t rows) { return unsigned(rows < 1 ? 1 : (rows < 32768 ? rows : 32768)); }
+
+}  // namespace
+
 void accumulate_rows(const RowBlock& acc, const RowBlock& tile, DType tile_dtype, void* stream) {
-  const int64_t total = acc.batch * acc.rows * acc.width;
-  if (total == 0) return;
+  const int64_t rows = acc.batch * acc.rows;
+  if (rows == 0 || acc.width == 0) return;
+  const bool vectorized = vectorizable(acc, tile);
   with_storage_type(tile_dtype, [&](auto t) {
     accumulate_kernel<decltype(t)>
-        <<<elementwise_grid(total), kElementwiseThreads, 0, as_stream(stream)>>>(acc, tile);
+        <<<row_grid(rows), kRowThreads, 0, as_stream(stream)>>>(acc, tile, vectorized);
   });
   DPA_CUDA_CHECK_LAUNCH();
 }
 
 void convert_rows(const RowBlock& dst, DType dst_dtype, const RowBlock& src, void* stream) {
-  const int64_t total = dst.batch * dst.rows * dst.width;
-  if (total == 0) return;
+  const int64_t rows = dst.batch * dst.rows;
+  if (rows == 0 || dst.width == 0) return;
+  const bool vectorized = vectorizable(src, dst);
   with_storage_type(dst_dtype, [&](auto t) {
     convert_kernel<decltype(t)>
-        <<<elementwise_grid(total), kElementwiseThreads, 0, as_stream(stream)>>>(dst, src);
+        <<<row_grid(rows), kRowThreads, 0, as_stream(stream)>>>(dst, src, vectorized);
   });
   DPA_CUDA_CHECK_LAUNCH();
 }

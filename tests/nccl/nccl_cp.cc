@@ -509,6 +509,17 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   const std::string ring_refusal =
       cp::device_ring_refusal(together.config, cp_config, device_shaped(t, q, k, v), 0.0);
   const Times ring = run_cp(*nccl, 20);
+  // One ring transfer of the backward's fp32 dK and dV (what the last step cannot hide).
+  const size_t dkv_bytes = size_t(2 * per_gpu * together.heads_kv * together.head_dim_qk) * 4;
+  DeviceCopy send_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
+  DeviceCopy recv_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
+  const double transfer_s = median_seconds(10, [&] {
+    const int next = (env.rank + 1) % cp, previous = (env.rank + cp - 1) % cp;
+    CommHandle sent = nccl->send(send_buffer.view().data, dkv_bytes, next, 0);
+    CommHandle received = nccl->recv(recv_buffer.view().data, dkv_bytes, previous, 0);
+    sent->wait();
+    received->wait();
+  });
   const char* staged_flag = std::getenv("DPA_NCCL_TEST_CP_BENCH_STAGED");
   const bool with_staged = staged_flag != nullptr && std::string(staged_flag) == "1";
   const Times staged = with_staged ? run_cp(*comm, 3) : Times{};
@@ -534,6 +545,13 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
            one.forward_backward + (cp - 1) * half_tile.forward_backward);
     if (with_staged)
       report("host-staged communicator, median of 3", staged.forward, staged.forward_backward);
+    std::printf(
+        "dpa_nccl_tests: cp timings: ring forward %.2f ms, forward+backward %.2f ms; tiles alone "
+        "%.2f / %.2f ms; one ring transfer of fp32 dK+dV (%.0f MB) %.2f ms (%.0f GB/s)\n",
+        ring.forward * 1e3, ring.forward_backward * 1e3,
+        (one.forward + (cp - 1) * half_tile.forward) * 1e3,
+        (one.forward_backward + (cp - 1) * half_tile.forward_backward) * 1e3, dkv_bytes * 1e-6,
+        transfer_s * 1e3, dkv_bytes / transfer_s * 1e-9);
     std::fflush(stdout);
   }
 }
