@@ -436,8 +436,13 @@ int worker(const WorkerSettings& settings) {
     }
     // Every buffer of this rank lives on its GPU.
     cuda_check(cudaSetDevice(config.device), "cudaSetDevice");
-    main_communicator(settings);
-    id_bytes_communicator(settings, config.launch, config.device);
+    // DPA_NCCL_TEST_CP_ONLY (--cp-only): the CP phases alone, e.g. under compute-sanitizer,
+    // which flags NCCL's own reads past the odd-sized messages of the communicator phases.
+    const char* cp_only = std::getenv("DPA_NCCL_TEST_CP_ONLY");
+    if (cp_only == nullptr || std::string(cp_only) != "1") {
+      main_communicator(settings);
+      id_bytes_communicator(settings, config.launch, config.device);
+    }
     dpa::nccl_test::CpPhaseSettings cp;
     cp.id_file = settings.id_file + ".cp";
     cp.id_key = settings.id_key;
@@ -591,20 +596,24 @@ int main(int argc, char** argv) {
       settings.dead_peer = false;
     } else if (arg == "--cp-ring-only") {
       setenv("DPA_NCCL_TEST_CP_RING_ONLY", "1", 1);
+    } else if (arg == "--cp-only") {
+      setenv("DPA_NCCL_TEST_CP_ONLY", "1", 1);
     } else if ((arg == "--cp-seqlen" || arg == "--cp-bench") && i + 1 < argc) {
       // Through the environment, so that the workers (and torchrun's) see it too.
       setenv(arg == "--cp-seqlen" ? "DPA_NCCL_TEST_CP_SEQLEN" : "DPA_NCCL_TEST_CP_BENCH", argv[++i],
              1);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--nproc N] [--deadline-s S] [--no-dead-peer] [--cp-seqlen S]\n"
-                   "          [--cp-bench TOKENS_PER_GPU] [--cp-ring-only]   (launcher)\n"
-                   "       %s [--no-dead-peer]   (worker, under torchrun/mpirun/srun)\n"
-                   "  --cp-seqlen: unsharded length of the CP configurations (default 2048, 0 "
-                   "skips them)\n"
-                   "  --cp-bench: run the CP scaling benchmark with this many tokens per GPU\n"
-                   "  --cp-ring-only: run only the CP configurations the device ring takes\n",
-                   argv[0], argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--nproc N] [--deadline-s S] [--no-dead-peer] [--cp-seqlen S]\n"
+          "          [--cp-bench TOKENS_PER_GPU] [--cp-ring-only] [--cp-only]   (launcher)\n"
+          "       %s [--no-dead-peer]   (worker, under torchrun/mpirun/srun)\n"
+          "  --cp-seqlen: unsharded length of the CP configurations (default 2048, 0 "
+          "skips them)\n"
+          "  --cp-bench: run the CP scaling benchmark with this many tokens per GPU\n"
+          "  --cp-ring-only: run only the CP configurations the device ring takes\n"
+          "  --cp-only: skip the communicator phases (before the CP phases)\n",
+          argv[0], argv[0]);
       return 2;
     }
   }
