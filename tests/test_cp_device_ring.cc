@@ -1,0 +1,132 @@
+// Which calls the device-resident p2p ring takes (cp/device_ring.h). The ring itself runs only
+// over NCCL on several GPUs (tests/nccl, docs/nccl.md); here, on the host, the eligibility rule
+// that sends every other call to the general algorithms: a feature the ring does not implement
+// must never reach it.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cp/device_ring.h"
+
+namespace dpa {
+namespace {
+
+// Shapes and placement only: device_ring_refusal reads no data.
+struct RingCall {
+  AttentionConfig config;
+  CpConfig cp;
+  AttentionInputs in;
+  double dropout = 0.0;
+
+  RingCall() {
+    config.mask_type = MaskType::kCausal;
+    config.softcap = 50.0;
+    config.softmax_type = SoftmaxType::kLearnable;
+    in.q = cuda_tensor({1, 4096, 16, 128});
+    in.k = cuda_tensor({1, 4096, 4, 128});
+    in.v = cuda_tensor({1, 4096, 4, 128});
+    in.softmax_offset = cuda_tensor({16}, DType::kFloat32);
+  }
+  static TensorView cuda_tensor(std::initializer_list<int64_t> shape,
+                                DType dtype = DType::kBFloat16) {
+    return TensorView::contiguous(nullptr, dtype, shape, Device::kCUDA);
+  }
+  std::string refusal() const { return cp::device_ring_refusal(config, cp, in, dropout); }
+};
+
+#if defined(DPA_WITH_CUDA)
+
+TEST(DeviceRing, TakesTheTrainingCases) {
+  RingCall causal_softcap_sink_gqa;
+  EXPECT_EQ(causal_softcap_sink_gqa.refusal(), "");
+
+  RingCall no_mask_sbhd;
+  no_mask_sbhd.config.mask_type = MaskType::kNoMask;
+  no_mask_sbhd.config.format = Format::kSBHD;
+  no_mask_sbhd.in.q = RingCall::cuda_tensor({4096, 2, 16, 128});
+  no_mask_sbhd.in.k = RingCall::cuda_tensor({4096, 2, 4, 128});
+  no_mask_sbhd.in.v = RingCall::cuda_tensor({4096, 2, 4, 128});
+  EXPECT_EQ(no_mask_sbhd.refusal(), "");
+
+  RingCall mla_fp16_off_by_one;  // dqk 192, dv 128
+  mla_fp16_off_by_one.config.softmax_type = SoftmaxType::kOffByOne;
+  mla_fp16_off_by_one.in.softmax_offset = TensorView{};
+  mla_fp16_off_by_one.in.q = RingCall::cuda_tensor({2, 2048, 8, 192}, DType::kFloat16);
+  mla_fp16_off_by_one.in.k = RingCall::cuda_tensor({2, 2048, 8, 192}, DType::kFloat16);
+  mla_fp16_off_by_one.in.v = RingCall::cuda_tensor({2, 2048, 8, 128}, DType::kFloat16);
+  EXPECT_EQ(mla_fp16_off_by_one.refusal(), "");
+
+  RingCall causal_bottom_right;  // equal lengths: the same mask as top-left causal
+  causal_bottom_right.config.mask_type = MaskType::kCausalBottomRight;
+  causal_bottom_right.config.window_right = 0;
+  EXPECT_EQ(causal_bottom_right.refusal(), "");
+}
+
+// Each feature the ring does not implement is named in the refusal.
+TEST(DeviceRing, RefusesWhatItDoesNotImplement) {
+  auto expect_refused = [](const RingCall& call, const std::string& word) {
+    const std::string reason = call.refusal();
+    EXPECT_NE(reason.find(word), std::string::npos)
+        << "expected a refusal naming '" << word << "', got '" << reason << "'";
+  };
+  RingCall c;
+  c.in.q.device = c.in.k.device = c.in.v.device = Device::kCPU;
+  expect_refused(c, "host tensors");
+
+  for (CpCommType type : {CpCommType::kAllGather, CpCommType::kA2A, CpCommType::kA2AP2P}) {
+    c = RingCall();
+    c.cp.comm_type = type;
+    expect_refused(c, std::string(to_string(type)));
+  }
+  c = RingCall();
+  c.config.format = Format::kTHD;
+  expect_refused(c, "thd");
+  c = RingCall();
+  c.in.cu_seqlens_q = RingCall::cuda_tensor({2}, DType::kInt32);
+  expect_refused(c, "sequence tables");
+  for (MaskType mask : {MaskType::kPadding, MaskType::kPaddingCausal, MaskType::kArbitrary}) {
+    c = RingCall();
+    c.config.mask_type = mask;
+    expect_refused(c, "mask");
+  }
+  c = RingCall();
+  c.config.window_left = 128;
+  expect_refused(c, "sliding window");
+  c = RingCall();  // without a causal mask, window_right = 0 is a window
+  c.config.mask_type = MaskType::kNoMask;
+  c.config.window_right = 0;
+  expect_refused(c, "sliding window");
+  c = RingCall();
+  c.config.bias_type = BiasType::kPostScale;
+  expect_refused(c, "bias");
+  c = RingCall();
+  c.in.alibi_slopes = RingCall::cuda_tensor({16}, DType::kFloat32);
+  expect_refused(c, "ALiBi");
+  c = RingCall();
+  c.dropout = 0.1;
+  expect_refused(c, "dropout");
+  c = RingCall();
+  for (TensorView* t : {&c.in.q, &c.in.k, &c.in.v}) t->dtype = DType::kFloat32;
+  expect_refused(c, "dtype");
+  c = RingCall();
+  c.in.q.strides[1] *= 2;  // every other row
+  expect_refused(c, "contiguous");
+  c = RingCall();
+  c.in.k.device_index = 1;
+  expect_refused(c, "one GPU");
+  c = RingCall();
+  c.in.softmax_offset.device = Device::kCPU;
+  expect_refused(c, "softmax_offset");
+  c = RingCall();
+  c.in.q.shape[1] = c.in.k.shape[1] = c.in.v.shape[1] = 4095;
+  expect_refused(c, "odd");
+}
+
+#else
+
+TEST(DeviceRing, NeedsCuda) { EXPECT_EQ(RingCall().refusal(), "a build without CUDA"); }
+
+#endif
+
+}  // namespace
+}  // namespace dpa
