@@ -40,6 +40,7 @@ class RingWorkspace {
     Buffer& b = buffers_[size_t(slot)];
     if (b.bytes < bytes || b.device != device) {
       b.memory = cuda::DeviceMemory();  // free first: the old and new may not fit together
+      b.bytes = 0;                       // stays empty if the allocation throws
       b.memory = cuda::DeviceMemory(bytes, device);
       b.bytes = bytes;
       b.device = device;
