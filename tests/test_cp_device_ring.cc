@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cp/device_ring.h"
+#include "dpa/error.h"
+#include "dpa/nccl.h"
 
 namespace dpa {
 namespace {
@@ -120,6 +122,80 @@ TEST(DeviceRing, RefusesWhatItDoesNotImplement) {
   c = RingCall();
   c.in.q.shape[1] = c.in.k.shape[1] = c.in.v.shape[1] = 4095;
   expect_refused(c, "odd");
+}
+
+// A communicator that must never be used: the calls below fail their checks first.
+class UnusedNccl : public NcclCommunicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  CommHandle send(const void*, size_t, int, int) override { return posted(); }
+  CommHandle recv(void*, size_t, int, int) override { return posted(); }
+  CommHandle all_reduce(void*, int64_t, DType) override { return posted(); }
+  CommHandle all_gather(const void*, void*, size_t) override { return posted(); }
+  CommHandle reduce_scatter(const void*, void*, int64_t, DType) override { return posted(); }
+  CommHandle all_to_all(const void*, void*, size_t) override { return posted(); }
+  void start_pending() override {}
+  void* stream() const override { return nullptr; }
+  int device() const override { return 0; }
+  void abort(const std::string&) override {}
+  bool healthy() const override { return true; }
+
+ private:
+  static CommHandle posted() {
+    ADD_FAILURE() << "a call with bad arguments posted a transfer";
+    return nullptr;
+  }
+};
+
+// Bad arguments of a call the ring takes are errors naming the argument, raised before any
+// transfer, allocation or kernel (these run without a GPU: none of them may be reached).
+TEST(DeviceRing, ChecksArgumentsBeforeTheFirstTransfer) {
+  UnusedNccl comm;
+  auto expect_error = [&](const RingCall& call, const ForwardArgs& args, const char* argument) {
+    ASSERT_EQ(call.refusal(), "") << "the call must reach the ring";
+    ContextParallelAttention attention(call.config, call.cp, comm);
+    try {
+      attention.forward(args);
+      ADD_FAILURE() << "no error for " << argument;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  RingCall call;
+  ForwardArgs args;
+  args.in = call.in;
+  args.o = RingCall::cuda_tensor({1, 4096, 16, 128});
+  args.lse = RingCall::cuda_tensor({1, 16, 4096}, DType::kFloat32);
+
+  ForwardArgs no_offsets = args;  // learnable sink without its offsets
+  no_offsets.in.softmax_offset = TensorView{};
+  RingCall learnable_without_offsets = call;
+  learnable_without_offsets.in.softmax_offset = TensorView{};
+  expect_error(learnable_without_offsets, no_offsets, "softmax_offset");
+
+  ForwardArgs short_o = args;
+  short_o.o = RingCall::cuda_tensor({1, 2048, 16, 128});
+  expect_error(call, short_o, "o");
+
+  ForwardArgs lse_fp16 = args;
+  lse_fp16.lse.dtype = DType::kFloat16;
+  expect_error(call, lse_fp16, "lse");
+
+  RingCall other_gpu = call;  // the communicator is on device 0
+  ForwardArgs on_gpu_1 = args;
+  for (TensorView* t : {&on_gpu_1.in.q, &on_gpu_1.in.k, &on_gpu_1.in.v, &on_gpu_1.o, &on_gpu_1.lse,
+                        &on_gpu_1.in.softmax_offset})
+    t->device_index = 1;
+  other_gpu.in = on_gpu_1.in;
+  expect_error(other_gpu, on_gpu_1, "q");
+
+  RingCall uneven_heads = call;  // 16 query heads over 5 KV heads
+  ForwardArgs five_kv_heads = args;
+  five_kv_heads.in.k = five_kv_heads.in.v = RingCall::cuda_tensor({1, 4096, 5, 128});
+  uneven_heads.in = five_kv_heads.in;
+  expect_error(uneven_heads, five_kv_heads, "k");
 }
 
 #else

@@ -40,7 +40,7 @@ class RingWorkspace {
     Buffer& b = buffers_[size_t(slot)];
     if (b.bytes < bytes || b.device != device) {
       b.memory = cuda::DeviceMemory();  // free first: the old and new may not fit together
-      b.bytes = 0;                       // stays empty if the allocation throws
+      b.bytes = 0;                      // stays empty if the allocation throws
       b.memory = cuda::DeviceMemory(bytes, device);
       b.bytes = bytes;
       b.device = device;
@@ -169,6 +169,21 @@ std::vector<int64_t> shard_shape(const Shard& s, int64_t heads, int64_t dim) {
   return {s.rows, s.batch, heads, dim};
 }
 
+// Everything a call is checked for before its first transfer (the tiles' own checks come
+// later, when peers are already waiting: a rank that fails there aborts the communicator).
+Shard validated_shard(const AttentionConfig& config, const NcclCommunicator& comm,
+                      const AttentionInputs& in) {
+  const Shard s = shard_of(config, in);
+  require(comm.device() == s.device, "q",
+          "must be on the communicator's CUDA device " + str(comm.device()) + ", got device " +
+              str(s.device));
+  require(s.heads_kv > 0 && s.heads_q % s.heads_kv == 0, "k",
+          "KV heads must divide the query heads");
+  if (config.softmax_type == SoftmaxType::kLearnable)
+    require_shard_tensor(in.softmax_offset, "softmax_offset", s, DType::kFloat32, {s.heads_q});
+  return s;
+}
+
 void wait_all(std::vector<CommHandle>& handles) {
   for (CommHandle& h : handles) h->wait();
   handles.clear();
@@ -190,6 +205,16 @@ StepTile step_tile(bool causal, int rank, int source, int64_t rows) {
   if (source == rank) return {0, rows, 0, rows, true};
   if (source < rank) return {0, rows, 0, half, false};
   return {half, half, 0, rows, false};
+}
+
+// The tile's rows of q and of the held k and v.
+AttentionInputs tile_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const Shard& s, const StepTile& tile) {
+  AttentionInputs in;
+  in.q = rows_of(q, s, tile.q_first, tile.q_rows);
+  in.k = rows_of(k, s, tile.kv_first, tile.kv_rows);
+  in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
+  return in;
 }
 
 // One-rank offsets of the ring.
@@ -215,18 +240,34 @@ std::vector<CommHandle> exchange(NcclCommunicator& comm, const Ring& ring, void*
   return handles;
 }
 
+// Where the next step's KV lands (the other of two buffers) and its transfer from the previous
+// rank, posted together with the transfer of the held KV to the next one; after the last step,
+// the held KV itself and nothing pending.
+struct KvTransfer {
+  TensorView k, v;
+  std::vector<CommHandle> pending;
+};
+
+KvTransfer post_kv(NcclCommunicator& comm, const Ring& ring, void* stream, int step,
+                   const TensorView& k, const TensorView& v, void* const buffers[2], size_t k_bytes,
+                   size_t v_bytes) {
+  KvTransfer next{k, v, {}};
+  if (step + 1 < ring.size) {
+    char* buffer = static_cast<char*>(buffers[step % 2]);
+    next.k.data = buffer;
+    next.v.data = buffer + k_bytes;
+    next.pending =
+        exchange(comm, ring, stream, k.data, v.data, next.k.data, next.v.data, k_bytes, v_bytes);
+  }
+  return next;
+}
+
 AttentionConfig tile_config(const AttentionConfig& config, bool causal) {
   AttentionConfig tile = config;
   tile.mask_type = causal ? MaskType::kCausal : MaskType::kNoMask;
   tile.window_left = tile.window_right = -1;
   tile.softmax_type = SoftmaxType::kVanilla;  // the sink joins once, after the merge
   return tile;
-}
-
-void require_communicator_device(const NcclCommunicator& comm, const Shard& s) {
-  require(comm.device() == s.device, "q",
-          "must be on the communicator's CUDA device " + str(comm.device()) + ", got device " +
-              str(s.device));
 }
 
 }  // namespace
@@ -264,8 +305,7 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
 ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
                                   const ForwardArgs& args, const RngState& rng,
                                   RingWorkspace* workspace) {
-  const Shard s = shard_of(config, args.in);
-  require_communicator_device(comm, s);
+  const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
   const cuda::DeviceGuard guard(s.device);
@@ -291,20 +331,10 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
   BackendKind used = BackendKind::kAuto;
   TensorView k = args.in.k, v = args.in.v;
   for (int step = 0; step < ring.size; ++step) {
-    std::vector<CommHandle> pending;
-    TensorView next_k = k, next_v = v;
-    if (step + 1 < ring.size) {
-      char* buffer = static_cast<char*>(kv_memory[step % 2]);
-      next_k.data = buffer;
-      next_v.data = buffer + k_bytes;
-      pending =
-          exchange(comm, ring, stream, k.data, v.data, next_k.data, next_v.data, k_bytes, v_bytes);
-    }
+    KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
     const StepTile tile = step_tile(causal, ring.rank, ring.source(step), s.rows);
     ForwardArgs a;
-    a.in.q = rows_of(args.in.q, s, tile.q_first, tile.q_rows);
-    a.in.k = rows_of(k, s, tile.kv_first, tile.kv_rows);
-    a.in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
+    a.in = tile_inputs(args.in.q, k, v, s, tile);
     a.o = s.view(o_tile, s.dtype, tile.q_rows, s.heads_q, s.dv);
     a.lse = s.lse_view(lse_tile, tile.q_rows);
     a.stream = stream;
@@ -312,9 +342,9 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
     cuda::merge_partial_rows(block_of(rows_of(o_acc_view, s, tile.q_first, tile.q_rows), s),
                              lse_acc_data, s.rows, tile.q_first, block_of(a.o, s), s.dtype,
                              lse_tile, s.heads_q, stream);
-    wait_all(pending);
-    k = next_k;
-    v = next_v;
+    wait_all(next.pending);
+    k = next.k;
+    v = next.v;
   }
   cuda::finalize_forward_rows(block_of(args.o, s), s.dtype, static_cast<float*>(args.lse.data),
                               block_of(o_acc_view, s), lse_acc_data, s.heads_q,
@@ -327,8 +357,7 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
                                  NcclCommunicator& comm, const BackwardArgs& args,
                                  RingWorkspace* workspace) {
-  const Shard s = shard_of(config, args.in);
-  require_communicator_device(comm, s);
+  const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.d_o, "d_o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
@@ -381,20 +410,10 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   int held = 0;  // dkv_memory[held]: the gradient of the KV this rank holds
   std::vector<CommHandle> pending_dkv;
   for (int step = 0; step < ring.size; ++step) {
-    std::vector<CommHandle> pending_kv;
-    TensorView next_k = k, next_v = v;
-    if (step + 1 < ring.size) {
-      char* buffer = static_cast<char*>(kv_memory[step % 2]);
-      next_k.data = buffer;
-      next_v.data = buffer + k_bytes;
-      pending_kv =
-          exchange(comm, ring, stream, k.data, v.data, next_k.data, next_v.data, k_bytes, v_bytes);
-    }
+    KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
     const StepTile tile = step_tile(causal, ring.rank, ring.source(step), s.rows);
     BackwardArgs a;
-    a.in.q = rows_of(args.in.q, s, tile.q_first, tile.q_rows);
-    a.in.k = rows_of(k, s, tile.kv_first, tile.kv_rows);
-    a.in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
+    a.in = tile_inputs(args.in.q, k, v, s, tile);
     a.o = rows_of(args.o, s, tile.q_first, tile.q_rows);
     a.d_o = rows_of(args.d_o, s, tile.q_first, tile.q_rows);
     a.lse = args.lse;  // the final LSE, sink included: P = exp(S - LSE') is the true P
@@ -421,9 +440,9 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
                              dk_acc(1 - held).data, dv_acc(1 - held).data, dk_bytes, dv_bytes);
       held = 1 - held;
     }
-    wait_all(pending_kv);
-    k = next_k;
-    v = next_v;
+    wait_all(next.pending);
+    k = next.k;
+    v = next.v;
   }
   wait_all(pending_dkv);
   cuda::convert_rows(block_of(args.dq, s), s.dtype, block_of(dq_acc_view, s), stream);
