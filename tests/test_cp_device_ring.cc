@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "cp/device_ring.h"
 #include "dpa/error.h"
@@ -35,6 +36,52 @@ struct RingCall {
   }
   std::string refusal() const { return cp::device_ring_refusal(config, cp, in, dropout); }
 };
+
+// At every cp size, each rank meets every KV exactly once, and the dKV it holds at each step is
+// the one of the KV it holds, arriving back with its owner after cp hops.
+TEST(DeviceRingSchedule, EveryKvOnceAndEveryDkvHome) {
+  for (int size = 1; size <= 8; ++size)
+    for (int rank = 0; rank < size; ++rank) {
+      const cp::Ring ring{rank, size};
+      std::vector<int> met(size_t(size), 0);
+      for (int step = 0; step < size; ++step) {
+        ++met[size_t(ring.source(step))];
+        // The dKV sent after this step is what the next rank holds at the next step.
+        const cp::Ring next{ring.next(), size};
+        EXPECT_EQ(next.source(step + 1), ring.source(step)) << "cp " << size << " rank " << rank;
+        const cp::Ring previous{ring.previous(), size};
+        EXPECT_EQ(previous.next(), rank);
+      }
+      for (int count : met) EXPECT_EQ(count, 1) << "cp " << size << " rank " << rank;
+      EXPECT_EQ(ring.source(size), rank) << "after cp hops the dKV is home";
+    }
+}
+
+// The ring's tiles cover exactly the visible (query, key) pairs of the unsharded causal (or
+// unmasked) attention: for every cp size, rank and KV source, the pairs of the step's tile
+// (with its local top-left causal mask) are those with key position <= query position.
+TEST(DeviceRingSchedule, TilesCoverExactlyTheVisiblePairs) {
+  for (int size = 1; size <= 8; ++size)
+    for (bool causal : {true, false}) {
+      const int64_t seqlen = 2 * size * 3;  // three rows per chunk
+      const int64_t rows = seqlen / size;
+      for (int rank = 0; rank < size; ++rank)
+        for (int source = 0; source < size; ++source) {
+          const std::vector<int64_t> q_pos = dual_chunk_positions(seqlen, size, rank);
+          const std::vector<int64_t> k_pos = dual_chunk_positions(seqlen, size, source);
+          const cp::StepTile tile = cp::step_tile(causal, rank, source, rows);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < rows; ++j) {
+              const bool visible = !causal || k_pos[size_t(j)] <= q_pos[size_t(i)];
+              const bool in_tile = i >= tile.q_first && i < tile.q_first + tile.q_rows &&
+                                   j >= tile.kv_first && j < tile.kv_first + tile.kv_rows &&
+                                   (!tile.causal || j - tile.kv_first <= i - tile.q_first);
+              EXPECT_EQ(in_tile, visible) << "cp " << size << " rank " << rank << " source "
+                                          << source << " local row " << i << " key " << j;
+            }
+        }
+    }
+}
 
 #if defined(DPA_WITH_CUDA)
 

@@ -11,6 +11,14 @@
 
 namespace dpa::cp {
 
+StepTile step_tile(bool causal, int rank, int source, int64_t rows) {
+  const int64_t half = rows / 2;
+  if (!causal) return {0, rows, 0, rows, false};
+  if (source == rank) return {0, rows, 0, rows, true};
+  if (source < rank) return {0, rows, 0, half, false};
+  return {half, half, 0, rows, false};
+}
+
 #if !defined(DPA_WITH_CUDA)
 
 class RingWorkspace {};
@@ -189,24 +197,6 @@ void wait_all(std::vector<CommHandle>& handles) {
   handles.clear();
 }
 
-// The tile of one ring step: query rows [q_first, q_first + q_rows) against key rows
-// [kv_first, kv_first + kv_rows), causal or not. With the dual-chunk split (rank r holds chunks
-// r and 2n-1-r), KV from rank `source` meets the local queries as: source == rank, the local
-// causal triangle (local order is position order); source < rank, every query on the first KV
-// chunk; source > rank, the second query chunk on every key. Without a causal mask, all on all.
-struct StepTile {
-  int64_t q_first = 0, q_rows = 0, kv_first = 0, kv_rows = 0;
-  bool causal = false;
-};
-
-StepTile step_tile(bool causal, int rank, int source, int64_t rows) {
-  const int64_t half = rows / 2;
-  if (!causal) return {0, rows, 0, rows, false};
-  if (source == rank) return {0, rows, 0, rows, true};
-  if (source < rank) return {0, rows, 0, half, false};
-  return {half, half, 0, rows, false};
-}
-
 // The tile's rows of q and of the held k and v.
 AttentionInputs tile_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                             const Shard& s, const StepTile& tile) {
@@ -216,14 +206,6 @@ AttentionInputs tile_inputs(const TensorView& q, const TensorView& k, const Tens
   in.v = rows_of(v, s, tile.kv_first, tile.kv_rows);
   return in;
 }
-
-// One-rank offsets of the ring.
-struct Ring {
-  int rank = 0, size = 1;
-  int next() const { return (rank + 1) % size; }
-  int previous() const { return (rank + size - 1) % size; }
-  int source(int step) const { return (rank - step + size) % size; }
-};
 
 // Posts send(a, b) to the next rank and recv(into_a, into_b) from the previous one, ordered
 // after the compute stream's work so far, and launches them.

@@ -11,6 +11,7 @@
 // device_ring_refusal.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,28 @@
 #include "dpa/nccl.h"
 
 namespace dpa::cp {
+
+// The ring's schedule (host logic, tested in tests/test_cp_device_ring.cc). At step i rank
+// `rank` holds the KV of rank source(i) = rank - i (mod size) and the fp32 dKV of that KV; both
+// go to rank + 1 after the step, so after `size` hops each dKV is back with its owner.
+struct Ring {
+  int rank = 0, size = 1;
+  int next() const { return (rank + 1) % size; }
+  int previous() const { return (rank + size - 1) % size; }
+  int source(int step) const { return (rank - step + size) % size; }
+};
+
+// The tile of one ring step: query rows [q_first, q_first + q_rows) against key rows
+// [kv_first, kv_first + kv_rows) of the local shards (`rows` each), causal (local top-left) or
+// not. With the dual-chunk split (rank r holds chunks r and 2n-1-r), KV from rank `source` meets
+// the local queries as: source == rank, the local causal triangle (local order is position
+// order); source < rank, every query on the first KV chunk; source > rank, the second query
+// chunk on every key. Without a causal mask, all on all.
+struct StepTile {
+  int64_t q_first = 0, q_rows = 0, kv_first = 0, kv_rows = 0;
+  bool causal = false;
+};
+StepTile step_tile(bool causal, int rank, int source, int64_t rows);
 
 // Why the device ring cannot run a call with these settings, or "" when it can: CUDA tensors
 // (bshd or sbhd, fp16 or bf16, contiguous q, k, v), comm type p2p, no padding tables, mask
