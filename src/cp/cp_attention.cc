@@ -29,6 +29,12 @@
 #endif
 
 namespace dpa::cp {
+
+void wait_all(std::vector<CommHandle>& handles) {
+  for (CommHandle& handle : handles) handle->wait();
+  handles.clear();
+}
+
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -341,11 +347,6 @@ std::vector<CommHandle> ring_exchange(Communicator& comm, const Plan& plan, cons
   handles.push_back(comm.recv(next_a.data(), next_a.bytes.size(), prev, tag_a));
   handles.push_back(comm.recv(next_b.data(), next_b.bytes.size(), prev, tag_b));
   return handles;
-}
-
-void wait_all(std::vector<CommHandle>& handles) {
-  for (CommHandle& handle : handles) handle->wait();
-  handles.clear();
 }
 
 TileContext tile_context(const AttentionConfig& config, const Setup& s, const AttentionInputs& in,

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "cp/cp_internal.h"
+
 #if defined(DPA_WITH_CUDA)
 #include "cuda/cp_ring_ops.h"
 #include "cuda/runtime.h"
@@ -84,10 +86,6 @@ enum Slot : int {
   kDkTile,
   kDvTile,
 };
-
-bool causal_mask(MaskType mask) {
-  return mask == MaskType::kCausal || mask == MaskType::kCausalBottomRight;
-}
 
 std::string str(int64_t value) { return std::to_string(value); }
 
@@ -192,11 +190,6 @@ Shard validated_shard(const AttentionConfig& config, const NcclCommunicator& com
   return s;
 }
 
-void wait_all(std::vector<CommHandle>& handles) {
-  for (CommHandle& h : handles) h->wait();
-  handles.clear();
-}
-
 // The tile's rows of q and of the held k and v.
 AttentionInputs tile_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                             const Shard& s, const StepTile& tile) {
@@ -261,8 +254,9 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
     return "comm type " + std::string(to_string(cp.comm_type)) + " (the device ring is p2p)";
   if (config.format == Format::kTHD) return "format thd";
   if (in.cu_seqlens_q.defined() || in.cu_seqlens_kv.defined()) return "sequence tables (padding)";
-  const bool causal = causal_mask(config.mask_type);
-  if (!causal && config.mask_type != MaskType::kNoMask) return "a padding or arbitrary mask";
+  if (mask_is_padding(config.mask_type) || config.mask_type == MaskType::kArbitrary)
+    return "a padding or arbitrary mask";
+  const bool causal = mask_is_causal(config.mask_type);
   if (config.window_left >= 0 || config.window_right > 0 || (!causal && config.window_right == 0))
     return "a sliding window";
   if (config.bias_type != BiasType::kNoBias || in.bias.defined()) return "a bias";
@@ -293,7 +287,7 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
   const Ring ring{comm.rank(), comm.size()};
-  const bool causal = causal_mask(config.mask_type);
+  const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
   const size_t k_bytes = s.bytes(s.heads_kv, s.dqk), v_bytes = s.bytes(s.heads_kv, s.dv);
   RingWorkspace own;
@@ -356,7 +350,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
   const Ring ring{comm.rank(), comm.size()};
-  const bool causal = causal_mask(config.mask_type);
+  const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
   const size_t k_bytes = s.bytes(s.heads_kv, s.dqk), v_bytes = s.bytes(s.heads_kv, s.dv);
   const size_t dk_bytes = s.bytes(s.heads_kv, s.dqk, 4), dv_bytes = s.bytes(s.heads_kv, s.dv, 4);

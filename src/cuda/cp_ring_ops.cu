@@ -190,10 +190,6 @@ void with_storage_type(DType dtype, F&& f) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Whether every row of both blocks starts on a multiple of 4 elements of a 16-byte aligned
 // (fp32) or 8-byte aligned (storage) base, with a width of a multiple of 4.
 bool vectorizable(const RowBlock& fp32, const RowBlock& storage) {

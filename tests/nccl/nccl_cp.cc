@@ -311,8 +311,7 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
     const bool thd = format == Format::kTHD;
     const std::vector<int64_t> full_lse = lse_shape_of(spec, thd ? t.q.shape()[0] : spec.seqlen_q);
 
-    const char* ring_only_flag = std::getenv("DPA_NCCL_TEST_CP_RING_ONLY");
-    const bool ring_only = ring_only_flag != nullptr && std::string(ring_only_flag) == "1";
+    const bool ring_only = settings.ring_only;
     if (ring_only && !cp::device_ring_refusal(spec.config, CpConfig{},
                                               device_shaped(t, t.q, t.k, t.v), spec.config.dropout)
                           .empty())
@@ -520,8 +519,7 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
     sent->wait();
     received->wait();
   });
-  const char* staged_flag = std::getenv("DPA_NCCL_TEST_CP_BENCH_STAGED");
-  const bool with_staged = staged_flag != nullptr && std::string(staged_flag) == "1";
+  const bool with_staged = settings.bench_staged;
   const Times staged = with_staged ? run_cp(*comm, 3) : Times{};
   if (env.rank == 0) {
     const double one_fwd = flops(alone, false) / one.forward * 1e-12;

@@ -13,6 +13,8 @@ struct CpPhaseSettings {
   std::string id_file, id_key;  // bootstrap of the phase's communicator (its own file)
   int64_t seqlen = 0;           // unsharded sequence length of the correctness configs; 0 skips
   int64_t bench_seqlen_per_gpu = 0;  // scaling benchmark: tokens per GPU; 0 skips
+  bool ring_only = false;            // only the configurations the device ring takes, through it
+  bool bench_staged = false;         // the benchmark also times the host-staged path (3 runs)
 };
 
 // Every CP configuration of the context-parallelism issue under every comm type this world

@@ -289,6 +289,11 @@ struct WorkerSettings {
   bool dead_peer = true;
   int64_t cp_seqlen = 2048;  // DPA_NCCL_TEST_CP_SEQLEN (--cp-seqlen); 0 skips the CP phase
   int64_t cp_bench = 0;      // DPA_NCCL_TEST_CP_BENCH (--cp-bench): tokens per GPU
+  // DPA_NCCL_TEST_CP_ONLY=1 (--cp-only): the CP phases alone, e.g. under compute-sanitizer,
+  // which flags NCCL's own reads past the odd-sized messages of the communicator phases.
+  bool cp_only = false;
+  bool cp_ring_only = false;     // DPA_NCCL_TEST_CP_RING_ONLY=1 (--cp-ring-only)
+  bool cp_bench_staged = false;  // DPA_NCCL_TEST_CP_BENCH_STAGED=1
 };
 
 void log(int rank, const std::string& message) {
@@ -436,10 +441,7 @@ int worker(const WorkerSettings& settings) {
     }
     // Every buffer of this rank lives on its GPU.
     cuda_check(cudaSetDevice(config.device), "cudaSetDevice");
-    // DPA_NCCL_TEST_CP_ONLY (--cp-only): the CP phases alone, e.g. under compute-sanitizer,
-    // which flags NCCL's own reads past the odd-sized messages of the communicator phases.
-    const char* cp_only = std::getenv("DPA_NCCL_TEST_CP_ONLY");
-    if (cp_only == nullptr || std::string(cp_only) != "1") {
+    if (!settings.cp_only) {
       main_communicator(settings);
       id_bytes_communicator(settings, config.launch, config.device);
     }
@@ -448,6 +450,8 @@ int worker(const WorkerSettings& settings) {
     cp.id_key = settings.id_key;
     cp.seqlen = settings.cp_seqlen;
     cp.bench_seqlen_per_gpu = settings.cp_bench;
+    cp.ring_only = settings.cp_ring_only;
+    cp.bench_staged = settings.cp_bench_staged;
     dpa::nccl_test::run_cp_correctness(config.launch, config.device, cp);
     if (cp.seqlen > 0 && env->rank == 0) log(0, "context parallelism over NCCL ok");
     dpa::nccl_test::run_cp_scaling(config.launch, config.device, cp);
@@ -633,5 +637,12 @@ int main(int argc, char** argv) {
     settings.cp_seqlen = std::atoll(seqlen);
   if (const char* tokens = std::getenv("DPA_NCCL_TEST_CP_BENCH"))
     settings.cp_bench = std::atoll(tokens);
+  auto flag = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && std::string(value) == "1";
+  };
+  settings.cp_only = flag("DPA_NCCL_TEST_CP_ONLY");
+  settings.cp_ring_only = flag("DPA_NCCL_TEST_CP_RING_ONLY");
+  settings.cp_bench_staged = flag("DPA_NCCL_TEST_CP_BENCH_STAGED");
   return worker(settings);
 }
