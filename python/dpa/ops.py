@@ -1,0 +1,220 @@
+"""The torch.library custom ops ``dpa::forward`` and ``dpa::backward`` (DESIGN.md §11).
+
+Both allocate their outputs with the caller's allocator (torch.empty: PyTorch's caching
+allocator on CUDA), run on the caller's current stream, and never synchronise. Their fake
+implementations give the exact output shapes, so torch.compile traces through them with no
+graph break; ``register_autograd`` wires the backward to autograd. The config travels as plain
+arguments (strings, ints, floats) so that the schema is the whole contract.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _dpa
+from ._views import stream_of, view
+
+# One extension object per distinct config; dropout state is passed per call, never drawn from
+# the object, so sharing it is safe.
+_ATTENTIONS = {}
+
+
+def _attention(config):
+    attention = _ATTENTIONS.get(config)
+    if attention is None:
+        attention = _dpa.Attention(
+            _dpa.make_config(
+                qkv_format=config[0],
+                mask_type=config[1],
+                window_left=config[2],
+                window_right=config[3],
+                bottom_right_diagonal=config[4],
+                softcap=config[5],
+                softmax_scale=config[6],
+                softmax_type=config[7],
+                bias_type=config[8],
+                dropout=config[9],
+                seed=0,
+                layer_number=config[10],
+                deterministic=config[11],
+                backend=config[12],
+            )
+        )
+        _ATTENTIONS[config] = attention
+    return attention
+
+
+def _rng(rng):
+    """(seed, offset) from the int64 [2] host tensor, or None without dropout."""
+    if rng is None:
+        return None
+    seed, offset = rng.tolist()
+    return (seed & 0xFFFFFFFFFFFFFFFF, offset & 0xFFFFFFFFFFFFFFFF)
+
+
+def lse_shape(q: Tensor, qkv_format: str) -> List[int]:
+    """fp32 [b, H, sq] (bshd, sbhd) or [H, tq] (thd), DESIGN.md §2."""
+    if qkv_format == "bshd":
+        return [q.shape[0], q.shape[2], q.shape[1]]
+    if qkv_format == "sbhd":
+        return [q.shape[1], q.shape[2], q.shape[0]]
+    return [q.shape[1], q.shape[0]]
+
+
+def _output_shape(q: Tensor, v: Tensor) -> List[int]:
+    return list(q.shape[:-1]) + [v.shape[-1]]
+
+
+@torch.library.custom_op("dpa::forward", mutates_args=())
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_kv: Optional[Tensor],
+    cu_seqlens_q_padded: Optional[Tensor],
+    cu_seqlens_kv_padded: Optional[Tensor],
+    bias: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    sinks: Optional[Tensor],
+    attn_mask: Optional[Tensor],
+    rng: Optional[Tensor],
+    qkv_format: str,
+    mask_type: str,
+    window_left: int,
+    window_right: int,
+    bottom_right_diagonal: bool,
+    softcap: float,
+    softmax_scale: Optional[float],
+    softmax_type: str,
+    bias_type: str,
+    dropout_p: float,
+    layer_number: int,
+    deterministic: bool,
+    backend: str,
+) -> Tuple[Tensor, Tensor]:
+    config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+              softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
+              backend)
+    o = q.new_empty(_output_shape(q, v))
+    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
+    _attention(config).forward(
+        view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
+        view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
+        view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
+        view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
+        view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
+        dropout_p, _rng(rng), stream_of(q))
+    return o, lse
+
+
+@forward.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                  cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng, qkv_format,
+                  mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+                  softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
+                  backend):
+    o = q.new_empty(_output_shape(q, v))
+    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
+    return o, lse
+
+
+@torch.library.custom_op("dpa::backward", mutates_args=())
+def backward(
+    d_o: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_kv: Optional[Tensor],
+    cu_seqlens_q_padded: Optional[Tensor],
+    cu_seqlens_kv_padded: Optional[Tensor],
+    bias: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    sinks: Optional[Tensor],
+    attn_mask: Optional[Tensor],
+    rng: Optional[Tensor],
+    qkv_format: str,
+    mask_type: str,
+    window_left: int,
+    window_right: int,
+    bottom_right_diagonal: bool,
+    softcap: float,
+    softmax_scale: Optional[float],
+    softmax_type: str,
+    bias_type: str,
+    dropout_p: float,
+    layer_number: int,
+    deterministic: bool,
+    backend: str,
+    wants_dbias: bool,
+    wants_dsinks: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (dq, dk, dv, dbias, dsinks); dbias and dsinks are empty when not wanted."""
+    config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+              softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
+              backend)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
+    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
+    _attention(config).backward(
+        view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
+        view(d_o, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
+        view(dbias, "dbias") if wants_dbias else None,
+        view(dsinks, "dsinks") if wants_dsinks else None,
+        view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
+        view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
+        view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
+        view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
+        dropout_p, _rng(rng), stream_of(q))
+    return dq, dk, dv, dbias, dsinks
+
+
+@backward.register_fake
+def _backward_fake(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                   cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng, qkv_format,
+                   mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+                   softmax_scale, softmax_type, bias_type, dropout_p, layer_number,
+                   deterministic, backend, wants_dbias, wants_dsinks):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
+    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
+    return dq, dk, dv, dbias, dsinks
+
+
+# Indices of the forward's inputs.
+_TENSOR_INPUTS = 12  # q .. rng
+_BIAS, _SINKS = 7, 9
+
+
+def _setup_context(ctx, inputs, output):
+    o, lse = output
+    ctx.save_for_backward(*inputs[:_TENSOR_INPUTS], o, lse)
+    ctx.config = inputs[_TENSOR_INPUTS:]
+    ctx.wants_dbias = inputs[_BIAS] is not None and ctx.needs_input_grad[_BIAS]
+    ctx.wants_dsinks = inputs[_SINKS] is not None and ctx.needs_input_grad[_SINKS]
+    # lse is a by-product, as in FlashAttention: its gradient is not computed, and autograd
+    # says so (lse.requires_grad is False) instead of dropping a gradient silently.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, d_o, d_lse):
+    saved = ctx.saved_tensors
+    inputs, o, lse = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1]
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    if d_o.stride(-1) != 1:  # autograd may hand an expanded (stride 0) gradient
+        d_o = d_o.contiguous()
+    dq, dk, dv, dbias, dsinks = backward(
+        d_o, q, k, v, o, lse, *inputs[3:], *ctx.config, ctx.wants_dbias, ctx.wants_dsinks)
+    grads = [dq, dk, dv] + [None] * (_TENSOR_INPUTS - 3) + [None] * len(ctx.config)
+    if ctx.wants_dbias:
+        grads[_BIAS] = dbias
+    if ctx.wants_dsinks:
+        grads[_SINKS] = dsinks
+    return tuple(grads)
+
+
+forward.register_autograd(_backward, setup_context=_setup_context)

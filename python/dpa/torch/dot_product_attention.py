@@ -1,0 +1,169 @@
+"""dpa.torch.DotProductAttention: a drop-in for TransformerEngine's DotProductAttention.
+
+Constructor and forward take TE's argument names; the output merges the heads as TE's does
+([sq, b, H * dv] for sbhd, [b, sq, H * dv] for bshd, [t, H * dv] for thd). The learnable sink
+is the nn.Parameter ``softmax_offset`` [H] (fp32). Masks use TE's names and alignment:
+``causal`` is top-left, ``causal_bottom_right`` bottom-right.
+"""
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .. import errors
+from ..functional import _run, resolve
+
+# TE's core_attention_bias_type names -> dpa's bias types (alibi is not a bias type in dpa:
+# it is switched on by passing slopes).
+_BIAS_TYPES = {"no_bias": "no_bias", "pre_scale_bias": "pre_scale",
+               "post_scale_bias": "post_scale", "alibi": "no_bias"}
+
+
+def default_alibi_slopes(num_heads: int, device=None) -> torch.Tensor:
+    """The ALiBi paper's slopes, fp32 [H]: 2^(-8 i / n) for the nearest power of two n, the
+    odd multiples of the next power interleaved beyond it (as TE builds them when given none)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
+    if closest < num_heads:
+        extra = [2.0 ** (-4.0 * (i + 1) / closest) for i in range(2 * closest)][0::2]
+        base += extra[: num_heads - closest]
+    return torch.tensor(base, dtype=torch.float32, device=device)
+
+
+class DotProductAttention(nn.Module):
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: Union[int, Tuple[int, int]],
+        num_gqa_groups: Optional[int] = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: Optional[Tuple[int, int]] = None,
+        softmax_type: str = "vanilla",
+        softcap: float = 0.0,
+        layer_number: Optional[int] = None,
+        softmax_scale: Optional[float] = None,
+        deterministic: bool = False,
+        bottom_right_diagonal: Optional[bool] = None,
+        backend: Optional[str] = None,
+    ):
+        super().__init__()
+        if num_attention_heads <= 0:
+            raise errors.invalid("num_attention_heads", f"must be > 0, got {num_attention_heads}")
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = num_gqa_groups or num_attention_heads
+        if num_attention_heads % self.num_gqa_groups != 0:
+            raise errors.invalid("num_gqa_groups", f"{self.num_gqa_groups} does not divide "
+                                 f"num_attention_heads {num_attention_heads}")
+        if isinstance(kv_channels, int):
+            kv_channels = (kv_channels, kv_channels)
+        self.kv_channels = tuple(kv_channels)
+        self.attention_dropout = float(attention_dropout)
+        self.qkv_format = qkv_format
+        self.attn_mask_type = attn_mask_type
+        self.window_size = window_size
+        self.softmax_type = softmax_type
+        self.softcap = float(softcap)
+        self.layer_number = layer_number
+        self.softmax_scale = softmax_scale
+        self.deterministic = deterministic
+        self.bottom_right_diagonal = bottom_right_diagonal
+        self.backend = backend
+        if softmax_type == "learnable":
+            self.softmax_offset = nn.Parameter(
+                torch.zeros(num_attention_heads, dtype=torch.float32))
+        else:
+            self.register_parameter("softmax_offset", None)
+        # Fail at construction, not at the first call: resolving checks every name.
+        self._resolve(qkv_format, attn_mask_type, window_size, "no_bias", None)
+
+    def _resolve(self, qkv_format, attn_mask_type, window_size, bias_type, bias):
+        if window_size is None:
+            causal = "causal" in attn_mask_type
+            window_size = (-1, 0) if causal else (-1, -1)
+        return resolve(
+            qkv_format=qkv_format, causal=False, mask_type=attn_mask_type,
+            window_size=window_size, bottom_right_diagonal=self.bottom_right_diagonal,
+            softcap=self.softcap, softmax_scale=self.softmax_scale,
+            softmax_type=self.softmax_type, sinks=self.softmax_offset, bias=bias,
+            bias_type=bias_type, dropout_p=self.attention_dropout if self.training else 0.0,
+            layer_number=self.layer_number, deterministic=self.deterministic,
+            backend=self.backend, padded=False)
+
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        qkv_format: Optional[str] = None,
+        cu_seqlens_q: Optional[torch.Tensor] = None,
+        cu_seqlens_kv: Optional[torch.Tensor] = None,
+        cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+        cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+        max_seqlen_q: Optional[int] = None,
+        max_seqlen_kv: Optional[int] = None,
+        attn_mask_type: Optional[str] = None,
+        window_size: Optional[Tuple[int, int]] = None,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: Optional[torch.Tensor] = None,
+        alibi_slopes: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        qkv_format = qkv_format or self.qkv_format
+        attn_mask_type = attn_mask_type or self.attn_mask_type
+        if window_size is None:
+            window_size = self.window_size
+        if core_attention_bias_type not in _BIAS_TYPES:
+            raise errors.invalid("core_attention_bias_type",
+                                 f"must be one of {', '.join(_BIAS_TYPES)}, "
+                                 f"got {core_attention_bias_type!r}")
+        if core_attention_bias_type == "alibi":
+            if core_attention_bias is not None:
+                raise errors.invalid("core_attention_bias", "is given with bias type 'alibi' "
+                                     "(pass alibi_slopes instead)")
+            if alibi_slopes is None:
+                alibi_slopes = default_alibi_slopes(self.num_attention_heads, query_layer.device)
+        elif alibi_slopes is not None:
+            raise errors.invalid("alibi_slopes", "is given but core_attention_bias_type is "
+                                 f"{core_attention_bias_type!r}")
+        if attention_mask is not None and attn_mask_type != "arbitrary":
+            raise errors.invalid("attention_mask", "is given but attn_mask_type is "
+                                 f"{attn_mask_type!r} (dpa reads padding from cu_seqlens)")
+        self._check_max_seqlen(query_layer, qkv_format, max_seqlen_q, cu_seqlens_q,
+                               "max_seqlen_q")
+        self._check_max_seqlen(key_layer, qkv_format, max_seqlen_kv, cu_seqlens_kv,
+                               "max_seqlen_kv")
+        config = self._resolve(qkv_format, attn_mask_type, window_size,
+                               _BIAS_TYPES[core_attention_bias_type], core_attention_bias)
+        o = _run(query_layer, key_layer, value_layer, config, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
+                 cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=core_attention_bias,
+                 alibi_slopes=alibi_slopes, sinks=self.softmax_offset, attn_mask=attention_mask)
+        return o.flatten(-2)
+
+    @staticmethod
+    def _check_max_seqlen(tensor, qkv_format, max_seqlen, cu_seqlens, name):
+        """TE's max_seqlen_* are the padded sequence axis for bshd/sbhd; dpa reads it from the
+        tensor, so a given value must agree with it (thd: see attention_varlen)."""
+        if max_seqlen is None:
+            return
+        if qkv_format in ("bshd", "sbhd"):
+            axis = 1 if qkv_format == "bshd" else 0
+            if max_seqlen != tensor.shape[axis]:
+                raise errors.invalid(name, f"is {max_seqlen}, but the tensor's sequence axis "
+                                     f"has {tensor.shape[axis]}")
+        elif isinstance(cu_seqlens, torch.Tensor) and not cu_seqlens.is_cuda:
+            if cu_seqlens.numel() >= 2:
+                longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+                if longest > max_seqlen:
+                    raise errors.invalid(name, f"is {max_seqlen}, but a sequence has "
+                                         f"{longest} rows")
+
+    def extra_repr(self):
+        return (f"heads={self.num_attention_heads}, gqa_groups={self.num_gqa_groups}, "
+                f"kv_channels={self.kv_channels}, qkv_format={self.qkv_format}, "
+                f"attn_mask_type={self.attn_mask_type}, softmax_type={self.softmax_type}, "
+                f"softcap={self.softcap}")

@@ -1,0 +1,238 @@
+// dpa._dpa: the nanobind extension of the dpa Python package (DESIGN.md §11, docs/python.md).
+// It binds the C++ API and nothing else: no libtorch, no framework types. Tensors arrive as
+// view tuples or DLPack objects (tensor_views.h); CUDA streams as integers. The GIL is released
+// while a backend runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dpa/attention.h"
+#include "errors.h"
+#include "tensor_views.h"
+
+namespace nb = nanobind;
+
+namespace dpa::python {
+namespace {
+
+template <typename T>
+T parse_enum(std::optional<T> (*parse)(std::string_view), const std::string& name,
+             const char* argument) {
+  std::optional<T> value = parse(name);
+  require(value.has_value(), argument, "has an unknown value '" + name + "'");
+  return *value;
+}
+
+AttentionConfig make_config(const std::string& format, const std::string& mask_type,
+                            int64_t window_left, int64_t window_right, bool bottom_right_diagonal,
+                            double softcap, std::optional<double> scale,
+                            const std::string& softmax_type, const std::string& bias_type,
+                            double dropout, uint64_t seed, int layer_number, bool deterministic,
+                            const std::string& backend) {
+  AttentionConfig config;
+  config.format = parse_enum(parse_format, format, "qkv_format");
+  config.mask_type = parse_enum(parse_mask_type, mask_type, "mask_type");
+  config.window_left = window_left;
+  config.window_right = window_right;
+  config.bottom_right_diagonal = bottom_right_diagonal;
+  config.softcap = softcap;
+  config.scale = scale;
+  config.softmax_type = parse_enum(parse_softmax_type, softmax_type, "softmax_type");
+  config.bias_type = parse_enum(parse_bias_type, bias_type, "bias_type");
+  config.dropout = dropout;
+  config.seed = seed;
+  config.layer_number = layer_number;
+  config.deterministic = deterministic;
+  config.backend = parse_enum(parse_backend, backend, "backend");
+  return config;
+}
+
+// The optional inputs, in the order every binding takes them after q, k, v.
+AttentionInputs make_inputs(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
+                            nb::handle cu_seqlens_kv, nb::handle cu_seqlens_q_padded,
+                            nb::handle cu_seqlens_kv_padded, nb::handle bias,
+                            nb::handle alibi_slopes, nb::handle softmax_offset,
+                            nb::handle attn_mask, Keepalive& keep) {
+  AttentionInputs in;
+  in.q = to_view(q, "q", keep);
+  in.k = to_view(k, "k", keep);
+  in.v = to_view(v, "v", keep);
+  in.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q", keep);
+  in.cu_seqlens_kv = to_view(cu_seqlens_kv, "cu_seqlens_kv", keep);
+  in.cu_seqlens_q_padded = to_view(cu_seqlens_q_padded, "cu_seqlens_q_padded", keep);
+  in.cu_seqlens_kv_padded = to_view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded", keep);
+  in.bias = to_view(bias, "bias", keep);
+  in.alibi_slopes = to_view(alibi_slopes, "alibi_slopes", keep);
+  in.softmax_offset = to_view(softmax_offset, "softmax_offset", keep);
+  in.attn_mask = to_view(attn_mask, "attn_mask", keep);
+  return in;
+}
+
+std::optional<RngState> rng_of(std::optional<std::tuple<uint64_t, uint64_t>> rng) {
+  if (!rng) return std::nullopt;
+  return RngState{std::get<0>(*rng), std::get<1>(*rng)};
+}
+
+// (chosen backend or None, forced, [(backend, eligible, reasons)])
+using SelectionTuple =
+    std::tuple<std::optional<std::string>, bool,
+               std::vector<std::tuple<std::string, bool, std::vector<std::string>>>>;
+
+SelectionTuple to_tuple(const Selection& selection) {
+  SelectionTuple out;
+  if (selection.chosen) std::get<0>(out) = std::string(to_string(*selection.chosen));
+  std::get<1>(out) = selection.forced;
+  for (const BackendVerdict& verdict : selection.verdicts)
+    std::get<2>(out).emplace_back(std::string(to_string(verdict.backend)), verdict.eligible,
+                                  verdict.reasons);
+  return out;
+}
+
+// The attention object of one config. The Python layer caches one per distinct config and
+// always passes the dropout state, so the object's own offset counter is never used.
+class Attention {
+ public:
+  explicit Attention(const AttentionConfig& config) : attention_(config) {}
+
+  // Returns the name of the backend that ran.
+  std::string forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                      nb::handle cu_seqlens_q, nb::handle cu_seqlens_kv,
+                      nb::handle cu_seqlens_q_padded, nb::handle cu_seqlens_kv_padded,
+                      nb::handle bias, nb::handle alibi_slopes, nb::handle softmax_offset,
+                      nb::handle attn_mask, std::optional<double> dropout,
+                      std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream) {
+    Keepalive keep;
+    ForwardArgs args;
+    args.in =
+        make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                    bias, alibi_slopes, softmax_offset, attn_mask, keep);
+    args.o = to_view(o, "o", keep);
+    args.lse = to_view(lse, "lse", keep);
+    args.dropout = dropout;
+    args.rng = rng_of(rng);
+    args.stream = reinterpret_cast<void*>(stream);
+    ForwardResult result;
+    {
+      nb::gil_scoped_release release;
+      result = attention_.forward(args);
+    }
+    return std::string(to_string(result.backend));
+  }
+
+  std::string backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                       nb::handle d_o, nb::handle dq, nb::handle dk, nb::handle dv,
+                       nb::handle dbias, nb::handle dsoftmax_offset, nb::handle cu_seqlens_q,
+                       nb::handle cu_seqlens_kv, nb::handle cu_seqlens_q_padded,
+                       nb::handle cu_seqlens_kv_padded, nb::handle bias, nb::handle alibi_slopes,
+                       nb::handle softmax_offset, nb::handle attn_mask,
+                       std::optional<double> dropout,
+                       std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream) {
+    Keepalive keep;
+    BackwardArgs args;
+    args.in =
+        make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                    bias, alibi_slopes, softmax_offset, attn_mask, keep);
+    args.o = to_view(o, "o", keep);
+    args.lse = to_view(lse, "lse", keep);
+    args.d_o = to_view(d_o, "d_o", keep);
+    args.dq = to_view(dq, "dq", keep);
+    args.dk = to_view(dk, "dk", keep);
+    args.dv = to_view(dv, "dv", keep);
+    args.dbias = to_view(dbias, "dbias", keep);
+    args.dsoftmax_offset = to_view(dsoftmax_offset, "dsoftmax_offset", keep);
+    args.dropout = dropout;
+    args.rng = rng_of(rng);
+    args.stream = reinterpret_cast<void*>(stream);
+    BackendKind backend;
+    {
+      nb::gil_scoped_release release;
+      backend = attention_.backward(args);
+    }
+    return std::string(to_string(backend));
+  }
+
+  SelectionTuple explain(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
+                         nb::handle cu_seqlens_kv, nb::handle cu_seqlens_q_padded,
+                         nb::handle cu_seqlens_kv_padded, nb::handle bias, nb::handle alibi_slopes,
+                         nb::handle softmax_offset, nb::handle attn_mask, bool backward,
+                         bool wants_dbias, bool wants_dsoftmax_offset) const {
+    Keepalive keep;
+    AttentionInputs in =
+        make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                    bias, alibi_slopes, softmax_offset, attn_mask, keep);
+    return to_tuple(attention_.explain(in, backward ? Pass::kBackward : Pass::kForward, wants_dbias,
+                                       wants_dsoftmax_offset));
+  }
+
+ private:
+  DotProductAttention attention_;
+};
+
+}  // namespace
+
+}  // namespace dpa::python
+
+NB_MODULE(_dpa, m) {
+  using namespace dpa::python;
+  m.doc() = "dpa's C++ API (use the dpa package, not this module)";
+  // The package caches one Attention per config for the life of the interpreter, so instances
+  // alive at shutdown are by design, not a reference-counting bug.
+  nb::set_leak_warnings(false);
+  register_errors(m);
+
+  // Opaque: built by make_config (names checked there) and validated by Attention's constructor.
+  nb::class_<dpa::AttentionConfig>(m, "Config");
+  m.def(
+      "make_config",
+      [](const std::string& qkv_format, const std::string& mask_type, int64_t window_left,
+         int64_t window_right, bool bottom_right_diagonal, double softcap,
+         std::optional<double> softmax_scale, const std::string& softmax_type,
+         const std::string& bias_type, double dropout, uint64_t seed, int layer_number,
+         bool deterministic, const std::string& backend) {
+        return make_config(qkv_format, mask_type, window_left, window_right, bottom_right_diagonal,
+                           softcap, softmax_scale, softmax_type, bias_type, dropout, seed,
+                           layer_number, deterministic, backend);
+      },
+      nb::arg("qkv_format"), nb::arg("mask_type"), nb::arg("window_left"), nb::arg("window_right"),
+      nb::arg("bottom_right_diagonal"), nb::arg("softcap"), nb::arg("softmax_scale").none(),
+      nb::arg("softmax_type"), nb::arg("bias_type"), nb::arg("dropout"), nb::arg("seed"),
+      nb::arg("layer_number"), nb::arg("deterministic"), nb::arg("backend"));
+
+  nb::class_<Attention>(m, "Attention")
+      .def(nb::init<const dpa::AttentionConfig&>())
+      .def("forward", &Attention::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
+           nb::arg("lse"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
+           nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
+           nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
+           nb::arg("attn_mask").none(), nb::arg("dropout").none(), nb::arg("rng").none(),
+           nb::arg("stream"))
+      .def("backward", &Attention::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
+           nb::arg("lse"), nb::arg("d_o"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+           nb::arg("dbias").none(), nb::arg("dsoftmax_offset").none(),
+           nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
+           nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
+           nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
+           nb::arg("attn_mask").none(), nb::arg("dropout").none(), nb::arg("rng").none(),
+           nb::arg("stream"))
+      .def("explain", &Attention::explain, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+           nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
+           nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
+           nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
+           nb::arg("attn_mask").none(), nb::arg("backward"), nb::arg("wants_dbias"),
+           nb::arg("wants_dsoftmax_offset"));
+
+  m.def("cuda_built", []() {
+#if defined(DPA_WITH_CUDA)
+    return true;
+#else
+    return false;
+#endif
+  });
+}
