@@ -127,11 +127,24 @@ def resolve(*, qkv_format, causal, mask_type, window_size, bottom_right_diagonal
 def _run(q, k, v, config: Resolved, *, cu_seqlens_q=None, cu_seqlens_kv=None,
          cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, bias=None, alibi_slopes=None,
          sinks=None, attn_mask=None, generator=None, seed=None, offset=None, return_lse=False):
+    _require_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                     cu_seqlens_q_padded=cu_seqlens_q_padded,
+                     cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=bias,
+                     alibi_slopes=alibi_slopes, sinks=sinks, attn_mask=attn_mask)
     rng = _dropout_rng(config.dropout_p, generator, seed, offset)
     o, lse = ops.forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
                          cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng,
                          *config)
     return (o, lse) if return_lse else o
+
+
+def _require_tensors(**named):
+    """The dispatcher would reject other objects with a message naming no argument."""
+    for name, value in named.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise errors.invalid(name, f"must be a torch.Tensor, got {type(value).__name__} "
+                                 "(arrays of other frameworks: torch.from_dlpack)",
+                                 errors.DTypeError)
 
 
 def attention(
