@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds and installs the dpa Python package (pip install ., DESIGN.md §11) into a virtual
 # environment of its own and runs its pytest suite. Called by scripts/test.sh.
-# Environment: DPA_VENV (default build/venv), DPA_PYTHON (default python3), DPA_JOBS.
+# Environment: DPA_VENV (default build-python/venv), DPA_PYTHON (default python3), DPA_JOBS.
 # Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${DPA_VENV:-$root/build/venv}"
+venv="${DPA_VENV:-$root/build-python/venv}"
 if [ ! -x "$venv/bin/python" ]; then
   "${DPA_PYTHON:-python3}" -m venv "$venv"
 fi
