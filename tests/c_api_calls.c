@@ -56,3 +56,29 @@ int dpa_c_forward_bad_offset(float* o_first) {
   dpa_attention_destroy(attention);
   return status;
 }
+
+/* The _ex forward on a host call: the size query (0 for host tensors) and a call struct whose
+ * size field is `call_size`. Returns the forward status; o[0] goes to o_first. */
+int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_first) {
+  float q[8], o[8], lse[2];
+  for (int i = 0; i < 8; ++i) q[i] = (float)sin(0.5 * i), o[i] = 777.0f;
+  int64_t shape[4] = {1, 2, 1, 4}, lse_shape[3] = {1, 1, 2};
+  dpa_config_t config = DPA_CONFIG_INITIALIZER;
+  dpa_attention_t attention = NULL;
+  dpa_status_t status = dpa_attention_create(&config, &attention);
+  if (status != DPA_SUCCESS) return -1;
+  dpa_inputs_t inputs;
+  memset(&inputs, 0, sizeof(inputs));
+  inputs.q = inputs.k = inputs.v = dpa_tensor_contiguous(q, DPA_FLOAT32, 4, shape);
+  dpa_tensor_t o_view = dpa_tensor_contiguous(o, DPA_FLOAT32, 4, shape);
+  dpa_tensor_t lse_view = dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape);
+  status = dpa_attention_forward_workspace_size(attention, &inputs, o_view, lse_view, NULL,
+                                                workspace_bytes);
+  if (status != DPA_SUCCESS) return -2;
+  dpa_call_t call = DPA_CALL_INITIALIZER;
+  call.size = call_size;
+  status = dpa_attention_forward_ex(attention, &inputs, o_view, lse_view, NULL, NULL, &call);
+  *o_first = o[0];
+  dpa_attention_destroy(attention);
+  return status;
+}

@@ -9,6 +9,7 @@
 extern "C" int dpa_c_forward_small(double softcap, int softmax_type, float* o_first,
                                    float* lse_first);
 extern "C" int dpa_c_forward_bad_offset(float* o_first);
+extern "C" int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_first);
 
 namespace {
 
@@ -35,6 +36,24 @@ TEST(CApi, BadOffsetWritesNothing) {
   EXPECT_EQ(dpa_c_forward_bad_offset(&o), DPA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dpa_last_error()).find("softmax_offset"), std::string::npos)
       << dpa_last_error();
+  EXPECT_EQ(o, 777.0f);
+}
+
+TEST(CApi, ForwardExOnACallStruct) {
+  size_t workspace_bytes = 123;
+  float o = 0;
+  ASSERT_EQ(dpa_c_forward_ex_small(sizeof(dpa_call_t), &workspace_bytes, &o), DPA_SUCCESS)
+      << dpa_last_error();
+  EXPECT_EQ(workspace_bytes, 0u) << "host backends need no device workspace";
+  EXPECT_NE(o, 777.0f);
+}
+
+TEST(CApi, ForwardExChecksTheCallStructAndWritesNothing) {
+  size_t workspace_bytes = 0;
+  float o = 0;
+  EXPECT_EQ(dpa_c_forward_ex_small(sizeof(dpa_call_t) - 1, &workspace_bytes, &o),
+            DPA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dpa_last_error()).find("call"), std::string::npos) << dpa_last_error();
   EXPECT_EQ(o, 777.0f);
 }
 

@@ -1,6 +1,8 @@
 // DotProductAttention: the public entry point (forward, backward, explain).
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +32,22 @@ struct AttentionInputs {
   TensorView attn_mask;       // bool [b|1, H|1, sq, skv], true = masked; mask_type arbitrary
 };
 
+// Device scratch memory from the caller's allocator (DESIGN.md §11), for GPU calls. Either a
+// block the caller allocated (`data`, `bytes` >= DotProductAttention::workspace_size()), or an
+// `allocate` callback that the call invokes at most once, after validation and selection, with
+// the bytes the chosen backend needs (not at all when it needs none). The memory must stay valid
+// until the call's work on its stream has run: a stream-ordered allocator on the same stream
+// (PyTorch's caching allocator on its current stream) may reuse it as soon as the call returns.
+// Empty (neither set): backends take stream-ordered memory from the CUDA driver's pool
+// (cudaMallocAsync).
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+  std::function<void*(size_t bytes)> allocate;
+
+  bool given() const { return data != nullptr || bool(allocate); }
+};
+
 struct ForwardArgs {
   AttentionInputs in;
   TensorView o;    // like q with dv, dtype of q
@@ -40,6 +58,7 @@ struct ForwardArgs {
   std::optional<double> dropout;
   // CUDA stream (cudaStream_t) for device tensors; nullptr is the default stream.
   void* stream = nullptr;
+  Workspace workspace;
 };
 
 struct BackwardArgs {
@@ -54,6 +73,7 @@ struct BackwardArgs {
   std::optional<RngState> rng;
   std::optional<double> dropout;
   void* stream = nullptr;  // cudaStream_t for device tensors
+  Workspace workspace;
 };
 
 struct ForwardResult {
@@ -87,6 +107,11 @@ class DotProductAttention {
   // output has been written.
   ForwardResult forward(const ForwardArgs& args);
   BackendKind backward(const BackwardArgs& args);
+
+  // The workspace bytes a call with these arguments needs (validates and selects as the call
+  // would; the workspace field itself is ignored). 0 for host tensors.
+  size_t workspace_size(const ForwardArgs& args) const;
+  size_t workspace_size(const BackwardArgs& args) const;
 
   // The selection a call with these inputs would make, with every backend's reasons.
   // Shapes are validated; tensor contents are not read (data pointers may be null).

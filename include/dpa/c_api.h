@@ -127,6 +127,43 @@ dpa_status_t dpa_attention_backward(dpa_attention_t attention, const dpa_inputs_
                                     dpa_tensor_t dbias, dpa_tensor_t dsoftmax_offset,
                                     const dpa_rng_state_t* rng);
 
+/* The CUDA stream and the device workspace of one call, for device tensors. Start from
+ * DPA_CALL_INITIALIZER. stream: a cudaStream_t (NULL: the default stream). workspace: device
+ * memory of workspace_bytes >= the size query's answer, valid until the call's work on the
+ * stream has run; NULL with 0 bytes lets the library take stream-ordered memory from the CUDA
+ * driver's pool. */
+typedef struct {
+  size_t size; /* sizeof(dpa_call_t) */
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+} dpa_call_t;
+
+#define DPA_CALL_INITIALIZER \
+  { sizeof(dpa_call_t), NULL, NULL, 0 }
+
+/* As dpa_attention_forward / _backward, on call->stream with call->workspace (call may be
+ * NULL: as the functions without _ex). */
+dpa_status_t dpa_attention_forward_ex(dpa_attention_t attention, const dpa_inputs_t* inputs,
+                                      dpa_tensor_t o, dpa_tensor_t lse, const dpa_rng_state_t* rng,
+                                      dpa_rng_state_t* rng_used, const dpa_call_t* call);
+dpa_status_t dpa_attention_backward_ex(dpa_attention_t attention, const dpa_inputs_t* inputs,
+                                       dpa_tensor_t o, dpa_tensor_t lse, dpa_tensor_t d_o,
+                                       dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv,
+                                       dpa_tensor_t dbias, dpa_tensor_t dsoftmax_offset,
+                                       const dpa_rng_state_t* rng, const dpa_call_t* call);
+
+/* The workspace bytes a call with these arguments needs (*bytes; 0 for host tensors). Validates
+ * and selects as the call would; writes nothing else. */
+dpa_status_t dpa_attention_forward_workspace_size(dpa_attention_t attention,
+                                                  const dpa_inputs_t* inputs, dpa_tensor_t o,
+                                                  dpa_tensor_t lse, const dpa_rng_state_t* rng,
+                                                  size_t* bytes);
+dpa_status_t dpa_attention_backward_workspace_size(
+    dpa_attention_t attention, const dpa_inputs_t* inputs, dpa_tensor_t o, dpa_tensor_t lse,
+    dpa_tensor_t d_o, dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv, dpa_tensor_t dbias,
+    dpa_tensor_t dsoftmax_offset, const dpa_rng_state_t* rng, size_t* bytes);
+
 /* The message of the last failed call on this thread ("" if none). */
 const char* dpa_last_error(void);
 const char* dpa_status_string(dpa_status_t status);

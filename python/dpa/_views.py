@@ -41,3 +41,25 @@ def stream_of(tensor):
     if tensor.is_cuda:
         return torch.cuda.current_stream(tensor.device).cuda_stream
     return 0
+
+
+class WorkspaceAllocator:
+    """The call's device workspace from PyTorch's caching allocator on the current stream.
+
+    The library calls it at most once per call, with the bytes the chosen backend needs; the
+    tensor is kept until the call returns and is then released to the allocator, which reuses
+    it only in stream order after the call's kernels (the same stream)."""
+
+    __slots__ = ("device", "block")
+
+    def __init__(self, device):
+        self.device = device
+        self.block = None
+
+    def __call__(self, nbytes):
+        self.block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self.block.data_ptr()
+
+
+def allocator_for(tensor):
+    return WorkspaceAllocator(tensor.device) if tensor.is_cuda else None

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _dpa
-from ._views import stream_of, view
+from ._views import allocator_for, stream_of, view
 
 # One extension object per distinct config; dropout state is passed per call, never drawn from
 # the object, so sharing it is safe.
@@ -105,7 +105,7 @@ def forward(
         view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
         view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
         view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
-        dropout_p, _rng(rng), stream_of(q))
+        dropout_p, _rng(rng), stream_of(q), allocator_for(q))
     return o, lse
 
 
@@ -169,7 +169,7 @@ def backward(
         view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
         view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
         view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
-        dropout_p, _rng(rng), stream_of(q))
+        dropout_p, _rng(rng), stream_of(q), allocator_for(q))
     return dq, dk, dv, dbias, dsinks
 
 

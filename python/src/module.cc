@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/workspace.h"
 #include "dpa/attention.h"
 #include "errors.h"
 #include "tensor_views.h"
@@ -80,6 +81,19 @@ std::optional<RngState> rng_of(std::optional<std::tuple<uint64_t, uint64_t>> rng
   return RngState{std::get<0>(*rng), std::get<1>(*rng)};
 }
 
+// `allocate(bytes) -> data_ptr` (Python, e.g. torch.empty on the caller's stream) as the call's
+// workspace allocator; None leaves the workspace empty (the driver's stream-ordered pool).
+Workspace workspace_of(nb::handle allocate) {
+  Workspace workspace;
+  if (allocate.is_none()) return workspace;
+  nb::object callable = nb::borrow(allocate);
+  workspace.allocate = [callable](size_t bytes) -> void* {
+    nb::gil_scoped_acquire gil;  // called from inside the call, where the GIL is released
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(callable(bytes)));
+  };
+  return workspace;
+}
+
 // (chosen backend or None, forced, [(backend, eligible, reasons)])
 using SelectionTuple =
     std::tuple<std::optional<std::string>, bool,
@@ -107,7 +121,8 @@ class Attention {
                       nb::handle cu_seqlens_q_padded, nb::handle cu_seqlens_kv_padded,
                       nb::handle bias, nb::handle alibi_slopes, nb::handle softmax_offset,
                       nb::handle attn_mask, std::optional<double> dropout,
-                      std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream) {
+                      std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream,
+                      nb::handle allocate) {
     Keepalive keep;
     ForwardArgs args;
     args.in =
@@ -118,6 +133,7 @@ class Attention {
     args.dropout = dropout;
     args.rng = rng_of(rng);
     args.stream = reinterpret_cast<void*>(stream);
+    args.workspace = workspace_of(allocate);
     ForwardResult result;
     {
       nb::gil_scoped_release release;
@@ -133,7 +149,8 @@ class Attention {
                        nb::handle cu_seqlens_kv_padded, nb::handle bias, nb::handle alibi_slopes,
                        nb::handle softmax_offset, nb::handle attn_mask,
                        std::optional<double> dropout,
-                       std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream) {
+                       std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream,
+                       nb::handle allocate) {
     Keepalive keep;
     BackwardArgs args;
     args.in =
@@ -150,6 +167,7 @@ class Attention {
     args.dropout = dropout;
     args.rng = rng_of(rng);
     args.stream = reinterpret_cast<void*>(stream);
+    args.workspace = workspace_of(allocate);
     BackendKind backend;
     {
       nb::gil_scoped_release release;
@@ -212,7 +230,7 @@ NB_MODULE(_dpa, m) {
            nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
            nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
            nb::arg("attn_mask").none(), nb::arg("dropout").none(), nb::arg("rng").none(),
-           nb::arg("stream"))
+           nb::arg("stream"), nb::arg("allocate").none())
       .def("backward", &Attention::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
            nb::arg("lse"), nb::arg("d_o"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
            nb::arg("dbias").none(), nb::arg("dsoftmax_offset").none(),
@@ -220,7 +238,7 @@ NB_MODULE(_dpa, m) {
            nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
            nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
            nb::arg("attn_mask").none(), nb::arg("dropout").none(), nb::arg("rng").none(),
-           nb::arg("stream"))
+           nb::arg("stream"), nb::arg("allocate").none())
       .def("explain", &Attention::explain, nb::arg("q"), nb::arg("k"), nb::arg("v"),
            nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
            nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
@@ -228,6 +246,8 @@ NB_MODULE(_dpa, m) {
            nb::arg("attn_mask").none(), nb::arg("backward"), nb::arg("wants_dbias"),
            nb::arg("wants_dsoftmax_offset"));
 
+  m.def("workspace_shortfall_bytes", &dpa::workspace_shortfall_bytes,
+        "Bytes that calls wanted beyond the workspace they were given (a sizing bug if not 0)");
   m.def("cuda_built", []() {
 #if defined(DPA_WITH_CUDA)
     return true;

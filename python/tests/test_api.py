@@ -169,7 +169,7 @@ def test_numpy_arrays_through_dlpack():
         bias_type="no_bias", dropout=0.0, seed=0, layer_number=0, deterministic=False,
         backend="auto")
     ran = dpa._dpa.Attention(config).forward(q, q, q, o, lse, None, None, None, None, None,
-                                             None, None, None, None, None, 0)
+                                             None, None, None, None, None, 0, None)
     assert ran == "cpu"
     t = torch.from_numpy(q)
     expected = dpa.attention(t, t, t, mask_type="causal", softcap=2.0)

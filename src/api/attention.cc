@@ -1,10 +1,13 @@
 // DotProductAttention: API -> validate -> select -> backend (DESIGN.md §1).
 #include "dpa/attention.h"
 
+#include <string>
+
 #include "core/backend.h"
 #include "core/logging.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
+#include "core/workspace.h"
 
 namespace dpa {
 namespace {
@@ -30,6 +33,29 @@ const Backend& run_selection(const AttentionConfig& config, const AttentionProbl
   throw Error(ErrorCode::kInternal, "", "selected backend is not registered");
 }
 
+// Runs `pass` with the caller's workspace as the thread's arena, when one is given.
+template <typename Run>
+void run_in_workspace(const Backend& backend, const AttentionProblem& problem,
+                      const Workspace& workspace, Run&& pass) {
+  if (!workspace.given()) return pass();
+  const size_t needed = backend.workspace_bytes(problem);
+  void* data = workspace.data;
+  size_t bytes = workspace.bytes;
+  if (workspace.allocate) {
+    if (needed == 0) return pass();
+    data = workspace.allocate(needed);
+    bytes = needed;
+    require(data != nullptr, "workspace", "the allocator returned no memory");
+  } else {
+    require(bytes >= needed, "workspace",
+            "has " + std::to_string(bytes) + " bytes, the call needs " + std::to_string(needed) +
+                " (workspace_size)");
+  }
+  WorkspaceArena arena(data, bytes);
+  WorkspaceScope scope(&arena);
+  pass();
+}
+
 }  // namespace
 
 DotProductAttention::DotProductAttention(const AttentionConfig& config) : config_(config) {
@@ -41,7 +67,7 @@ ForwardResult DotProductAttention::forward(const ForwardArgs& args) {
   const RngState rng = args.rng.value_or(RngState{config_.seed, next_offset_});
   AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
   const Backend& backend = run_selection(config_, problem);
-  backend.forward(problem);
+  run_in_workspace(backend, problem, args.workspace, [&] { backend.forward(problem); });
   // Each call that draws dropout from the object's own state gets a fresh offset.
   if (!args.rng && problem.dropout_threshold > 0) ++next_offset_;
   return {backend.capabilities().kind, rng};
@@ -51,8 +77,21 @@ BackendKind DotProductAttention::backward(const BackwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   AttentionProblem problem = build_backward_problem(config_, args, dropout);
   const Backend& backend = run_selection(config_, problem);
-  backend.backward(problem);
+  run_in_workspace(backend, problem, args.workspace, [&] { backend.backward(problem); });
   return backend.capabilities().kind;
+}
+
+size_t DotProductAttention::workspace_size(const ForwardArgs& args) const {
+  const double dropout = args.dropout.value_or(config_.dropout);
+  const RngState rng = args.rng.value_or(RngState{config_.seed, next_offset_});
+  AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
+  return run_selection(config_, problem).workspace_bytes(problem);
+}
+
+size_t DotProductAttention::workspace_size(const BackwardArgs& args) const {
+  const double dropout = args.dropout.value_or(config_.dropout);
+  AttentionProblem problem = build_backward_problem(config_, args, dropout);
+  return run_selection(config_, problem).workspace_bytes(problem);
 }
 
 Selection DotProductAttention::explain(const AttentionInputs& in, Pass pass, bool wants_dbias,

@@ -112,6 +112,47 @@ dpa::DotProductAttention& unwrap(dpa_attention_t attention) {
   return *attention->attention;
 }
 
+dpa::ForwardArgs forward_args(const dpa_inputs_t* inputs, dpa_tensor_t o, dpa_tensor_t lse,
+                              const dpa_rng_state_t* rng) {
+  dpa::ForwardArgs args;
+  args.in = to_inputs(inputs);
+  args.o = to_view(o, "o");
+  args.lse = to_view(lse, "lse");
+  if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
+  return args;
+}
+
+dpa::BackwardArgs backward_args(const dpa_inputs_t* inputs, dpa_tensor_t o, dpa_tensor_t lse,
+                                dpa_tensor_t d_o, dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv,
+                                dpa_tensor_t dbias, dpa_tensor_t dsoftmax_offset,
+                                const dpa_rng_state_t* rng) {
+  dpa::BackwardArgs args;
+  args.in = to_inputs(inputs);
+  args.o = to_view(o, "o");
+  args.lse = to_view(lse, "lse");
+  args.d_o = to_view(d_o, "d_o");
+  args.dq = to_view(dq, "dq");
+  args.dk = to_view(dk, "dk");
+  args.dv = to_view(dv, "dv");
+  args.dbias = to_view(dbias, "dbias");
+  args.dsoftmax_offset = to_view(dsoftmax_offset, "dsoftmax_offset");
+  if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
+  return args;
+}
+
+// The stream and workspace of a call (NULL: the default stream, the driver's pool).
+void apply_call(const dpa_call_t* call, void*& stream, dpa::Workspace& workspace) {
+  if (call == nullptr) return;
+  dpa::require(call->size == sizeof(dpa_call_t), "call",
+               "has size " + std::to_string(call->size) +
+                   ", expected sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t)));
+  dpa::require(call->workspace != nullptr || call->workspace_bytes == 0, "call",
+               "has workspace_bytes but no workspace");
+  stream = call->stream;
+  workspace.data = call->workspace;
+  workspace.bytes = call->workspace_bytes;
+}
+
 }  // namespace
 
 extern "C" {
@@ -147,14 +188,27 @@ dpa_status_t dpa_attention_destroy(dpa_attention_t attention) {
 dpa_status_t dpa_attention_forward(dpa_attention_t attention, const dpa_inputs_t* inputs,
                                    dpa_tensor_t o, dpa_tensor_t lse, const dpa_rng_state_t* rng,
                                    dpa_rng_state_t* rng_used) {
+  return dpa_attention_forward_ex(attention, inputs, o, lse, rng, rng_used, nullptr);
+}
+
+dpa_status_t dpa_attention_forward_ex(dpa_attention_t attention, const dpa_inputs_t* inputs,
+                                      dpa_tensor_t o, dpa_tensor_t lse, const dpa_rng_state_t* rng,
+                                      dpa_rng_state_t* rng_used, const dpa_call_t* call) {
   return guarded([&] {
-    dpa::ForwardArgs args;
-    args.in = to_inputs(inputs);
-    args.o = to_view(o, "o");
-    args.lse = to_view(lse, "lse");
-    if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
+    dpa::ForwardArgs args = forward_args(inputs, o, lse, rng);
+    apply_call(call, args.stream, args.workspace);
     dpa::ForwardResult result = unwrap(attention).forward(args);
     if (rng_used) *rng_used = dpa_rng_state_t{result.rng.seed, result.rng.offset};
+  });
+}
+
+dpa_status_t dpa_attention_forward_workspace_size(dpa_attention_t attention,
+                                                  const dpa_inputs_t* inputs, dpa_tensor_t o,
+                                                  dpa_tensor_t lse, const dpa_rng_state_t* rng,
+                                                  size_t* bytes) {
+  return guarded([&] {
+    dpa::require(bytes != nullptr, "bytes", "must not be NULL");
+    *bytes = unwrap(attention).workspace_size(forward_args(inputs, o, lse, rng));
   });
 }
 
@@ -163,19 +217,31 @@ dpa_status_t dpa_attention_backward(dpa_attention_t attention, const dpa_inputs_
                                     dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv,
                                     dpa_tensor_t dbias, dpa_tensor_t dsoftmax_offset,
                                     const dpa_rng_state_t* rng) {
+  return dpa_attention_backward_ex(attention, inputs, o, lse, d_o, dq, dk, dv, dbias,
+                                   dsoftmax_offset, rng, nullptr);
+}
+
+dpa_status_t dpa_attention_backward_ex(dpa_attention_t attention, const dpa_inputs_t* inputs,
+                                       dpa_tensor_t o, dpa_tensor_t lse, dpa_tensor_t d_o,
+                                       dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv,
+                                       dpa_tensor_t dbias, dpa_tensor_t dsoftmax_offset,
+                                       const dpa_rng_state_t* rng, const dpa_call_t* call) {
   return guarded([&] {
-    dpa::BackwardArgs args;
-    args.in = to_inputs(inputs);
-    args.o = to_view(o, "o");
-    args.lse = to_view(lse, "lse");
-    args.d_o = to_view(d_o, "d_o");
-    args.dq = to_view(dq, "dq");
-    args.dk = to_view(dk, "dk");
-    args.dv = to_view(dv, "dv");
-    args.dbias = to_view(dbias, "dbias");
-    args.dsoftmax_offset = to_view(dsoftmax_offset, "dsoftmax_offset");
-    if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
+    dpa::BackwardArgs args =
+        backward_args(inputs, o, lse, d_o, dq, dk, dv, dbias, dsoftmax_offset, rng);
+    apply_call(call, args.stream, args.workspace);
     unwrap(attention).backward(args);
+  });
+}
+
+dpa_status_t dpa_attention_backward_workspace_size(
+    dpa_attention_t attention, const dpa_inputs_t* inputs, dpa_tensor_t o, dpa_tensor_t lse,
+    dpa_tensor_t d_o, dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv, dpa_tensor_t dbias,
+    dpa_tensor_t dsoftmax_offset, const dpa_rng_state_t* rng, size_t* bytes) {
+  return guarded([&] {
+    dpa::require(bytes != nullptr, "bytes", "must not be NULL");
+    *bytes = unwrap(attention).workspace_size(
+        backward_args(inputs, o, lse, d_o, dq, dk, dv, dbias, dsoftmax_offset, rng));
   });
 }
 

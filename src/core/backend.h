@@ -98,6 +98,12 @@ class Backend {
   // Preconditions: validation passed and the selector found this backend eligible.
   virtual void forward(const AttentionProblem& problem) const = 0;
   virtual void backward(const AttentionProblem& problem) const = 0;
+  // Device scratch bytes that forward / backward (problem.pass) take from a caller's workspace
+  // (core/workspace.h): every buffer the pass allocates, each aligned. 0 for host backends.
+  virtual size_t workspace_bytes(const AttentionProblem& problem) const {
+    (void)problem;
+    return 0;
+  }
 };
 
 // Every backend compiled into this build, fastest first (the selector's preference order).

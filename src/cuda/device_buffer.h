@@ -1,5 +1,7 @@
-// Stream-ordered device workspace (cudaMallocAsync / cudaFreeAsync): allocation and release
-// are ordered with the kernels that use it, so no synchronisation is needed.
+// Device workspace. Inside a WorkspaceScope (a call given the caller's workspace) buffers are
+// carved from that block; otherwise they are stream-ordered (cudaMallocAsync / cudaFreeAsync):
+// allocation and release are ordered with the kernels that use them, so no synchronisation is
+// needed either way.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/workspace.h"
 #include "cuda/cuda_check.h"
 
 namespace dpa::cuda {
@@ -16,10 +19,13 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(size_t bytes, cudaStream_t stream) : stream_(stream), bytes_(bytes) {
-    if (bytes > 0) DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+    if (bytes == 0) return;
+    if (WorkspaceArena* arena = WorkspaceArena::current()) data_ = arena->take(bytes);
+    owned_ = data_ == nullptr;
+    if (owned_) DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
   }
   ~DeviceBuffer() {
-    if (data_) cudaFreeAsync(data_, stream_);
+    if (data_ && owned_) cudaFreeAsync(data_, stream_);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -28,6 +34,7 @@ class DeviceBuffer {
     std::swap(data_, other.data_);
     std::swap(stream_, other.stream_);
     std::swap(bytes_, other.bytes_);
+    std::swap(owned_, other.owned_);
     return *this;
   }
 
@@ -41,6 +48,7 @@ class DeviceBuffer {
   void* data_ = nullptr;
   cudaStream_t stream_ = nullptr;
   size_t bytes_ = 0;
+  bool owned_ = false;  // from cudaMallocAsync (else a block of the caller's workspace)
 };
 
 // Uploads a small host array (e.g. per-sequence lengths) into a fresh device buffer.

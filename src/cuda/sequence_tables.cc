@@ -4,9 +4,19 @@
 
 namespace dpa::cuda {
 
+namespace {
+
+constexpr size_t kTables = 7;  // seqlen_q, seqlen_kv, start_q, start_kv, diagonal, positions
+
+}  // namespace
+
+size_t sequence_tables_bytes(const AttentionProblem& p) {
+  return kTables * size_t(p.batch) * sizeof(int);
+}
+
 SequenceTables upload_sequence_tables(const AttentionProblem& p, cudaStream_t stream) {
   const size_t batch = size_t(p.batch);
-  std::vector<int> host(7 * batch, 0);
+  std::vector<int> host(kTables * batch, 0);
   for (size_t b = 0; b < batch; ++b) {
     host[b] = int(p.seqlen_q[b]);
     host[batch + b] = int(p.seqlen_kv[b]);

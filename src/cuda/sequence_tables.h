@@ -25,5 +25,6 @@ struct SequenceTables {
 };
 
 SequenceTables upload_sequence_tables(const AttentionProblem& problem, cudaStream_t stream);
+size_t sequence_tables_bytes(const AttentionProblem& problem);
 
 }  // namespace dpa::cuda

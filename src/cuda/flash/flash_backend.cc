@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "core/workspace.h"
 #include "cuda/cuda_backends.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fill_rows.h"
@@ -100,6 +101,14 @@ class CudaFlashBackend final : public Backend {
   void backward(const AttentionProblem& p) const override {
     DPA_CUDA_CHECK(cudaSetDevice(p.device_index));
     cuda::run_flash_backward(p, static_cast<cudaStream_t>(p.stream));
+  }
+
+  size_t workspace_bytes(const AttentionProblem& p) const override {
+    if (p.pass == Pass::kBackward) return cuda::flash_backward_workspace_bytes(p);
+    const cuda::FlashTileShape shape = cuda::flash_forward_shape_for(p);
+    const int splits = cuda::flash_forward_num_splits(p, shape);
+    return workspace_bytes_for(
+        {cuda::sequence_tables_bytes(p), cuda::flash_forward_partials_bytes(p, splits)});
   }
 
  private:

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "core/problem.h"
+#include "core/workspace.h"
 #include "cuda/device_buffer.h"
 #include "cuda/fill_rows.h"
 #include "cuda/flash/flash_backward_launch.h"
@@ -54,7 +55,36 @@ FlashBackwardFamily requested_backward_family() {
   return FlashBackwardFamily::kAutomatic;
 }
 
+FlashBackwardFamily backward_family(const AttentionProblem& p) {
+  return flash_backward_family(device_info(p.device_index).arch, int(p.head_dim_qk),
+                               int(p.head_dim_v), p.deterministic, p.dropout_threshold != 0,
+                               requested_backward_family());
+}
+
+// The backward's own buffers, by family.
+struct FlashBackwardBuffers {
+  size_t dq_accum = 0;    // fp32 [b, H, sq, dqk], fused family only
+  size_t row_delta = 0;   // fp32 [b, H, sq] D_i
+  size_t row_dalpha = 0;  // fp32 [b, H, sq] per-row sink gradient terms
+};
+
+FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBackwardFamily family) {
+  const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
+  FlashBackwardBuffers sizes;
+  if (family == FlashBackwardFamily::kFused)
+    sizes.dq_accum = rows * size_t(p.head_dim_qk) * sizeof(float);
+  sizes.row_delta = rows * sizeof(float);
+  if (p.wants_dsoftmax_offset) sizes.row_dalpha = rows * sizeof(float);
+  return sizes;
+}
+
 }  // namespace
+
+size_t flash_backward_workspace_bytes(const AttentionProblem& p) {
+  const FlashBackwardBuffers sizes = flash_backward_buffers(p, backward_family(p));
+  return workspace_bytes_for(
+      {sequence_tables_bytes(p), sizes.dq_accum, sizes.row_delta, sizes.row_dalpha});
+}
 
 void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   // The forward's parameters (sequence tables, features, q/k/v/o/lse) with one split: the
@@ -73,21 +103,19 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   bp.dv = p.dv.data;
   copy_strides(p.dv_rows, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride);
   bp.scale = float(p.scale);
-  const FlashBackwardFamily family = flash_backward_family(
-      device_info(p.device_index).arch, int(p.head_dim_qk), int(p.head_dim_v), p.deterministic,
-      bp.fwd.dropout_threshold != 0, requested_backward_family());
+  const FlashBackwardFamily family = backward_family(p);
   bp.wgmma = family != FlashBackwardFamily::kMmaSync;
   bp.warp_specialized = family == FlashBackwardFamily::kWgmmaWs;
   bp.fused = family == FlashBackwardFamily::kFused;
 
-  const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
-  DeviceBuffer dq_accum(bp.fused ? rows * size_t(p.head_dim_qk) * sizeof(float) : 0, stream);
+  const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);
+  DeviceBuffer dq_accum(sizes.dq_accum, stream);
   if (bp.fused) {
     bp.dq_accum = dq_accum.get<float>();
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, dq_accum.bytes(), stream));
   }
-  DeviceBuffer row_delta(rows * sizeof(float), stream);
-  DeviceBuffer row_dalpha(p.wants_dsoftmax_offset ? rows * sizeof(float) : 0, stream);
+  DeviceBuffer row_delta(sizes.row_delta, stream);
+  DeviceBuffer row_dalpha(sizes.row_dalpha, stream);
   bp.row_delta = row_delta.get<float>();
   bp.row_dalpha = p.wants_dsoftmax_offset ? row_dalpha.get<float>() : nullptr;
 

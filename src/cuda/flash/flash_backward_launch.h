@@ -12,6 +12,8 @@ namespace dpa::cuda {
 // The whole backward of a validated problem: workspace, rows outside every sequence, the
 // prepare, dq and dk/dv kernels and the sink gradient's reduction.
 void run_flash_backward(const AttentionProblem& problem, cudaStream_t stream);
+// Every buffer run_flash_backward allocates (the caller's workspace, core/workspace.h).
+size_t flash_backward_workspace_bytes(const AttentionProblem& problem);
 
 // The kernels for one head-dim pair (flash_backward_hdim*.cu).
 void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_dim_qk,

@@ -79,23 +79,32 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.seed = p.rng.seed;
   params.offset = p.rng.offset;
 
-  const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
-  params.num_splits =
-      !split_kv ? 1
-                : choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
-                                    device_info(p.device_index).sm_count, shape.blocks_per_sm);
+  params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
-    plan.partials = DeviceBuffer(size_t(rows) * size_t(p.head_dim_v + 1) * sizeof(float), stream);
+    plan.partials = DeviceBuffer(flash_forward_partials_bytes(p, params.num_splits), stream);
     params.partial_lse = plan.partials.get<float>();
     params.partial_o = params.partial_lse + rows;
   }
   return plan;
+}
+
+int flash_forward_num_splits(const AttentionProblem& p, const FlashTileShape& shape) {
+  const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
+  const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
+  return choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
+                           device_info(p.device_index).sm_count, shape.blocks_per_sm);
+}
+
+size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {
+  if (num_splits <= 1) return 0;
+  const int64_t rows = int64_t(num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
+  return size_t(rows) * size_t(p.head_dim_v + 1) * sizeof(float);  // lse, then o
 }
 
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,

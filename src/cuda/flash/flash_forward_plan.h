@@ -27,6 +27,10 @@ void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_s
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
                                     cudaStream_t stream, bool split_kv = true);
 
+// The split-KV count the forward launches with `shape`, and the bytes of its partials.
+int flash_forward_num_splits(const AttentionProblem& problem, const FlashTileShape& shape);
+size_t flash_forward_partials_bytes(const AttentionProblem& problem, int num_splits);
+
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
 // the wgmma forms on compute capability 9.0 (`arch` 90).
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,

@@ -51,6 +51,10 @@ class CudaUnfusedBackend final : public Backend {
     cuda::run_unfused_backward(problem);
   }
 
+  size_t workspace_bytes(const AttentionProblem& problem) const override {
+    return cuda::unfused_call_workspace_bytes(problem);
+  }
+
  private:
   Capabilities caps_;
 };

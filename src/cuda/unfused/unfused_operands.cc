@@ -17,7 +17,7 @@ GemmSource::GemmSource(const AttentionProblem& p, const TensorView& tensor, cons
     ld_ = width;
     return;
   }
-  if (layout.stride_seq >= width && layout.stride_seq <= INT_MAX) {
+  if (!needs_packing(p, layout, query_side, width)) {
     ld_ = layout.stride_seq;
     return;
   }
@@ -26,7 +26,7 @@ GemmSource::GemmSource(const AttentionProblem& p, const TensorView& tensor, cons
   const bool thd = p.format == Format::kTHD;
   const int64_t batches = thd ? 1 : p.batch;
   const int64_t rows = thd ? (query_side ? p.total_q : p.total_kv) : max_rows;
-  staging_ = DeviceBuffer(size_t(batches * rows * heads * width) * element_bytes_, stream);
+  staging_ = DeviceBuffer(staging_bytes(p, tensor, layout, query_side, heads, width), stream);
   RowStrides source = row_strides(layout);
   if (thd) source.batch = 0;
   launch_pack_rows(tensor.data, source, staging_.get(), batches, rows, heads, width, element_bytes_,
@@ -36,6 +36,23 @@ GemmSource::GemmSource(const AttentionProblem& p, const TensorView& tensor, cons
   layout_.stride_seq = heads * width;
   layout_.stride_head = width;
   ld_ = heads * width;
+}
+
+bool GemmSource::needs_packing(const AttentionProblem& p, const RowLayout& layout, bool query_side,
+                               int64_t width) {
+  const int64_t max_rows = query_side ? p.max_seqlen_q : p.max_seqlen_kv;
+  return max_rows > 1 && (layout.stride_seq < width || layout.stride_seq > INT_MAX);
+}
+
+size_t GemmSource::staging_bytes(const AttentionProblem& p, const TensorView& tensor,
+                                 const RowLayout& layout, bool query_side, int64_t heads,
+                                 int64_t width) {
+  if (!needs_packing(p, layout, query_side, width)) return 0;
+  const bool thd = p.format == Format::kTHD;
+  const int64_t batches = thd ? 1 : p.batch;
+  const int64_t rows =
+      thd ? (query_side ? p.total_q : p.total_kv) : (query_side ? p.max_seqlen_q : p.max_seqlen_kv);
+  return size_t(batches * rows * heads * width) * dtype_size(tensor.dtype);
 }
 
 const void* GemmSource::matrix(int64_t b, int64_t h) const {

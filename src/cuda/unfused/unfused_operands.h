@@ -29,7 +29,15 @@ class GemmSource {
   int64_t ld() const { return ld_; }
   bool packed() const { return staging_.bytes() > 0; }
 
+  // The contiguous copy's bytes (0 when the tensor is used in place): the workspace query.
+  static size_t staging_bytes(const AttentionProblem& problem, const TensorView& tensor,
+                              const RowLayout& layout, bool query_side, int64_t heads,
+                              int64_t width);
+
  private:
+  static bool needs_packing(const AttentionProblem& problem, const RowLayout& layout,
+                            bool query_side, int64_t width);
+
   const char* data_ = nullptr;
   size_t element_bytes_ = 0;
   RowLayout layout_;

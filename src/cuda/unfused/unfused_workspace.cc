@@ -3,8 +3,11 @@
 #include <cstdio>
 #include <limits>
 
+#include "core/workspace.h"
 #include "cuda/runtime.h"
+#include "cuda/sequence_tables.h"
 #include "cuda/unfused/unfused_gemm.h"
+#include "cuda/unfused/unfused_operands.h"
 
 namespace dpa::cuda {
 namespace {
@@ -77,6 +80,19 @@ UnfusedWorkspace plan_unfused_workspace(const UnfusedShape& s) {
   if (s.dsoftmax_offset)
     w.row_dalpha = mul({s.batch, s.heads_q, s.max_seqlen_q, int64_t(sizeof(float))});
   return w;
+}
+
+size_t unfused_call_workspace_bytes(const AttentionProblem& p) {
+  const UnfusedWorkspace w = plan_unfused_workspace(unfused_shape(p));
+  const bool backward = p.pass == Pass::kBackward;
+  const size_t q = GemmSource::staging_bytes(p, p.q, p.q_rows, true, p.heads_q, p.head_dim_qk);
+  const size_t k = GemmSource::staging_bytes(p, p.k, p.k_rows, false, p.heads_kv, p.head_dim_qk);
+  const size_t v = GemmSource::staging_bytes(p, p.v, p.v_rows, false, p.heads_kv, p.head_dim_v);
+  const size_t d_o =
+      backward ? GemmSource::staging_bytes(p, p.d_o, p.do_rows, true, p.heads_q, p.head_dim_v) : 0;
+  return workspace_bytes_for({sequence_tables_bytes(p), w.scores, w.dprobs, w.probs, w.dlogits,
+                              w.rows_q, w.rows_dk, w.rows_dv, w.row_dalpha, w.pointers, w.cublas, q,
+                              k, v, d_o});
 }
 
 std::optional<std::string> unfused_size_limit(const FeatureRequest& request) {

@@ -42,6 +42,10 @@ struct UnfusedWorkspace {
 
 UnfusedWorkspace plan_unfused_workspace(const UnfusedShape& shape);
 
+// Every buffer a pass of this problem allocates, each aligned: the plan, the sequence tables
+// and the packed copies of operands cuBLAS cannot read in place (the caller's workspace).
+size_t unfused_call_workspace_bytes(const AttentionProblem& problem);
+
 // Number of batch pointers per GEMM operand section (see unfused_operands.h).
 int64_t unfused_pointer_count(const UnfusedShape& shape);
 
