@@ -33,7 +33,7 @@ except ImportError:  # the extension alone still serves NumPy / CuPy / JAX array
 if _torch is not None:
     from . import ops
     from .functional import Explanation, Verdict, attention, attention_varlen, explain
-    from . import torch  # noqa: F811  (dpa.torch: the nn.Module layer)
+    from . import direct, torch  # noqa: F811  (dpa.torch: the nn.Module layer)
 
 __all__ = [
     "attention",
