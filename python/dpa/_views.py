@@ -36,11 +36,18 @@ def view(tensor, name):
     return (tensor.data_ptr(), code, tensor.get_device(), tensor.shape, tensor.stride())
 
 
+# The raw cudaStream_t of the current stream, without building a torch.cuda.Stream object (the
+# function inductor's generated code calls); the public route where a torch lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_of(tensor):
     """The caller's current CUDA stream on the tensor's device, as an integer (0 on the host)."""
-    if tensor.is_cuda:
-        return torch.cuda.current_stream(tensor.device).cuda_stream
-    return 0
+    if not tensor.is_cuda:
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(tensor.get_device())
+    return torch.cuda.current_stream(tensor.device).cuda_stream
 
 
 class WorkspaceAllocator:

@@ -132,9 +132,17 @@ def _run(q, k, v, config: Resolved, *, cu_seqlens_q=None, cu_seqlens_kv=None,
                      cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=bias,
                      alibi_slopes=alibi_slopes, sinks=sinks, attn_mask=attn_mask)
     rng = _dropout_rng(config.dropout_p, generator, seed, offset)
-    o, lse = ops.forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                         cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng,
-                         *config)
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+              bias, alibi_slopes, sinks, attn_mask, rng, *config)
+    # Traced (torch.compile, export): the custom op, which the graph keeps. Eager: the same
+    # functions without the dispatcher; without autograd, without the graph node too.
+    if torch.compiler.is_compiling():
+        o, lse = ops.forward(*inputs)
+    elif torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, bias, sinks)):
+        o, lse = ops.EagerAttention.apply(*inputs)
+    else:
+        o, lse = ops.forward_impl(*inputs)
     return (o, lse) if return_lse else o
 
 

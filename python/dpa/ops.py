@@ -66,6 +66,27 @@ def _output_shape(q: Tensor, v: Tensor) -> List[int]:
     return list(q.shape[:-1]) + [v.shape[-1]]
 
 
+def forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                 bias, alibi_slopes, sinks, attn_mask, rng, qkv_format, mask_type, window_left,
+                 window_right, bottom_right_diagonal, softcap, softmax_scale, softmax_type,
+                 bias_type, dropout_p, layer_number, deterministic, backend):
+    """The forward itself: what the custom op, the eager autograd path and the no-grad path
+    all run."""
+    config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+              softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
+              backend)
+    o = q.new_empty(_output_shape(q, v))
+    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
+    _attention(config).forward(
+        view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
+        view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
+        view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
+        view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
+        view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
+        dropout_p, _rng(rng), stream_of(q), allocator_for(q))
+    return o, lse
+
+
 @torch.library.custom_op("dpa::forward", mutates_args=())
 def forward(
     q: Tensor,
@@ -94,19 +115,11 @@ def forward(
     deterministic: bool,
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
-    config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
-              softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
-              backend)
-    o = q.new_empty(_output_shape(q, v))
-    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
-    _attention(config).forward(
-        view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
-        view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
-        view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
-        view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
-        view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
-        dropout_p, _rng(rng), stream_of(q), allocator_for(q))
-    return o, lse
+    return forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                        cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng,
+                        qkv_format, mask_type, window_left, window_right, bottom_right_diagonal,
+                        softcap, softmax_scale, softmax_type, bias_type, dropout_p, layer_number,
+                        deterministic, backend)
 
 
 @forward.register_fake
@@ -118,6 +131,31 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
     o = q.new_empty(_output_shape(q, v))
     lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
     return o, lse
+
+
+def backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                  cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng, qkv_format,
+                  mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+                  softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
+                  backend, wants_dbias, wants_dsinks):
+    """Returns (dq, dk, dv, dbias, dsinks); dbias and dsinks are empty when not wanted."""
+    config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
+              softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
+              backend)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
+    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
+    _attention(config).backward(
+        view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
+        view(d_o, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
+        view(dbias, "dbias") if wants_dbias else None,
+        view(dsinks, "dsinks") if wants_dsinks else None,
+        view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
+        view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
+        view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
+        view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
+        dropout_p, _rng(rng), stream_of(q), allocator_for(q))
+    return dq, dk, dv, dbias, dsinks
 
 
 @torch.library.custom_op("dpa::backward", mutates_args=())
@@ -153,24 +191,12 @@ def backward(
     wants_dbias: bool,
     wants_dsinks: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (dq, dk, dv, dbias, dsinks); dbias and dsinks are empty when not wanted."""
-    config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
-              softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
-              backend)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
-    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
-    _attention(config).backward(
-        view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
-        view(d_o, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
-        view(dbias, "dbias") if wants_dbias else None,
-        view(dsinks, "dsinks") if wants_dsinks else None,
-        view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
-        view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
-        view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded"), view(bias, "bias"),
-        view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(attn_mask, "attn_mask"),
-        dropout_p, _rng(rng), stream_of(q), allocator_for(q))
-    return dq, dk, dv, dbias, dsinks
+    return backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                         cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng,
+                         qkv_format, mask_type, window_left, window_right,
+                         bottom_right_diagonal, softcap, softmax_scale, softmax_type, bias_type,
+                         dropout_p, layer_number, deterministic, backend, wants_dbias,
+                         wants_dsinks)
 
 
 @backward.register_fake
@@ -201,13 +227,13 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, d_o, d_lse):
+def _gradients(ctx, d_o, run_backward):
     saved = ctx.saved_tensors
     inputs, o, lse = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1]
     q, k, v = inputs[0], inputs[1], inputs[2]
     if d_o.stride(-1) != 1:  # autograd may hand an expanded (stride 0) gradient
         d_o = d_o.contiguous()
-    dq, dk, dv, dbias, dsinks = backward(
+    dq, dk, dv, dbias, dsinks = run_backward(
         d_o, q, k, v, o, lse, *inputs[3:], *ctx.config, ctx.wants_dbias, ctx.wants_dsinks)
     grads = [dq, dk, dv] + [None] * (_TENSOR_INPUTS - 3) + [None] * len(ctx.config)
     if ctx.wants_dbias:
@@ -217,4 +243,25 @@ def _backward(ctx, d_o, d_lse):
     return tuple(grads)
 
 
+def _backward(ctx, d_o, d_lse):
+    return _gradients(ctx, d_o, backward)
+
+
 forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The same forward and backward outside torch.compile, without the dispatcher's cost per
+    call (docs/perf.md): the custom ops serve tracing, this serves eager training."""
+
+    @staticmethod
+    def forward(*inputs):
+        return forward_impl(*inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        return _gradients(ctx, d_o, backward_impl)
