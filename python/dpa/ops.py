@@ -20,27 +20,20 @@ from ._views import allocator_for, stream_of, view
 _ATTENTIONS = {}
 
 
+def make_config(config):
+    """The extension's Config from the op's config arguments (Resolved's order)."""
+    return _dpa.make_config(
+        qkv_format=config[0], mask_type=config[1], window_left=config[2],
+        window_right=config[3], bottom_right_diagonal=config[4], softcap=config[5],
+        softmax_scale=config[6], softmax_type=config[7], bias_type=config[8],
+        dropout=config[9], seed=0, layer_number=config[10], deterministic=config[11],
+        backend=config[12])
+
+
 def _attention(config):
     attention = _ATTENTIONS.get(config)
     if attention is None:
-        attention = _dpa.Attention(
-            _dpa.make_config(
-                qkv_format=config[0],
-                mask_type=config[1],
-                window_left=config[2],
-                window_right=config[3],
-                bottom_right_diagonal=config[4],
-                softcap=config[5],
-                softmax_scale=config[6],
-                softmax_type=config[7],
-                bias_type=config[8],
-                dropout=config[9],
-                seed=0,
-                layer_number=config[10],
-                deterministic=config[11],
-                backend=config[12],
-            )
-        )
+        attention = _dpa.Attention(make_config(config))
         _ATTENTIONS[config] = attention
     return attention
 
@@ -69,15 +62,15 @@ def _output_shape(q: Tensor, v: Tensor) -> List[int]:
 def forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
                  bias, alibi_slopes, sinks, attn_mask, rng, qkv_format, mask_type, window_left,
                  window_right, bottom_right_diagonal, softcap, softmax_scale, softmax_type,
-                 bias_type, dropout_p, layer_number, deterministic, backend):
+                 bias_type, dropout_p, layer_number, deterministic, backend, engine=None):
     """The forward itself: what the custom op, the eager autograd path and the no-grad path
-    all run."""
+    all run. `engine`: a context-parallel engine instead of the config's attention object."""
     config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
               softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
               backend)
     o = q.new_empty(_output_shape(q, v))
     lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
-    _attention(config).forward(
+    (_attention(config) if engine is None else engine).forward(
         view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
         view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
         view(cu_seqlens_q_padded, "cu_seqlens_q_padded"),
@@ -137,7 +130,7 @@ def backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_
                   cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng, qkv_format,
                   mask_type, window_left, window_right, bottom_right_diagonal, softcap,
                   softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
-                  backend, wants_dbias, wants_dsinks):
+                  backend, wants_dbias, wants_dsinks, engine=None):
     """Returns (dq, dk, dv, dbias, dsinks); dbias and dsinks are empty when not wanted."""
     config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
               softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
@@ -145,7 +138,7 @@ def backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
     dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
-    _attention(config).backward(
+    (_attention(config) if engine is None else engine).backward(
         view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
         view(d_o, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
         view(dbias, "dbias") if wants_dbias else None,

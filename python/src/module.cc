@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_calls.h"
+#include "context_parallel.h"
 #include "core/workspace.h"
 #include "dpa/attention.h"
 #include "errors.h"
@@ -55,45 +57,6 @@ AttentionConfig make_config(const std::string& format, const std::string& mask_t
   return config;
 }
 
-// The optional inputs, in the order every binding takes them after q, k, v.
-AttentionInputs make_inputs(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
-                            nb::handle cu_seqlens_kv, nb::handle cu_seqlens_q_padded,
-                            nb::handle cu_seqlens_kv_padded, nb::handle bias,
-                            nb::handle alibi_slopes, nb::handle softmax_offset,
-                            nb::handle attn_mask, Keepalive& keep) {
-  AttentionInputs in;
-  in.q = to_view(q, "q", keep);
-  in.k = to_view(k, "k", keep);
-  in.v = to_view(v, "v", keep);
-  in.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q", keep);
-  in.cu_seqlens_kv = to_view(cu_seqlens_kv, "cu_seqlens_kv", keep);
-  in.cu_seqlens_q_padded = to_view(cu_seqlens_q_padded, "cu_seqlens_q_padded", keep);
-  in.cu_seqlens_kv_padded = to_view(cu_seqlens_kv_padded, "cu_seqlens_kv_padded", keep);
-  in.bias = to_view(bias, "bias", keep);
-  in.alibi_slopes = to_view(alibi_slopes, "alibi_slopes", keep);
-  in.softmax_offset = to_view(softmax_offset, "softmax_offset", keep);
-  in.attn_mask = to_view(attn_mask, "attn_mask", keep);
-  return in;
-}
-
-std::optional<RngState> rng_of(std::optional<std::tuple<uint64_t, uint64_t>> rng) {
-  if (!rng) return std::nullopt;
-  return RngState{std::get<0>(*rng), std::get<1>(*rng)};
-}
-
-// `allocate(bytes) -> data_ptr` (Python, e.g. torch.empty on the caller's stream) as the call's
-// workspace allocator; None leaves the workspace empty (the driver's stream-ordered pool).
-Workspace workspace_of(nb::handle allocate) {
-  Workspace workspace;
-  if (allocate.is_none()) return workspace;
-  nb::object callable = nb::borrow(allocate);
-  workspace.allocate = [callable](size_t bytes) -> void* {
-    nb::gil_scoped_acquire gil;  // called from inside the call, where the GIL is released
-    return reinterpret_cast<void*>(nb::cast<uintptr_t>(callable(bytes)));
-  };
-  return workspace;
-}
-
 // (chosen backend or None, forced, [(backend, eligible, reasons)])
 using SelectionTuple =
     std::tuple<std::optional<std::string>, bool,
@@ -111,70 +74,10 @@ SelectionTuple to_tuple(const Selection& selection) {
 
 // The attention object of one config. The Python layer caches one per distinct config and
 // always passes the dropout state, so the object's own offset counter is never used.
-class Attention {
+class Attention : public Calls<DotProductAttention> {
  public:
-  explicit Attention(const AttentionConfig& config) : attention_(config) {}
-
-  // Returns the name of the backend that ran.
-  std::string forward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
-                      nb::handle cu_seqlens_q, nb::handle cu_seqlens_kv,
-                      nb::handle cu_seqlens_q_padded, nb::handle cu_seqlens_kv_padded,
-                      nb::handle bias, nb::handle alibi_slopes, nb::handle softmax_offset,
-                      nb::handle attn_mask, std::optional<double> dropout,
-                      std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream,
-                      nb::handle allocate) {
-    Keepalive keep;
-    ForwardArgs args;
-    args.in =
-        make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                    bias, alibi_slopes, softmax_offset, attn_mask, keep);
-    args.o = to_view(o, "o", keep);
-    args.lse = to_view(lse, "lse", keep);
-    args.dropout = dropout;
-    args.rng = rng_of(rng);
-    args.stream = reinterpret_cast<void*>(stream);
-    args.workspace = workspace_of(allocate);
-    ForwardResult result;
-    {
-      nb::gil_scoped_release release;
-      result = attention_.forward(args);
-    }
-    return std::string(to_string(result.backend));
-  }
-
-  std::string backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
-                       nb::handle d_o, nb::handle dq, nb::handle dk, nb::handle dv,
-                       nb::handle dbias, nb::handle dsoftmax_offset, nb::handle cu_seqlens_q,
-                       nb::handle cu_seqlens_kv, nb::handle cu_seqlens_q_padded,
-                       nb::handle cu_seqlens_kv_padded, nb::handle bias, nb::handle alibi_slopes,
-                       nb::handle softmax_offset, nb::handle attn_mask,
-                       std::optional<double> dropout,
-                       std::optional<std::tuple<uint64_t, uint64_t>> rng, uintptr_t stream,
-                       nb::handle allocate) {
-    Keepalive keep;
-    BackwardArgs args;
-    args.in =
-        make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                    bias, alibi_slopes, softmax_offset, attn_mask, keep);
-    args.o = to_view(o, "o", keep);
-    args.lse = to_view(lse, "lse", keep);
-    args.d_o = to_view(d_o, "d_o", keep);
-    args.dq = to_view(dq, "dq", keep);
-    args.dk = to_view(dk, "dk", keep);
-    args.dv = to_view(dv, "dv", keep);
-    args.dbias = to_view(dbias, "dbias", keep);
-    args.dsoftmax_offset = to_view(dsoftmax_offset, "dsoftmax_offset", keep);
-    args.dropout = dropout;
-    args.rng = rng_of(rng);
-    args.stream = reinterpret_cast<void*>(stream);
-    args.workspace = workspace_of(allocate);
-    BackendKind backend;
-    {
-      nb::gil_scoped_release release;
-      backend = attention_.backward(args);
-    }
-    return std::string(to_string(backend));
-  }
+  explicit Attention(const AttentionConfig& config)
+      : Calls(std::make_unique<DotProductAttention>(config)) {}
 
   SelectionTuple explain(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
                          nb::handle cu_seqlens_kv, nb::handle cu_seqlens_q_padded,
@@ -185,12 +88,9 @@ class Attention {
     AttentionInputs in =
         make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
                     bias, alibi_slopes, softmax_offset, attn_mask, keep);
-    return to_tuple(attention_.explain(in, backward ? Pass::kBackward : Pass::kForward, wants_dbias,
-                                       wants_dsoftmax_offset));
+    return to_tuple(engine().explain(in, backward ? Pass::kBackward : Pass::kForward, wants_dbias,
+                                     wants_dsoftmax_offset));
   }
-
- private:
-  DotProductAttention attention_;
 };
 
 }  // namespace
@@ -223,31 +123,19 @@ NB_MODULE(_dpa, m) {
       nb::arg("softmax_type"), nb::arg("bias_type"), nb::arg("dropout"), nb::arg("seed"),
       nb::arg("layer_number"), nb::arg("deterministic"), nb::arg("backend"));
 
-  nb::class_<Attention>(m, "Attention")
-      .def(nb::init<const dpa::AttentionConfig&>())
-      .def("forward", &Attention::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
-           nb::arg("lse"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
-           nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
-           nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
-           nb::arg("attn_mask").none(), nb::arg("dropout").none(), nb::arg("rng").none(),
-           nb::arg("stream"), nb::arg("allocate").none())
-      .def("backward", &Attention::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
-           nb::arg("lse"), nb::arg("d_o"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-           nb::arg("dbias").none(), nb::arg("dsoftmax_offset").none(),
-           nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
-           nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
-           nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
-           nb::arg("attn_mask").none(), nb::arg("dropout").none(), nb::arg("rng").none(),
-           nb::arg("stream"), nb::arg("allocate").none())
-      .def("explain", &Attention::explain, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-           nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
-           nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
-           nb::arg("bias").none(), nb::arg("alibi_slopes").none(), nb::arg("softmax_offset").none(),
-           nb::arg("attn_mask").none(), nb::arg("backward"), nb::arg("wants_dbias"),
-           nb::arg("wants_dsoftmax_offset"));
+  nb::class_<Attention> attention(m, "Attention");
+  attention.def(nb::init<const dpa::AttentionConfig&>());
+  add_call_methods(attention);
+  attention.def("explain", &Attention::explain, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+                nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_kv").none(),
+                nb::arg("cu_seqlens_q_padded").none(), nb::arg("cu_seqlens_kv_padded").none(),
+                nb::arg("bias").none(), nb::arg("alibi_slopes").none(),
+                nb::arg("softmax_offset").none(), nb::arg("attn_mask").none(), nb::arg("backward"),
+                nb::arg("wants_dbias"), nb::arg("wants_dsoftmax_offset"));
 
   m.def("workspace_shortfall_bytes", &dpa::workspace_shortfall_bytes,
         "Bytes that calls wanted beyond the workspace they were given (a sizing bug if not 0)");
+  bind_context_parallel(m);
   m.def("cuda_built", []() {
 #if defined(DPA_WITH_CUDA)
     return true;

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from .. import errors
-from ..functional import _run, resolve
+from ..functional import _require_tensors, _run, resolve
+from .context_parallel import ContextParallelGroup, cp_attention
 
 # TE's core_attention_bias_type names -> dpa's bias types (alibi is not a bias type in dpa:
 # it is switched on by passing slopes).
@@ -77,6 +78,7 @@ class DotProductAttention(nn.Module):
                 torch.zeros(num_attention_heads, dtype=torch.float32))
         else:
             self.register_parameter("softmax_offset", None)
+        self.cp = None  # set_context_parallel_group
         # Fail at construction, not at the first call: resolving checks every name.
         self._resolve(qkv_format, attn_mask_type, window_size, "no_bias", None)
 
@@ -138,10 +140,53 @@ class DotProductAttention(nn.Module):
                                "max_seqlen_kv")
         config = self._resolve(qkv_format, attn_mask_type, window_size,
                                _BIAS_TYPES[core_attention_bias_type], core_attention_bias)
+        if self.cp is not None and self.cp.size > 1:
+            return self._context_parallel(query_layer, key_layer, value_layer, config,
+                                          cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                                          cu_seqlens_kv_padded, core_attention_bias,
+                                          alibi_slopes, attention_mask)
         o = _run(query_layer, key_layer, value_layer, config, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
                  cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=core_attention_bias,
                  alibi_slopes=alibi_slopes, sinks=self.softmax_offset, attn_mask=attention_mask)
+        return o.flatten(-2)
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream=None,
+                                   cp_comm_type="p2p", *, cp_a2a_group_size=0,
+                                   communicator="auto"):
+        """Runs this layer's attention with context parallelism over `cp_group` (TE's
+        signature). Inputs are then this rank's shards in the dual-chunk layout
+        (dpa.torch.shard_sequence). cp_comm_type: p2p, all_gather, a2a or a2a+p2p (with
+        cp_a2a_group_size ranks per all-to-all group). communicator: "auto" takes dpa's NCCL
+        communicator for CUDA tensors when built with NCCL (bootstrapped through the group),
+        else the group's own collectives over host buffers; "nccl" or "torch" force one.
+        cp_stream: the stream the NCCL communicator enqueues on. None as the group turns it
+        off."""
+        if cp_group is None:
+            self.cp = None
+            return
+        self.cp = ContextParallelGroup(cp_group, cp_global_ranks, cp_comm_type, cp_stream,
+                                       cp_a2a_group_size, communicator)
+
+    def _context_parallel(self, q, k, v, config, cu_seqlens_q, cu_seqlens_kv,
+                          cu_seqlens_q_padded, cu_seqlens_kv_padded, bias, alibi_slopes,
+                          attn_mask):
+        _require_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                         cu_seqlens_q_padded=cu_seqlens_q_padded,
+                         cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=bias,
+                         alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+        if config.dropout_p > 0:
+            # Every rank must draw the same mask of the unsharded sequence (DESIGN.md §5).
+            seed = [int(torch.randint(0, 2**62, (1,)))]
+            torch.distributed.broadcast_object_list(seed, src=self.cp.global_ranks[0],
+                                                    group=self.cp.group)
+            rng = torch.tensor([seed[0], 0], dtype=torch.int64)
+        else:
+            rng = None
+        inputs = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                  cu_seqlens_kv_padded, bias, alibi_slopes, self.softmax_offset, attn_mask, rng,
+                  *config)
+        o, _ = cp_attention(self.cp, inputs)
         return o.flatten(-2)
 
     @staticmethod
