@@ -8,6 +8,15 @@ The extension (dpa._dpa) binds the C++ library and links no libtorch; the torch 
 implementations, so torch.compile(fullgraph=True) traces through them.
 """
 
+# torch first, when it is installed: the extension and torch share the CUDA runtime, cuBLAS and
+# NCCL by soname, and whichever loads first provides them to the other. torch may need a newer
+# NCCL than the toolkit's that dpa was linked against (NCCL is backward compatible), so its
+# copies must win; loaded after dpa, torch fails with "undefined symbol: ncclCommResume".
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # the extension alone still serves NumPy / CuPy / JAX arrays (DLPack)
+    _torch = None
+
 from . import _dpa, errors
 from .errors import (
     BackendError,
@@ -24,11 +33,6 @@ assert set(_dpa._error_code_names()) == set(errors.BY_CODE), "error codes out of
 
 cuda_built = _dpa.cuda_built()
 __version__ = "0.1.0"
-
-try:
-    import torch as _torch  # noqa: F401
-except ImportError:  # the extension alone still serves NumPy / CuPy / JAX arrays (dpa.core)
-    _torch = None
 
 if _torch is not None:
     from . import ops

@@ -174,3 +174,12 @@ def test_numpy_arrays_through_dlpack():
     t = torch.from_numpy(q)
     expected = dpa.attention(t, t, t, mask_type="causal", softcap=2.0)
     np.testing.assert_allclose(o, expected.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_importing_dpa_before_torch_leaves_torch_working():
+    """The extension and torch share CUDA libraries by soname; dpa loads torch's first."""
+    import subprocess
+    import sys
+    code = "import dpa, torch; torch.zeros(1); assert hasattr(dpa, 'attention')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

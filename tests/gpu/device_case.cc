@@ -167,7 +167,7 @@ HostTensor DeviceTensor::download(void* stream) const {
 }
 
 CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendKind backend,
-                            bool backward) {
+                            bool backward, bool caller_workspace) {
   AttentionConfig config = spec.config;
   config.backend = backend;
   DotProductAttention attention(config);
@@ -194,6 +194,16 @@ CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendK
   o.poison(stream.get());
   lse.poison(stream.get());
   CaseOutputs out;
+  // The caller's workspace: exactly the queried bytes, poisoned like the outputs, so a buffer a
+  // backend forgets to initialise or sizes wrong shows up (shortfall, NaN, or other bits).
+  DeviceTensor forward_workspace;
+  if (caller_workspace) {
+    const size_t bytes = attention.workspace_size(fwd);
+    forward_workspace = DeviceTensor(DType::kBool, {int64_t(bytes)});
+    forward_workspace.poison(stream.get());
+    fwd.workspace.data = forward_workspace.view().data;
+    fwd.workspace.bytes = bytes;
+  }
   const ForwardResult result = attention.forward(fwd);
   out.forward_backend = result.backend;
   out.o = o.download(stream.get());
@@ -221,6 +231,14 @@ CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendK
   if (t.softmax_offset.defined() && spec.want_dsoftmax_offset) {
     dsoftmax_offset = DeviceTensor(DType::kFloat32, t.softmax_offset.shape());
     bwd.dsoftmax_offset = dsoftmax_offset.view();
+  }
+  DeviceTensor backward_workspace;
+  if (caller_workspace) {
+    const size_t bytes = attention.workspace_size(bwd);
+    backward_workspace = DeviceTensor(DType::kBool, {int64_t(bytes)});
+    backward_workspace.poison(stream.get());
+    bwd.workspace.data = backward_workspace.view().data;
+    bwd.workspace.bytes = bytes;
   }
   out.backward_backend = attention.backward(bwd);
   out.dq = dq.download(stream.get());

@@ -51,9 +51,10 @@ class DeviceTensor {
 // Runs forward (and backward when `backward`) of `spec` on `backend` with every tensor of the
 // case on the device (cu_seqlens, sink offsets, ALiBi slopes, bias and mask too), on a
 // non-blocking stream of its own, outputs poisoned first. Dropout uses RngState{seed, 7}, as
-// run_case does. Outputs come back as host tensors shaped like run_case's.
+// run_case does. Outputs come back as host tensors shaped like run_case's. `caller_workspace`
+// passes each call a poisoned block of exactly DotProductAttention::workspace_size() bytes.
 CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& tensors, BackendKind backend,
-                            bool backward);
+                            bool backward, bool caller_workspace = false);
 
 // Tolerances (relative norm) for o and for gradients, by storage dtype: the kernels see the
 // same rounded inputs as cpu_exact, so the error is the rounding of P and of the outputs to 16

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/workspace.h"
 #include "gpu/device_case.h"
 #include "gpu/gpu_cases.h"
 
@@ -145,6 +146,31 @@ TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndBackward) {
   EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
   EXPECT_EQ(got.backward_backend, BackendKind::kCudaFlash);
   expect_matches_reference(got, reference, spec.dtype, true, "auto selection");
+}
+
+// A caller's workspace (exactly workspace_size() bytes, poisoned) gives the same bits as the
+// driver's pool, and no call wants more than it was given: every buffer is counted and every
+// buffer read is written first.
+TEST_F(FlashOnGpu, CallerWorkspaceGivesTheSameBits) {
+  const uint64_t shortfall_before = workspace_shortfall_bytes();
+  for (const char* name : {"decode_gqa_64_8_sink", "sink_learnable_softcap_causal",
+                           "thd_padded_offsets_causal", "dropout_causal_sink_softcap"}) {
+    const GpuCase c = find_case(name);
+    CaseSpec spec = gpu_case_spec(c);
+    spec.config.deterministic = true;  // bitwise comparable backward
+    const CaseTensors& tensors = gpu_case_tensors(c);
+    for (BackendKind backend : {BackendKind::kCudaFlash, BackendKind::kCudaUnfused}) {
+      const CaseOutputs pool = run_device_case(spec, tensors, backend, true);
+      const CaseOutputs given = run_device_case(spec, tensors, backend, true, true);
+      const std::string what = std::string(name) + " on " + std::string(to_string(backend));
+      EXPECT_TRUE(same_bytes(pool.o, given.o)) << what;
+      EXPECT_TRUE(same_bytes(pool.lse, given.lse)) << what;
+      EXPECT_TRUE(same_bytes(pool.dq, given.dq)) << what;
+      EXPECT_TRUE(same_bytes(pool.dk, given.dk)) << what;
+      EXPECT_TRUE(same_bytes(pool.dv, given.dv)) << what;
+    }
+  }
+  EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
 }
 
 }  // namespace
