@@ -61,6 +61,26 @@ def main():
         "dpa.direct": lambda: direct(q, k, v),
         "dpa.direct (out=, lse=)": lambda: direct(q, k, v, out=out, lse=lse),
     }
+    # Where the time goes: the pieces of one direct call, each timed alone.
+    from dpa._views import allocator_for, stream_of, view
+    attention = ops._attention(config)
+    views = [view(t, "t") for t in (q, k, v, out, lse)]
+    parts = {
+        "part: 5 view tuples": lambda: [view(t, "t") for t in (q, k, v, out, lse)],
+        "part: current stream": lambda: stream_of(q),
+        "part: o + lse allocation": lambda: (q.new_empty(q.shape), torch.empty(1, 8, 1, device=q.device)),
+        "part: workspace tensor (torch.empty)": lambda: torch.empty(
+            4096, dtype=torch.uint8, device=q.device),
+        "part: extension call, no workspace callback": lambda: attention.forward(
+            *views, None, None, None, None, None, None, None, None, 0.0, None, stream_of(q),
+            None),
+        "part: extension call, workspace callback": lambda: attention.forward(
+            *views, None, None, None, None, None, None, None, None, 0.0, None, stream_of(q),
+            allocator_for(q)),
+        "peer: torch SDPA (same shape)": lambda: torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
+    }
+    paths.update(parts)
     rows = []
     if args.cxx:
         result = subprocess.run([args.cxx, "--device", args.device, "--keys", str(args.keys),
