@@ -95,3 +95,37 @@ def test_workspace_comes_from_the_caching_allocator_and_is_sized_exactly():
         dpa.attention(qq, qq, qq, sinks=sinks, backend=backend).sum().backward()
     torch.cuda.synchronize()
     assert dpa._dpa.workspace_shortfall_bytes() == before
+
+
+@pytest.mark.parametrize("backend", ["cuda_flash", "cuda_unfused"])
+def test_non_finite_contract_matches_the_host_backends(backend):
+    """docs/decisions.md: -inf logits are masked keys (a row with nothing else: o = 0,
+    lse = -inf), a NaN reaching a visible logit makes its row NaN; cpu agrees."""
+    torch.manual_seed(3)
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    k = torch.randn(1, 16, 2, 64, dtype=torch.float16)
+    bias = torch.zeros(1, 1, 8, 16, dtype=torch.float16)
+    bias[0, 0, 3] = float("-inf")              # row 3 sees nothing
+    bias[0, 0, 5] = float("-inf")
+    bias[0, 0, 5, 7] = float("nan")            # row 5: a NaN among -inf
+    q[0, 1, 0, 0] = float("nan")               # row 1 of head 0
+    results = {}
+    for name, device in (("cpu", "cpu"), (backend, "cuda")):
+        if backend == "cuda_flash" and name == backend:
+            with pytest.raises(dpa.NotSupportedError):  # no bias on cuda_flash
+                dpa.attention(q.to(device), k.to(device), k.to(device), bias=bias.to(device),
+                              backend=name)
+            # the same rows through a NaN in q and a fully masked row by window instead
+            return
+        o, lse = dpa.attention(q.to(device).float() if name == "cpu" else q.to(device),
+                               *(t.to(device).float() if name == "cpu" else t.to(device)
+                                 for t in (k, k)),
+                               bias=bias.to(device).float() if name == "cpu" else
+                               bias.to(device), backend=name, return_lse=True)
+        results[name] = (o.float().cpu(), lse.cpu())
+    for name, (o, lse) in results.items():
+        assert torch.equal(o[0, 3], torch.zeros_like(o[0, 3])), name
+        assert torch.isneginf(lse[0, :, 3]).all(), name
+        assert torch.isnan(lse[0, :, 5]).all() and torch.isnan(o[0, 5]).all(), name
+        assert torch.isnan(lse[0, 0, 1]) and not torch.isnan(lse[0, 1, 1]), name
+        assert torch.isfinite(lse[0, :, 0]).all(), name

@@ -26,8 +26,11 @@ inline KeyRange visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
   const int64_t sq = p.seqlen_q[b], skv = p.seqlen_kv[b];
   if (i >= sq || skv == 0) return {0, 0};
   const int64_t center = i + p.diagonal_offset(b);
-  int64_t begin = p.window_left < 0 ? 0 : std::max<int64_t>(0, center - p.window_left);
-  int64_t end = p.window_right < 0 ? skv : std::min<int64_t>(skv, center + p.window_right + 1);
+  // Compared before adding, so that windows up to INT64_MAX cannot overflow.
+  int64_t begin = p.window_left < 0 || p.window_left >= center ? 0 : center - p.window_left;
+  int64_t end = p.window_right < 0 || p.window_right >= skv - center - 1
+                    ? skv
+                    : std::max<int64_t>(0, center + p.window_right + 1);
   begin = std::min(begin, skv);  // a window left of every key must stay empty, not [skv, end)
   if (end < begin) end = begin;
   return {begin, end};

@@ -1,6 +1,7 @@
 #include "core/problem_builder.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "core/philox.h"
@@ -95,6 +96,23 @@ void require_same_layout_shape(const TensorView& t, const TensorView& like, int6
               ", got " + t.shape_string());
   require(t.strides[t.ndim - 1] == 1 || dim == 1, name,
           "must have a contiguous head dimension (last stride 1)");
+}
+
+// Caps and scales are validated as doubles but used in fp32 by the kernels and the cpu backend:
+// 1e-30 keeps scale / cap and cap * tanh(...) far from fp32's denormals and 1e30 keeps
+// scale * q.k from overflowing for any logit below 3e8 (fp32's largest value is 3.4e38).
+constexpr double kMinConfigMagnitude = 1e-30;
+constexpr double kMaxConfigMagnitude = 1e30;
+
+bool in_representable_range(double value) {
+  return value >= kMinConfigMagnitude && value <= kMaxConfigMagnitude;
+}
+
+// %g: std::to_string prints 1e-46 as 0.000000.
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
 }
 
 // Reads a 1-D int32 tensor (b + 1 entries) on the host; device tensors are copied first.
@@ -357,6 +375,13 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     p.has_alibi = true;
     p.alibi_slopes = in.alibi_slopes;
     p.alibi_stride_batch = per_batch ? p.heads_q : 0;
+    // Like the sink offsets: checked where they can be read without a device synchronisation.
+    if (read_contents && in.alibi_slopes.device == Device::kCPU) {
+      const float* slopes = static_cast<const float*>(in.alibi_slopes.data);
+      for (int64_t n = 0; n < in.alibi_slopes.numel(); ++n)
+        require(std::isfinite(slopes[n]), "alibi_slopes",
+                "must be finite (entry " + str(n) + " is " + number(slopes[n]) + ")");
+    }
   }
 
   // Sink offsets.
@@ -431,12 +456,20 @@ void check_like(const AttentionProblem& p, const TensorView& t, const char* name
 
 void validate_config(const AttentionConfig& config) {
   require(std::isfinite(config.softcap) && config.softcap >= 0.0, "softcap",
-          "must be finite and >= 0 (0 disables it), got " + std::to_string(config.softcap));
+          "must be finite and >= 0 (0 disables it), got " + number(config.softcap));
+  require(config.softcap == 0.0 || in_representable_range(config.softcap), "softcap",
+          "must be 0 or within [" + number(kMinConfigMagnitude) + ", " +
+              number(kMaxConfigMagnitude) + "] (the fp32 kernels' range), got " +
+              number(config.softcap));
   require(std::isfinite(config.dropout) && config.dropout >= 0.0 && config.dropout < 1.0, "dropout",
           "must be in [0, 1), got " + std::to_string(config.dropout));
-  if (config.scale)
+  if (config.scale) {
     require(std::isfinite(*config.scale) && *config.scale > 0.0, "scale",
-            "must be finite and > 0, got " + std::to_string(*config.scale));
+            "must be finite and > 0, got " + number(*config.scale));
+    require(in_representable_range(*config.scale), "scale",
+            "must be within [" + number(kMinConfigMagnitude) + ", " + number(kMaxConfigMagnitude) +
+                "] (the fp32 kernels' range), got " + number(*config.scale));
+  }
   require(config.window_left >= -1, "window_left",
           "must be >= -1 (-1 is unbounded), got " + str(config.window_left));
   require(config.window_right >= -1, "window_right",

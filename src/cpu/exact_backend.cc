@@ -49,10 +49,22 @@ RowSoftmax row_softmax(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
     row.keys.push_back(j);
     logits.push_back(s);
   }
+  // The non-finite contract (docs/decisions.md): a NaN logit makes the whole row NaN (P, o,
+  // lse), as on the GPU; -inf logits are masked keys; a row with only those (and no sink) is an
+  // empty row, o = 0 and lse = -inf. A +inf logit gives NaN through exp(inf - inf).
   const double sigma = sink_logit(p, h);
+  for (double s : logits)
+    if (std::isnan(s)) {
+      row.probs.assign(logits.size(), std::numeric_limits<double>::quiet_NaN());
+      row.lse = std::numeric_limits<double>::quiet_NaN();
+      return row;
+    }
   double m = sigma;
   for (double s : logits) m = std::max(m, s);
-  if (m == kNegInf) return row;    // no visible key and no sink
+  if (m == kNegInf) {  // no visible key with a finite logit, and no sink
+    row.probs.assign(logits.size(), 0.0);
+    return row;
+  }
   double z = std::exp(sigma - m);  // exp(-inf) = 0 without a sink
   for (double s : logits) z += std::exp(s - m);
   for (double s : logits) row.probs.push_back(std::exp(s - m) / z);
