@@ -181,6 +181,50 @@ TEST(Npy, LoadAndSaveNameTheFileAndArgument) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 15's reader findings: each of these was accepted (or crashed) before.
+TEST(Npy, RefusesHeadersThatHideOverflowOrRepeatKeys) {
+  // A zero extent used to end the size check, so the strides of the rest overflowed later.
+  expect_refused(make_file("{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (0, 1099511627776, 1099511627776, 8), }",
+                           1, ""),
+                 {"extent above"});
+  expect_refused(make_file("{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (0, 2000000000, 2000000000, 2000000000), }",
+                           1, ""),
+                 {"too large"});
+  // Zero data but 2^40 heads: refused instead of minutes of work per head.
+  expect_refused(make_file("{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (1, 0, 1099511627776, 8), }",
+                           1, ""),
+                 {"extent above"});
+  expect_refused(make_file("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, "
+                           "'shape': (1,), }",
+                           1, raw_bytes<float>({1.0f})),
+                 {"repeats the key 'descr'"});
+  expect_refused(make_file("{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (1, 1, 1, 1, 1, 1), }",
+                           1, raw_bytes<float>({1.0f})),
+                 {"6 dimensions"});
+}
+
+TEST(Npy, LoadRefusesWhatIsNotARegularFileByName) {
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("dpa_test_npy_dir_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  std::filesystem::create_directories(dir);
+  for (const std::string& path : {dir.string(), std::string("/dev/zero")}) {
+    try {
+      load(path, "q");
+      ADD_FAILURE() << "loaded " << path;
+    } catch (const Error& error) {
+      EXPECT_EQ(error.argument(), "q");
+      EXPECT_NE(std::string(error.what()).find("not a regular file"), std::string::npos)
+          << error.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Npy, ViewsAndCopies) {
   Array a(DType::kFloat32, {2, 3, 4});
   for (int64_t i = 0; i < a.numel(); ++i) store_element(a.bytes.data(), a.dtype, i, double(i));

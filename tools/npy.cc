@@ -1,12 +1,15 @@
 #include "npy.h"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -24,6 +27,11 @@ constexpr std::string_view kMagic = "\x93NUMPY";
 // Header + preamble are padded to a multiple of 64 bytes so that the data is aligned
 // (what NumPy itself writes since 1.x).
 constexpr size_t kHeaderAlignment = 64;
+// The largest extent of any dimension: the kernels index rows, heads and keys with int32.
+constexpr int64_t kMaxExtent = int64_t(1) << 31;
+// The largest file read (64 GiB): beyond any attention input a host run can hold, and a bound
+// that turns a runaway read into a named error.
+constexpr uintmax_t kMaxFileBytes = uintmax_t(64) << 30;
 
 [[noreturn]] void fail(const std::string& argument, const std::string& name,
                        const std::string& message) {
@@ -284,7 +292,11 @@ Array decode_impl(std::string_view file, const std::string& name, const std::str
   std::optional<std::string> descr_value;
   std::optional<bool> fortran_order;
   std::optional<std::vector<int64_t>> shape;
+  std::vector<std::string> seen;
   for (auto& [key, value] : parser.parse_dict()) {
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      fail(argument, name, "the .npy header repeats the key '" + key + "'");
+    seen.push_back(key);
     if (key == "descr" && value.kind == HeaderValue::kString) {
       descr_value = value.text;
     } else if (key == "fortran_order" && value.kind == HeaderValue::kBool) {
@@ -317,13 +329,27 @@ Array decode_impl(std::string_view file, const std::string& name, const std::str
   Array array;
   array.dtype = *dtype;
   array.shape = *shape;
-  int64_t count = 1;
+  if (array.shape.size() > size_t(kMaxDims))
+    fail(argument, name,
+         "has " + std::to_string(array.shape.size()) + " dimensions; dpa takes at most " +
+             std::to_string(kMaxDims));
+  // Every extent is bounded (kernels index with int32), and the product of the non-zero ones
+  // must fit in bytes: a zero extent must not hide a product that overflows the strides.
+  int64_t nonzero_product = 1;
+  bool empty = false;
   for (int64_t extent : array.shape) {
-    if (extent != 0 && count > std::numeric_limits<int64_t>::max() / 8 / extent) {
-      fail(argument, name, "shape " + array.shape_string() + " is too large");
+    if (extent > kMaxExtent)
+      fail(argument, name,
+           "shape " + array.shape_string() + " has an extent above " + std::to_string(kMaxExtent));
+    if (extent == 0) {
+      empty = true;
+      continue;
     }
-    count *= extent;
+    if (nonzero_product > std::numeric_limits<int64_t>::max() / 8 / extent)
+      fail(argument, name, "shape " + array.shape_string() + " is too large");
+    nonzero_product *= extent;
   }
+  const int64_t count = empty ? 0 : nonzero_product;
   const size_t data_bytes = size_t(count) * dtype_size(array.dtype);
   const size_t data_start = header_start + header_length;
   const size_t available = file.size() - data_start;
@@ -383,9 +409,26 @@ std::string encode(const Array& array) {
 }
 
 Array load(const std::string& path, const std::string& argument) {
+  // Only regular files, of a bounded size, are read: a directory, a FIFO or /dev/zero would
+  // otherwise fail obscurely or grow memory without end.
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error) fail(argument, path, "cannot open: " + error.message());
+  if (!std::filesystem::is_regular_file(status)) fail(argument, path, "is not a regular file");
+  const uintmax_t size = std::filesystem::file_size(path, error);
+  if (error) fail(argument, path, "cannot read its size: " + error.message());
+  if (size > kMaxFileBytes)
+    fail(argument, path,
+         "is " + std::to_string(size) + " bytes; dpa reads .npy files of at most " +
+             std::to_string(kMaxFileBytes));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(argument, path, std::string("cannot open: ") + std::strerror(errno));
-  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string contents;
+  try {
+    contents.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::bad_alloc&) {
+    fail(argument, path, "does not fit in memory (" + std::to_string(size) + " bytes)");
+  }
   if (in.bad()) fail(argument, path, "read error");
   return decode_impl(contents, path, argument);
 }
