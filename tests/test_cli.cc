@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -292,6 +293,11 @@ TEST_P(CliBadInput, ExitsNamingTheFlagAndWritesNothing) {
       {"{mask_f}", save(scratch, "mask_f.npy", HostTensor(DType::kFloat32, {1, 1, 5, 7}))},
       {"{q_bool}", save(scratch, "q_bool.npy", HostTensor(DType::kBool, {2, 5, 4, 8}))},
       {"{missing}", scratch.file("missing.npy")},
+      {"{alibi_nan}",
+       save(scratch, "alibi_nan.npy",
+            HostTensor::from_values(DType::kFloat32, {4}, {0.5, std::nan(""), 0.25, 0.125}))},
+      {"{scalar}", save(scratch, "scalar.npy", HostTensor(DType::kFloat32, {}))},
+      {"{directory}", (fs::create_directories(scratch.path() / "a_dir"), scratch.file("a_dir"))},
   };
   std::string flags = bad.flags;
   for (const auto& [key, path] : paths) {
@@ -343,8 +349,56 @@ INSTANTIATE_TEST_SUITE_P(
                "--cu-seqlens-q"},
         BadCli{"float_mask", kGood + " --mask arbitrary --attn-mask {mask_f}", "--attn-mask"},
         BadCli{"bool_q", "--q {q_bool} --k {k} --v {v}", "--q"},
-        BadCli{"forced_backend_rejected", kGood + " --backend cuda_flash", "cuda_flash", 1}),
+        BadCli{"forced_backend_rejected", kGood + " --backend cuda_flash", "cuda_flash", 1},
+        // Issue 15: values the fp32 paths cannot hold, non-finite slopes, dropped 0-d inputs,
+        // inputs that are not files.
+        BadCli{"cap_below_fp32", kGood + " --softcap 1e-46", "--softcap"},
+        BadCli{"cap_above_fp32", kGood + " --softcap 1e39", "--softcap"},
+        BadCli{"scale_above_fp32", kGood + " --scale 1e39", "--scale"},
+        BadCli{"window_overflow_is_fine_but_q_is_a_directory",
+               "--q {directory} --k {k} --v {v} --window -1,9223372036854775807", "--q"},
+        BadCli{"q_is_dev_zero", "--q /dev/zero --k {k} --v {v}", "--q"},
+        BadCli{"nan_alibi_slope", kGood + " --alibi-slopes {alibi_nan}", "--alibi-slopes"},
+        BadCli{"zero_d_alibi_slopes", kGood + " --alibi-slopes {scalar}", "--alibi-slopes"},
+        BadCli{"zero_d_cu_seqlens", kGood + " --cu-seqlens-q {scalar}", "--cu-seqlens-q"}),
     [](const ::testing::TestParamInfo<BadCli>& info) { return info.param.name; });
+
+// Issue 15, data loss: an output name taken by a directory is refused before any compute, and
+// the user's existing files stay as they were.
+TEST(Cli, OutputNameTakenByADirectoryLeavesExistingFilesUntouched) {
+  ScratchDir scratch;
+  CaseSpec spec;
+  const CaseTensors t = make_case(spec);
+  const fs::path out = scratch.path() / "out";
+  fs::create_directories(out / "lse.npy");
+  std::ofstream(out / "o.npy") << "the user's own file";
+  const CliResult r =
+      run_cli("attention" + input_flags(scratch, t, false) + " --out " + out.string(), scratch);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--out"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(out / "o.npy"), "the user's own file");
+  EXPECT_TRUE(fs::is_directory(out / "lse.npy"));
+  std::set<std::string> files;
+  for (const auto& entry : fs::directory_iterator(out)) files.insert(entry.path().filename());
+  EXPECT_EQ(files, (std::set<std::string>{"o.npy", "lse.npy"}));
+}
+
+// A successful run replaces an existing output file and leaves no temporary behind.
+TEST(Cli, SuccessfulRunReplacesOutputsAndLeavesNoTemporaries) {
+  ScratchDir scratch;
+  CaseSpec spec;
+  const CaseTensors t = make_case(spec);
+  const fs::path out = scratch.path() / "out";
+  fs::create_directories(out);
+  std::ofstream(out / "o.npy") << "old";
+  const CliResult r =
+      run_cli("attention" + input_flags(scratch, t, false) + " --out " + out.string(), scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(read_text(out / "o.npy"), "old");
+  std::set<std::string> files;
+  for (const auto& entry : fs::directory_iterator(out)) files.insert(entry.path().filename());
+  EXPECT_EQ(files, (std::set<std::string>{"o.npy", "lse.npy"}));
+}
 
 TEST(Cli, ExplainListsEveryBackend) {
   ScratchDir scratch;

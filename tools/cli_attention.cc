@@ -59,7 +59,12 @@ std::string attention_usage() {
 std::optional<npy::Array> load_optional(const ParsedArgs& args, const char* flag) {
   auto path = args.get(flag);
   if (!path) return std::nullopt;
-  return npy::load(*path, flag);
+  npy::Array array = npy::load(*path, flag);
+  // The library reads a 0-d view as "not given": a given flag must never vanish that way.
+  if (array.ndim() == 0)
+    throw Error(ErrorCode::kInvalidArgument, flag,
+                "'" + *path + "' holds a 0-d array; give it at least one dimension");
+  return array;
 }
 
 // Slopes and sink logits are fp32 parameters; NumPy's default float64 is converted so that
@@ -106,7 +111,13 @@ int run_attention(const std::vector<std::string>& words) {
   const std::string out_dir = args.require("out");
   const AttentionConfig config = parse_config(args, args.has("softmax-offset"), args.has("bias"));
   const RngState rng = parse_rng(args);
-  OutputFiles::check_directory(out_dir);
+  std::vector<std::string> outputs_named = {"o.npy", "lse.npy"};
+  if (args.has("do")) {
+    for (const char* name : {"dq.npy", "dk.npy", "dv.npy"}) outputs_named.push_back(name);
+    if (args.has("bias")) outputs_named.push_back("dbias.npy");
+    if (args.has("softmax-offset")) outputs_named.push_back("dsoftmax_offset.npy");
+  }
+  OutputFiles::check_directory(out_dir, outputs_named);
 
   npy::Array q = npy::load(q_path, "q");
   npy::Array k = npy::load(k_path, "k");

@@ -14,10 +14,13 @@ class OutputFiles {
  public:
   // Encodes now (so encoding errors happen before anything touches the disk).
   void add(const std::string& file_name, const npy::Array& array);
-  // Checks that `dir` is a directory or can be one, without creating it.
-  static void check_directory(const std::string& dir);
-  // Creates `dir` (and parents) and writes every file. On failure removes the files it wrote
-  // and throws dpa::Error(kIo).
+  // Checks, without creating anything, that `dir` is a writable directory or can be made one,
+  // and that none of `file_names` in it is taken by something other than a regular file.
+  static void check_directory(const std::string& dir,
+                              const std::vector<std::string>& file_names = {});
+  // Creates `dir` (and parents) and writes every file under a temporary name, then renames them
+  // into place. On failure removes only what it created (temporaries, new directories) and
+  // throws dpa::Error(kIo) naming "out".
   void write_all(const std::string& dir) const;
   std::vector<std::string> names() const;
 
