@@ -482,6 +482,22 @@ TEST(Cli, DemoRunsAndChecksItself) {
 
 // cp-check prints one row per output and gradient; with a bias and an arbitrary mask every
 // relative error (dbias included) is at fp32-merge level.
+// Issue 15: cp-check used to exit 0 whatever it measured.
+TEST(Cli, CpCheckFailsAboveItsToleranceAndValidatesItsFlags) {
+  ScratchDir scratch;
+  const std::string base = "cp-check --cp 2 --seqlen 16 --heads 4 --kv-heads 2 --head-dim 8";
+  CliResult strict = run_cli(base + " --softcap 2 --tolerance 1e-300", scratch);
+  EXPECT_EQ(strict.status, 1) << strict.out << strict.err;
+  EXPECT_NE(strict.err.find("--tolerance"), std::string::npos) << strict.err;
+  CliResult density = run_cli(base + " --mask arbitrary --mask-density 1.5", scratch);
+  EXPECT_EQ(density.status, 2);
+  EXPECT_NE(density.err.find("--mask-density"), std::string::npos) << density.err;
+  CliResult zero = run_cli("cp-check --cp 0", scratch);
+  EXPECT_EQ(zero.status, 2);
+  EXPECT_NE(zero.err.find("--cp"), std::string::npos) << zero.err;
+  EXPECT_EQ(zero.err.find("--seqlen"), std::string::npos) << zero.err;
+}
+
 TEST(Cli, CpCheckWithBiasAndArbitraryMask) {
   ScratchDir scratch;
   CliResult r = run_cli(

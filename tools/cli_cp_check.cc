@@ -24,6 +24,9 @@ std::vector<FlagSpec> cp_check_flag_specs() {
       {"bias", "", "add a random [1, H, S, S] bias (type from --bias-type) and check dbias"},
       {"reduce-dbias", "", "return the CP-reduced dbias on every rank"},
       {"mask-density", "X", "--mask arbitrary: fraction of masked pairs (default 0.2)"},
+      {"tolerance", "X",
+       "largest rel_err that passes (default 1e-5: fp64 inputs, fp32 accumulation); above it, "
+       "or NaN, the command exits 1"},
       {"batch", "B", "batch size (default 2)"},
       {"seqlen", "S", "sequence length, a multiple of 2*cp (default 128)"},
       {"heads", "H", "query heads (default 8)"},
@@ -87,8 +90,13 @@ int run_cp_check(const std::vector<std::string>& words) {
   const int64_t h = args.get_int("heads").value_or(8), g = args.get_int("kv-heads").value_or(2);
   const int64_t dqk = args.get_int("head-dim").value_or(32);
   const int64_t dv = args.get_int("head-dim-v").value_or(dqk);
-  if (cp < 1 || s % (2 * cp) != 0)
-    throw UsageError("seqlen", "--seqlen must be a multiple of 2 * --cp");
+  if (cp < 1) throw UsageError("cp", "--cp must be at least 1, got " + std::to_string(cp));
+  if (s % (2 * cp) != 0) throw UsageError("seqlen", "--seqlen must be a multiple of 2 * --cp");
+  const double density = args.get_double("mask-density").value_or(0.2);
+  if (!(density >= 0.0 && density <= 1.0))
+    throw UsageError("mask-density", "--mask-density must be in [0, 1]");
+  const double tolerance = args.get_double("tolerance").value_or(1e-5);
+  if (!(tolerance > 0.0)) throw UsageError("tolerance", "--tolerance must be > 0");
   const bool bshd = config.format == Format::kBSHD;
   auto shape = [&](int64_t seq, int64_t heads, int64_t dim) {
     return bshd ? std::vector<int64_t>{b, seq, heads, dim}
@@ -114,7 +122,7 @@ int run_cp_check(const std::vector<std::string>& words) {
   Buffer bias = with_bias ? random({1, h, s, s}) : Buffer{};
   const bool arbitrary = config.mask_type == MaskType::kArbitrary;
   std::vector<uint8_t> mask(arbitrary ? size_t(b * h * s * s) : 0);
-  std::bernoulli_distribution masked(args.get_double("mask-density").value_or(0.2));
+  std::bernoulli_distribution masked(density);
   for (uint8_t& m : mask) m = masked(rng) ? 1 : 0;
   auto add_aux = [&](AttentionInputs& in) {
     if (with_bias) in.bias = bias.view();
@@ -233,8 +241,11 @@ int run_cp_check(const std::vector<std::string>& words) {
               cp_config.reduce_dbias ? " reduce_dbias" : "", (long long)b, (long long)s,
               (long long)h, (long long)g, (long long)dqk, (long long)dv);
   std::printf("%-18s %14s %14s\n", "output", "max_abs_err", "rel_err");
-  auto row = [](const char* name, std::pair<double, double> e) {
+  // A check that can fail: every row is held to the tolerance, NaN (reported as inf) fails.
+  std::vector<std::string> failed;
+  auto row = [&](const char* name, std::pair<double, double> e) {
     std::printf("%-18s %14.3e %14.3e\n", name, e.first, e.second);
+    if (!(e.second <= tolerance)) failed.push_back(name);
   };
   row("o", errors(got.o.data, ref.o.data));
   row("lse", errors(got.lse.data, ref.lse.data));
@@ -250,6 +261,13 @@ int run_cp_check(const std::vector<std::string>& words) {
   if (with_bias)
     row(cp_config.reduce_dbias ? "dbias (rank 0)" : "dbias (sum)",
         errors(cp_config.reduce_dbias ? dbias_rank0.data : got.dbias.data, ref.dbias.data));
+  if (!failed.empty()) {
+    std::string names;
+    for (const std::string& name : failed) names += (names.empty() ? "" : ", ") + name;
+    std::fprintf(stderr, "dpa cp-check: rel_err above --tolerance %g in: %s\n", tolerance,
+                 names.c_str());
+    return kExitFailure;
+  }
   return kExitOk;
 }
 
