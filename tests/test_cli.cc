@@ -360,7 +360,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCli{"q_is_dev_zero", "--q /dev/zero --k {k} --v {v}", "--q"},
         BadCli{"nan_alibi_slope", kGood + " --alibi-slopes {alibi_nan}", "--alibi-slopes"},
         BadCli{"zero_d_alibi_slopes", kGood + " --alibi-slopes {scalar}", "--alibi-slopes"},
-        BadCli{"zero_d_cu_seqlens", kGood + " --cu-seqlens-q {scalar}", "--cu-seqlens-q"}),
+        BadCli{"zero_d_cu_seqlens", kGood + " --cu-seqlens-q {scalar}", "--cu-seqlens-q"},
+        BadCli{"flag_where_a_value_belongs", kGood + " --softcap --scale 1",
+               "--softcap needs a value"}),
     [](const ::testing::TestParamInfo<BadCli>& info) { return info.param.name; });
 
 // Issue 15, data loss: an output name taken by a directory is refused before any compute, and

@@ -140,8 +140,10 @@ ParsedArgs parse_args(const std::vector<FlagSpec>& specs, const std::vector<std:
       continue;
     }
     // The next word is the value even when it starts with '-' (e.g. --softcap -1), so that
-    // a negative number reaches validation instead of being taken for a flag.
-    if (i + 1 >= args.size()) {
+    // a negative number reaches validation instead of being taken for a flag; but a word that
+    // starts with "--" is the next flag, and the value is missing (--softcap --scale 1 must
+    // blame --softcap, not '1').
+    if (i + 1 >= args.size() || args[i + 1].compare(0, 2, "--") == 0) {
       throw UsageError(name, dashed(name) + " needs a value (" + spec->value_name + ")");
     }
     parsed.values_[name] = args[++i];
