@@ -100,6 +100,59 @@ TEST_P(NonFinite, ExtremeButValidCapsMatchTheOracle) {
   }
 }
 
+// Issue 15's valid edge cases: extreme sinks, empty batches and sequences, head dims 1 and 512.
+TEST_P(NonFinite, ExtremeSinksMatchTheirLimits) {
+  CaseSpec spec = small_spec(SoftmaxType::kLearnable);
+  spec.config.bias_type = BiasType::kNoBias;
+  spec.bias_shape.clear();
+  CaseTensors t = make_case(spec);
+  // Head 0: a sink far above every logit takes the whole row (o -> 0, lse = the sink); head 1:
+  // -inf and -1e30 turn it off (the vanilla result).
+  for (double low : {-kInf, -1e30}) {
+    t.softmax_offset.set(0, 1e30);
+    t.softmax_offset.set(1, low);
+    const CaseOutputs got = run_case(spec, t, GetParam(), true);
+    CaseSpec vanilla = spec;
+    vanilla.config.softmax_type = SoftmaxType::kVanilla;
+    CaseTensors vanilla_tensors = t;
+    vanilla_tensors.softmax_offset = HostTensor();
+    const CaseOutputs plain = run_case(vanilla, vanilla_tensors, BackendKind::kCpuExact, false);
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_FLOAT_EQ(lse_at(got, 0, i), 1e30f);
+      for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(o_at(got, i, 0, c), 0.0);
+      EXPECT_NEAR(lse_at(got, 1, i), lse_at(plain, 1, i), 1e-5);
+      for (int64_t c = 0; c < 4; ++c) EXPECT_NEAR(o_at(got, i, 1, c), o_at(plain, i, 1, c), 1e-5);
+    }
+    for (int64_t n = 0; n < got.dq.numel(); ++n) ASSERT_TRUE(std::isfinite(got.dq.get(n)));
+    EXPECT_TRUE(std::isfinite(got.dsoftmax_offset.get(0)));
+  }
+}
+
+TEST_P(NonFinite, EmptyBatchesAndSequencesAndExtremeHeadDims) {
+  struct Shape {
+    int64_t batch, sq, skv, d;
+  };
+  for (const Shape shape : {Shape{0, 3, 4, 4}, Shape{1, 0, 4, 4}, Shape{1, 3, 0, 4},
+                            Shape{1, 3, 4, 1}, Shape{1, 3, 4, 512}}) {
+    CaseSpec spec = small_spec(SoftmaxType::kOffByOne);
+    spec.config.bias_type = BiasType::kNoBias;
+    spec.bias_shape.clear();
+    spec.batch = shape.batch;
+    spec.seqlen_q = shape.sq;
+    spec.seqlen_kv = shape.skv;
+    spec.head_dim_qk = spec.head_dim_v = shape.d;
+    const CaseTensors t = make_case(spec);
+    const CaseOutputs got = run_case(spec, t, GetParam(), true);
+    const CaseOutputs exact = run_case(spec, t, BackendKind::kCpuExact, true);
+    EXPECT_LT(compare_outputs(got, exact).worst(), 1e-5)
+        << "b=" << shape.batch << " sq=" << shape.sq << " skv=" << shape.skv << " d=" << shape.d;
+    if (shape.skv == 0 && shape.sq > 0) {  // no key: the sink alone, o = 0
+      for (int64_t n = 0; n < got.o.numel(); ++n) EXPECT_EQ(got.o.get(n), 0.0);
+      for (int64_t n = 0; n < got.lse.numel(); ++n) EXPECT_EQ(got.lse.get(n), 0.0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(HostBackends, NonFinite,
                          ::testing::Values(BackendKind::kCpuExact, BackendKind::kCpu),
                          [](const auto& info) { return std::string(to_string(info.param)); });
