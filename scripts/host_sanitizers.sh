@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Host sanitizers (not part of CI: about 5 minutes on 2 cores): the whole host suite under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and the multithreaded parts (context
+# Host sanitizers (run by scripts/test.sh, so in CI; about 4.5 minutes on 2 cores): the whole
+# host suite under AddressSanitizer + UndefinedBehaviorSanitizer, and the multithreaded parts (context
 # parallelism with in-process ranks, the cpu backend's thread pool) under ThreadSanitizer.
 # CPU-only builds in build-asan and build-tsan. Exits non-zero when anything reports.
 set -euo pipefail

@@ -33,9 +33,11 @@ struct AttentionInputs {
 };
 
 // Device scratch memory from the caller's allocator (DESIGN.md §11), for GPU calls. Either a
-// block the caller allocated (`data`, `bytes` >= DotProductAttention::workspace_size()), or an
+// block the caller allocated (`data` on a 256-byte boundary, `bytes` >=
+// DotProductAttention::workspace_size()), or an
 // `allocate` callback that the call invokes at most once, after validation and selection, with
-// the bytes the chosen backend needs (not at all when it needs none). The memory must stay valid
+// the bytes the chosen backend needs (not at all when it needs none; its result must be 256-byte
+// aligned too). The memory must stay valid
 // until the call's work on its stream has run: a stream-ordered allocator on the same stream
 // (PyTorch's caching allocator on its current stream) may reuse it as soon as the call returns.
 // Empty (neither set): backends take stream-ordered memory from the CUDA driver's pool

@@ -129,9 +129,9 @@ dpa_status_t dpa_attention_backward(dpa_attention_t attention, const dpa_inputs_
 
 /* The CUDA stream and the device workspace of one call, for device tensors. Start from
  * DPA_CALL_INITIALIZER. stream: a cudaStream_t (NULL: the default stream). workspace: device
- * memory of workspace_bytes >= the size query's answer, valid until the call's work on the
- * stream has run; NULL with 0 bytes lets the library take stream-ordered memory from the CUDA
- * driver's pool. */
+ * memory of workspace_bytes >= the size query's answer, starting on a 256-byte boundary (as
+ * cudaMalloc's blocks do), valid until the call's work on the stream has run; NULL with 0 bytes
+ * lets the library take stream-ordered memory from the CUDA driver's pool. */
 typedef struct {
   size_t size; /* sizeof(dpa_call_t) */
   void* stream;

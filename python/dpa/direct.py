@@ -22,12 +22,14 @@ class Attention:
                  backend=None):
         if qkv_format not in ("bshd", "sbhd", "thd"):
             raise errors.invalid("qkv_format", f"must be bshd, sbhd or thd, got {qkv_format!r}")
-        sinks = torch.empty(0) if learnable_sinks else None  # only its presence is read
+        # Placeholders: resolve reads only whether sinks and a bias will be given.
+        sinks = torch.empty(0) if learnable_sinks else None
+        bias = torch.empty(0) if bias_type not in (None, "no_bias") else None
         self.config = resolve(
             qkv_format=qkv_format, causal=causal, mask_type=mask_type, window_size=window_size,
             bottom_right_diagonal=bottom_right_diagonal, softcap=softcap,
-            softmax_scale=softmax_scale, softmax_type=softmax_type, sinks=sinks, bias=None,
-            bias_type=None if bias_type is None else bias_type, dropout_p=0.0,
+            softmax_scale=softmax_scale, softmax_type=softmax_type, sinks=sinks, bias=bias,
+            bias_type=bias_type, dropout_p=0.0,
             layer_number=layer_number, deterministic=False, backend=backend,
             padded=qkv_format == "thd")
         self._attention = ops._attention(self.config)

@@ -61,9 +61,49 @@ def _mask_type(causal, mask_type, padded):
 def _window(window_size):
     try:
         left, right = window_size
-        return int(left), int(right)
     except (TypeError, ValueError):
         raise errors.invalid("window_size", f"must be a pair (left, right), got {window_size!r}")
+    for bound in (left, right):
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < -1:
+            raise errors.invalid("window_size", "must be a pair of integers >= -1 (-1 is "
+                                 f"unbounded), got {window_size!r}")
+    return left, right
+
+
+# The library's ranges (core/problem_builder.cc), checked here so that errors name the Python
+# argument (softmax_scale, not scale).
+_MIN_MAGNITUDE, _MAX_MAGNITUDE = 1e-30, 1e30
+
+
+def _number(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise errors.invalid(name, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _softcap(softcap):
+    cap = _number(softcap, "softcap")
+    if not (cap == 0.0 or _MIN_MAGNITUDE <= cap <= _MAX_MAGNITUDE):
+        raise errors.invalid("softcap", f"must be 0 or within [{_MIN_MAGNITUDE:g}, "
+                             f"{_MAX_MAGNITUDE:g}], got {softcap!r}")
+    return cap
+
+
+def _scale(softmax_scale):
+    if softmax_scale is None:
+        return None
+    scale = _number(softmax_scale, "softmax_scale")
+    if not _MIN_MAGNITUDE <= scale <= _MAX_MAGNITUDE:
+        raise errors.invalid("softmax_scale", f"must be within [{_MIN_MAGNITUDE:g}, "
+                             f"{_MAX_MAGNITUDE:g}], got {softmax_scale!r}")
+    return scale
+
+
+def _dropout(dropout_p):
+    p = _number(dropout_p, "dropout_p")
+    if not 0.0 <= p < 1.0:
+        raise errors.invalid("dropout_p", f"must be in [0, 1), got {dropout_p!r}")
+    return p
 
 
 def _softmax_type(softmax_type, sinks):
@@ -92,6 +132,12 @@ def _dropout_rng(dropout_p, generator, seed, offset):
     """(seed, offset) as an int64 [2] host tensor, or None without dropout. A fresh seed is
     drawn from ``generator`` (the default CPU generator when None) unless ``seed`` is given;
     the draw is on the host, so no device synchronises."""
+    if offset is not None and seed is None:
+        raise errors.invalid("offset", "is given without seed (a drawn seed takes offset 0)")
+    for value, name in ((seed, "seed"), (offset, "offset")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < 2**63):
+            raise errors.invalid(name, f"must be an integer in [0, 2^63), got {value!r}")
     if dropout_p == 0.0:
         return None
     if seed is not None:
@@ -113,11 +159,11 @@ def resolve(*, qkv_format, causal, mask_type, window_size, bottom_right_diagonal
         window_left=left,
         window_right=right,
         bottom_right_diagonal=bool(bottom_right_diagonal),
-        softcap=float(softcap),
-        softmax_scale=None if softmax_scale is None else float(softmax_scale),
+        softcap=_softcap(softcap),
+        softmax_scale=_scale(softmax_scale),
         softmax_type=_softmax_type(softmax_type, sinks),
         bias_type=_bias_type(bias_type, bias),
-        dropout_p=float(dropout_p),
+        dropout_p=_dropout(dropout_p),
         layer_number=int(layer_number or 0),
         deterministic=bool(deterministic),
         backend=backend or "auto",
@@ -131,6 +177,13 @@ def _run(q, k, v, config: Resolved, *, cu_seqlens_q=None, cu_seqlens_kv=None,
                      cu_seqlens_q_padded=cu_seqlens_q_padded,
                      cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=bias,
                      alibi_slopes=alibi_slopes, sinks=sinks, attn_mask=attn_mask)
+    if sinks is not None and (sinks.dtype != torch.float32 or sinks.dim() != 1
+                              or sinks.shape[0] != q.shape[-2] or sinks.stride(0) != 1):
+        raise errors.invalid("sinks", f"must be a contiguous fp32 [H] = [{q.shape[-2]}] tensor, "
+                             f"got {sinks.dtype} {list(sinks.shape)}")
+    if alibi_slopes is not None and alibi_slopes.requires_grad:
+        raise errors.invalid("alibi_slopes", "requires grad, but dpa computes no gradient for "
+                             "the slopes (detach them)", errors.NotSupportedError)
     rng = _dropout_rng(config.dropout_p, generator, seed, offset)
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
               bias, alibi_slopes, sinks, attn_mask, rng, *config)

@@ -136,7 +136,9 @@ def backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_
               softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
               backend)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
+    # contiguous whatever the bias's strides: the library writes dbias densely
+    dbias = (torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if wants_dbias
+             else q.new_empty([0]))
     dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
     (_attention(config) if engine is None else engine).backward(
         view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
@@ -199,7 +201,9 @@ def _backward_fake(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens
                    softmax_scale, softmax_type, bias_type, dropout_p, layer_number,
                    deterministic, backend, wants_dbias, wants_dsinks):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dbias = torch.empty_like(bias) if wants_dbias else q.new_empty([0])
+    # contiguous whatever the bias's strides: the library writes dbias densely
+    dbias = (torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if wants_dbias
+             else q.new_empty([0]))
     dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
     return dq, dk, dv, dbias, dsinks
 
@@ -256,5 +260,8 @@ class EagerAttention(torch.autograd.Function):
         _setup_context(ctx, inputs, output)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_lse):
+        # The kernels' gradients have no graph of their own: a double backward raises instead
+        # of silently missing terms (the custom op refuses it too).
         return _gradients(ctx, d_o, backward_impl)

@@ -32,10 +32,12 @@ std::optional<RngState> rng_of(const RngTuple& rng) {
 Workspace workspace_of(nb::handle allocate) {
   Workspace workspace;
   if (allocate.is_none()) return workspace;
-  nb::object callable = nb::borrow(allocate);
-  workspace.allocate = [callable](size_t bytes) -> void* {
+  // Borrowed, not owned: the caller's argument outlives the call, and the C++ side copies
+  // ForwardArgs (with this function) where the GIL is released, so an owning nb::object would
+  // touch a reference count without the GIL.
+  workspace.allocate = [allocate](size_t bytes) -> void* {
     nb::gil_scoped_acquire gil;  // called from inside the call, where the GIL is released
-    return reinterpret_cast<void*>(nb::cast<uintptr_t>(callable(bytes)));
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(allocate(bytes)));
   };
   return workspace;
 }

@@ -114,12 +114,15 @@ class PythonCommunicator final : public Communicator {
 // The NCCL communicator: this rank's, from a unique id every rank of the group received.
 class NcclHandle {
  public:
-  NcclHandle(const nb::bytes& unique_id, int rank, int size, int device, int64_t timeout_ms) {
+  // `stream`: the cudaStream_t to enqueue on, 0 for a stream of the communicator's own.
+  NcclHandle(const nb::bytes& unique_id, int rank, int size, int device, int64_t timeout_ms,
+             uintptr_t stream) {
     std::vector<uint8_t> id(unique_id.size());
     std::memcpy(id.data(), unique_id.c_str(), id.size());
     nb::gil_scoped_release release;  // creation waits for every rank
     comm_ = make_nccl_communicator(rank, size, device, NcclBootstrap::from_id(std::move(id)),
-                                   std::chrono::milliseconds(timeout_ms));
+                                   std::chrono::milliseconds(timeout_ms),
+                                   reinterpret_cast<void*>(stream));
   }
   Communicator& communicator() { return *comm_; }
 
@@ -169,8 +172,9 @@ void bind_context_parallel(nb::module_& m) {
     return nb::bytes(reinterpret_cast<const char*>(id.data()), id.size());
   });
   nb::class_<NcclHandle>(m, "NcclCommunicator")
-      .def(nb::init<const nb::bytes&, int, int, int, int64_t>(), nb::arg("unique_id"),
-           nb::arg("rank"), nb::arg("size"), nb::arg("device"), nb::arg("timeout_ms"));
+      .def(nb::init<const nb::bytes&, int, int, int, int64_t, uintptr_t>(), nb::arg("unique_id"),
+           nb::arg("rank"), nb::arg("size"), nb::arg("device"), nb::arg("timeout_ms"),
+           nb::arg("stream"));
   nb::class_<ContextParallel> cp(m, "ContextParallel");
   cp.def(
       nb::init<const AttentionConfig&, const std::string&, int, bool, bool, nb::object, int, int>(),

@@ -136,11 +136,11 @@ def test_bad_shapes_strides_and_values_name_the_argument():
     _raises(dpa.InvalidArgumentError, "softcap", lambda: dpa.attention(q, q, q, softcap=-1.0))
     _raises(dpa.InvalidArgumentError, "mask_type", lambda: dpa.attention(q, q, q,
                                                                          mask_type="diagonal"))
-    _raises(dpa.InvalidArgumentError, "softmax_offset",
+    _raises(dpa.InvalidArgumentError, "sinks",
             lambda: dpa.attention(q, q, q, sinks=torch.zeros(3)))
     _raises(dpa.InvalidArgumentError, "qkv_format",
             lambda: dpa.attention(q, q, q, qkv_format="thd"))
-    _raises(dpa.InvalidArgumentError, "dropout", lambda: dpa.attention(q, q, q, dropout_p=1.0))
+    _raises(dpa.InvalidArgumentError, "dropout_p", lambda: dpa.attention(q, q, q, dropout_p=1.0))
 
 
 def test_forced_backend_that_cannot_honour_lists_reasons():

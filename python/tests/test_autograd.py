@@ -77,3 +77,22 @@ def _op_args(with_sinks, with_bias, dropout):
                          [(False, False, False), (True, False, False), (True, True, True)])
 def test_opcheck(with_sinks, with_bias, dropout):
     torch.library.opcheck(torch.ops.dpa.forward.default, _op_args(with_sinks, with_bias, dropout))
+
+
+def test_double_backward_raises_instead_of_dropping_terms():
+    q, k, v = small()
+    o = dpa.attention(q, k, v, causal=True)
+    (grad_q,) = torch.autograd.grad((o ** 2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        (grad_q ** 2).sum().backward()
+
+
+def test_strided_bias_gets_its_gradient():
+    q, k, v = small()
+    dense = torch.randn(1, 2, 7, 5, dtype=torch.float64)
+    bias = dense.transpose(-1, -2).requires_grad_()  # [1, 2, 5, 7], not contiguous
+    dpa.attention(q, k, v, bias=bias, backend="cpu_exact").sum().backward()
+    expected_bias = bias.detach().contiguous().requires_grad_()
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    dpa.attention(q2, k2, v2, bias=expected_bias, backend="cpu_exact").sum().backward()
+    torch.testing.assert_close(bias.grad, expected_bias.grad)

@@ -51,6 +51,9 @@ void run_in_workspace(const Backend& backend, const AttentionProblem& problem,
             "has " + std::to_string(bytes) + " bytes, the call needs " + std::to_string(needed) +
                 " (workspace_size)");
   }
+  require(reinterpret_cast<uintptr_t>(data) % kWorkspaceAlignment == 0, "workspace",
+          "must start on a " + std::to_string(kWorkspaceAlignment) +
+              "-byte boundary (as cudaMalloc's blocks do)");
   WorkspaceArena arena(data, bytes);
   WorkspaceScope scope(&arena);
   pass();

@@ -143,9 +143,11 @@ dpa::BackwardArgs backward_args(const dpa_inputs_t* inputs, dpa_tensor_t o, dpa_
 // The stream and workspace of a call (NULL: the default stream, the driver's pool).
 void apply_call(const dpa_call_t* call, void*& stream, dpa::Workspace& workspace) {
   if (call == nullptr) return;
-  dpa::require(call->size == sizeof(dpa_call_t), "call",
-               "has size " + std::to_string(call->size) +
-                   ", expected sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t)));
+  // A newer caller's larger struct is accepted: its fields start with ours.
+  dpa::require(
+      call->size >= sizeof(dpa_call_t), "call",
+      "has size " + std::to_string(call->size) +
+          ", expected at least sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t)));
   dpa::require(call->workspace != nullptr || call->workspace_bytes == 0, "call",
                "has workspace_bytes but no workspace");
   stream = call->stream;

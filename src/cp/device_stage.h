@@ -32,7 +32,7 @@ class DeviceStage {
  private:
   TensorView allocate(const TensorView& host);  // contents undefined
 
-  int device_index_;
+  [[maybe_unused]] int device_index_;  // read only by the CUDA build
 #if defined(DPA_WITH_CUDA)
   std::vector<cuda::DeviceMemory> memory_;
 #endif

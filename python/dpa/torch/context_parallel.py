@@ -96,14 +96,15 @@ class TorchDistributedCommunicator:
                                       async_op=True)
 
 
-def nccl_communicator(group, global_ranks, device_index, timeout_ms=60000):
+def nccl_communicator(group, global_ranks, device_index, stream=None, timeout_ms=60000):
     """dpa's NCCL communicator for this rank of `group`: rank 0's unique id is broadcast
-    through the group itself."""
+    through the group itself. `stream` (a torch.cuda.Stream) is the one it enqueues on; None
+    gives it a stream of its own."""
     rank = dist.get_rank(group)
     unique_id = [_dpa.nccl_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(unique_id, src=global_ranks[0], group=group)
     return _dpa.NcclCommunicator(unique_id[0], rank, dist.get_world_size(group), device_index,
-                                 timeout_ms)
+                                 timeout_ms, 0 if stream is None else stream.cuda_stream)
 
 
 class ContextParallelGroup:
@@ -141,7 +142,8 @@ class ContextParallelGroup:
             if not _dpa.nccl_built():
                 raise errors.invalid("communicator", "this dpa was built without NCCL",
                                      errors.NotSupportedError)
-            return nccl_communicator(self.group, self.global_ranks, device.index or 0)
+            return nccl_communicator(self.group, self.global_ranks, device.index or 0,
+                                     self.stream)
         if self.stream is not None:
             raise errors.invalid("cp_stream", "is used by the NCCL communicator only; the "
                                  "torch.distributed one moves host buffers")
@@ -174,11 +176,35 @@ class ContextParallelAttention(torch.autograd.Function):
         _ops._setup_context(ctx, inputs_and_engine[:-1], output)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_lse):
         engine = ctx.engine
         grads = _ops._gradients(
             ctx, d_o, lambda *args: _ops.backward_impl(*args, engine=engine))
         return tuple(grads) + (None,)
+
+
+# One ContextParallelGroup per (group, ranks, comm type, a2a size, communicator choice,
+# stream): TE calls set_context_parallel_group on every layer, and each layer must not bring
+# its own NCCL communicator and device-ring buffers.
+_GROUPS = {}
+
+
+def context_parallel_group(group, global_ranks, comm_type, stream=None, a2a_group_size=0,
+                           communicator="auto"):
+    key = (group, tuple(global_ranks), comm_type, a2a_group_size, communicator,
+           None if stream is None else stream.cuda_stream)
+    state = _GROUPS.get(key)
+    if state is None:
+        state = ContextParallelGroup(group, global_ranks, comm_type, stream, a2a_group_size,
+                                     communicator)
+        _GROUPS[key] = state
+    return state
+
+
+def release_context_parallel_groups():
+    """Drops the shared communicators and engines (before destroying the process groups)."""
+    _GROUPS.clear()
 
 
 def cp_attention(group_state, inputs):

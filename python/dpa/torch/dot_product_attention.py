@@ -14,7 +14,7 @@ from torch import nn
 
 from .. import errors
 from ..functional import _require_tensors, _run, resolve
-from .context_parallel import ContextParallelGroup, cp_attention
+from .context_parallel import context_parallel_group, cp_attention
 
 # TE's core_attention_bias_type names -> dpa's bias types (alibi is not a bias type in dpa:
 # it is switched on by passing slopes).
@@ -115,6 +115,7 @@ class DotProductAttention(nn.Module):
         alibi_slopes: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         qkv_format = qkv_format or self.qkv_format
+        self._check_sizes(query_layer, key_layer, value_layer)
         attn_mask_type = attn_mask_type or self.attn_mask_type
         if window_size is None:
             window_size = self.window_size
@@ -165,8 +166,8 @@ class DotProductAttention(nn.Module):
         if cp_group is None:
             self.cp = None
             return
-        self.cp = ContextParallelGroup(cp_group, cp_global_ranks, cp_comm_type, cp_stream,
-                                       cp_a2a_group_size, communicator)
+        self.cp = context_parallel_group(cp_group, cp_global_ranks, cp_comm_type, cp_stream,
+                                         cp_a2a_group_size, communicator)
 
     def _context_parallel(self, q, k, v, config, cu_seqlens_q, cu_seqlens_kv,
                           cu_seqlens_q_padded, cu_seqlens_kv_padded, bias, alibi_slopes,
@@ -188,6 +189,18 @@ class DotProductAttention(nn.Module):
                   *config)
         o, _ = cp_attention(self.cp, inputs)
         return o.flatten(-2)
+
+    def _check_sizes(self, q, k, v):
+        """The constructor's sizes must be the tensors' (TE asserts the same)."""
+        for tensor, name, heads, dim in (
+                (q, "query_layer", self.num_attention_heads, self.kv_channels[0]),
+                (k, "key_layer", self.num_gqa_groups, self.kv_channels[0]),
+                (v, "value_layer", self.num_gqa_groups, self.kv_channels[1])):
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2:
+                continue  # the call's own checks name it
+            if tensor.shape[-2] != heads or tensor.shape[-1] != dim:
+                raise errors.invalid(name, f"has {tensor.shape[-2]} heads of {tensor.shape[-1]}, "
+                                     f"the layer was built for {heads} of {dim}")
 
     @staticmethod
     def _check_max_seqlen(tensor, qkv_format, max_seqlen, cu_seqlens, name):

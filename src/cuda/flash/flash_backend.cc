@@ -89,7 +89,7 @@ class CudaFlashBackend final : public Backend {
 
   void forward(const AttentionProblem& p) const override {
     auto stream = static_cast<cudaStream_t>(p.stream);
-    DPA_CUDA_CHECK(cudaSetDevice(p.device_index));
+    const cuda::DeviceGuard device(p.device_index);  // restores the caller's device
     const cuda::FlashTileShape shape = cuda::flash_forward_shape_for(p);
     cuda::FlashForwardPlan plan = cuda::plan_flash_forward(p, shape, stream);
     // Rows outside every sequence (bshd padding, thd gaps) get o = 0 and the empty-row LSE;
@@ -99,7 +99,7 @@ class CudaFlashBackend final : public Backend {
   }
 
   void backward(const AttentionProblem& p) const override {
-    DPA_CUDA_CHECK(cudaSetDevice(p.device_index));
+    const cuda::DeviceGuard device(p.device_index);  // restores the caller's device
     cuda::run_flash_backward(p, static_cast<cudaStream_t>(p.stream));
   }
 
