@@ -82,7 +82,19 @@ def test_runs_on_the_callers_stream_without_synchronising():
     torch.testing.assert_close(o.detach(), o_default)
 
 
-def test_workspace_comes_from_the_caching_allocator_and_is_sized_exactly():
+def test_workspace_comes_from_the_caching_allocator_and_is_sized_exactly(monkeypatch):
+    from dpa import _views, ops
+    requests = []
+
+    def counting_allocator(tensor):
+        allocator = _views.allocator_for(tensor)
+
+        def allocate(nbytes):
+            requests.append(nbytes)
+            return allocator(nbytes)
+        return allocate
+
+    monkeypatch.setattr(ops, "allocator_for", counting_allocator)
     torch.cuda.synchronize()
     before = dpa._dpa.workspace_shortfall_bytes()
     q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)  # decode: split-KV
@@ -93,8 +105,19 @@ def test_workspace_comes_from_the_caching_allocator_and_is_sized_exactly():
     sinks = torch.randn(8, device="cuda", requires_grad=True)
     for backend in ("cuda_flash", "cuda_unfused"):
         dpa.attention(qq, qq, qq, sinks=sinks, backend=backend).sum().backward()
+    # strided (packed by cuda_unfused) and thd inputs
+    strided = torch.randn(2, 300, 8, 256, device="cuda", dtype=torch.float16)[..., ::2]
+    strided = strided[..., :128].contiguous()[:, :, :, :].transpose(1, 2).contiguous() \
+        .transpose(1, 2)  # seq stride != heads * d
+    for backend in ("cuda_flash", "cuda_unfused"):
+        dpa.attention(strided, strided, strided, causal=True, backend=backend)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    thd = torch.randn(300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    for backend in ("cuda_flash", "cuda_unfused"):
+        dpa.attention_varlen(thd, thd, thd, cu, cu, causal=True, backend=backend)
     torch.cuda.synchronize()
     assert dpa._dpa.workspace_shortfall_bytes() == before
+    assert len(requests) >= 10 and all(n > 0 for n in requests)
 
 
 def _on(backend, q, k, bias=None):
