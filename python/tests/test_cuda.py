@@ -106,9 +106,8 @@ def test_workspace_comes_from_the_caching_allocator_and_is_sized_exactly(monkeyp
     for backend in ("cuda_flash", "cuda_unfused"):
         dpa.attention(qq, qq, qq, sinks=sinks, backend=backend).sum().backward()
     # strided (packed by cuda_unfused) and thd inputs
-    strided = torch.randn(2, 300, 8, 256, device="cuda", dtype=torch.float16)[..., ::2]
-    strided = strided[..., :128].contiguous()[:, :, :, :].transpose(1, 2).contiguous() \
-        .transpose(1, 2)  # seq stride != heads * d
+    # A sequence stride of 0 (one row broadcast over the sequence): cuda_unfused packs it.
+    strided = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.float16).expand(2, 300, 8, 128)
     for backend in ("cuda_flash", "cuda_unfused"):
         dpa.attention(strided, strided, strided, causal=True, backend=backend)
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
