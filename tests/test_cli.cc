@@ -494,6 +494,11 @@ TEST(Cli, CpCheckFailsAboveItsToleranceAndValidatesItsFlags) {
   CliResult density = run_cli(base + " --mask arbitrary --mask-density 1.5", scratch);
   EXPECT_EQ(density.status, 2);
   EXPECT_NE(density.err.find("--mask-density"), std::string::npos) << density.err;
+  // A library error about a tensor names a cp-check flag, never explain's --shape-q.
+  CliResult heads = run_cli(base + " --kv-heads 3", scratch);
+  EXPECT_EQ(heads.status, 2);
+  EXPECT_EQ(heads.err.find("--shape-"), std::string::npos) << heads.err;
+  EXPECT_NE(heads.err.find("--kv-heads"), std::string::npos) << heads.err;
   CliResult zero = run_cli("cp-check --cp 0", scratch);
   EXPECT_EQ(zero.status, 2);
   EXPECT_NE(zero.err.find("--cp"), std::string::npos) << zero.err;

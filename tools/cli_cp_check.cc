@@ -274,7 +274,7 @@ int run_cp_check(const std::vector<std::string>& words) {
 }  // namespace
 
 int cp_check_command(const std::vector<std::string>& words) {
-  return run_guarded("cp-check", explain_flag, [&] { return run_cp_check(words); });
+  return run_guarded("cp-check", cp_check_flag, [&] { return run_cp_check(words); });
 }
 
 }  // namespace dpa::cli

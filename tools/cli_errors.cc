@@ -115,6 +115,19 @@ std::string explain_flag(std::string_view api_argument) {
   return map_name(api_argument, aliases, flags);
 }
 
+std::string cp_check_flag(std::string_view api_argument) {
+  // cp-check generates its tensors from shape flags: a tensor's error names the shape, the
+  // bias and sink flags name themselves, and the CP ones theirs.
+  static const std::map<std::string, std::string, std::less<>> aliases = {
+      {"q", "heads"},         {"k", "kv-heads"}, {"v", "kv-heads"},
+      {"bias", "bias"},       {"dbias", "bias"}, {"attn_mask", "mask-density"},
+      {"communicator", "cp"}, {"cp", "cp"},      {"a2a_group_size", "a2a-group"},
+      {"comm_type", "comm"},
+  };
+  static const std::set<std::string, std::less<>> flags = {"cp", "comm", "seqlen", "tolerance"};
+  return map_name(api_argument, aliases, flags);
+}
+
 int run_guarded(std::string_view command, const FlagNamer& namer,
                 const std::function<int()>& body) {
   try {

@@ -19,6 +19,8 @@ using FlagNamer = std::function<std::string(std::string_view api_argument)>;
 std::string attention_flag(std::string_view api_argument);
 // `dpa explain`: tensors come from --shape-q etc.
 std::string explain_flag(std::string_view api_argument);
+// `dpa cp-check`: tensors come from --heads, --kv-heads, --seqlen ...
+std::string cp_check_flag(std::string_view api_argument);
 
 // Runs `body` and turns every exception into a message on stderr and an exit status:
 //   dpa <command>: error: --flag: message
