@@ -484,6 +484,24 @@ TEST(Cli, DemoRunsAndChecksItself) {
 
 // cp-check prints one row per output and gradient; with a bias and an arbitrary mask every
 // relative error (dbias included) is at fp32-merge level.
+// Issue 15: huge declared sizes end in an error naming the flag, not a bare bad_alloc.
+TEST(Cli, ExplainRefusesSizesBeyondWhatDpaIndexes) {
+  ScratchDir scratch;
+  CliResult thd = run_cli(
+      "explain --format thd --batch 1099511627776 --shape-q 16,4,64 --shape-k 16,4,64 "
+      "--shape-v 16,4,64",
+      scratch);
+  EXPECT_EQ(thd.status, 2);
+  EXPECT_NE(thd.err.find("--batch"), std::string::npos) << thd.err;
+  CliResult bshd = run_cli(
+      "explain --shape-q 1099511627776,1,4,64 --shape-k 1099511627776,1,4,64 "
+      "--shape-v 1099511627776,1,4,64",
+      scratch);
+  EXPECT_EQ(bshd.status, 2);
+  EXPECT_NE(bshd.err.find("--shape-q"), std::string::npos) << bshd.err;
+  EXPECT_EQ(bshd.err.find("bad_alloc"), std::string::npos) << bshd.err;
+}
+
 // Issue 15: cp-check used to exit 0 whatever it measured.
 TEST(Cli, CpCheckFailsAboveItsToleranceAndValidatesItsFlags) {
   ScratchDir scratch;

@@ -15,6 +15,9 @@ namespace {
 
 std::string str(int64_t value) { return std::to_string(value); }
 
+// The largest batch, sequence, head count or head dim (kernels index them with int32).
+constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
+
 void require_defined(const TensorView& t, const char* name, bool needs_data) {
   require(t.ndim > 0, name, "is required");
   if (needs_data) require(t.data != nullptr || t.numel() == 0, name, "has a null data pointer");
@@ -83,6 +86,12 @@ QkvShape qkv_shape(const TensorView& t, Format format, const char* name) {
   if (format == Format::kTHD) s = {1, t.shape[0], t.shape[1], t.shape[2]};
   require(s.heads > 0, name, "must have at least one head");
   require(s.dim > 0, name, "must have a head dimension > 0");
+  // The kernels index batches, rows, heads and channels with int32, and the problem holds
+  // per-sequence tables of b entries: a bound here turns 2^40 sequences into a named error
+  // instead of a bare bad_alloc.
+  for (int64_t extent : {s.batch, s.seq, s.heads, s.dim})
+    require(extent <= kMaxExtent, name,
+            "has an extent above 2^31 - 1 (" + str(extent) + "), beyond what dpa indexes");
   return s;
 }
 
@@ -269,6 +278,8 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     require(in.cu_seqlens_kv.ndim > 0, "cu_seqlens_kv", "is required with format thd");
     check_cu_seqlens_tensor(in.cu_seqlens_q, "cu_seqlens_q", -1, p.device);
     p.batch = in.cu_seqlens_q.shape[0] - 1;
+    require(p.batch <= kMaxExtent, "cu_seqlens_q",
+            "has " + str(p.batch + 1) + " entries: more sequences than dpa indexes (2^31 - 1)");
     check_cu_seqlens_tensor(in.cu_seqlens_kv, "cu_seqlens_kv", p.batch, p.device);
     if (in.cu_seqlens_q_padded.ndim)
       check_cu_seqlens_tensor(in.cu_seqlens_q_padded, "cu_seqlens_q_padded", p.batch, p.device);
