@@ -210,8 +210,7 @@ std::vector<BadCall> corpus() {
       },
       "k");
   add(
-      "q_on_cuda_without_device", [](Call& x) { x.in.q.device = DPA_DEVICE_CUDA; }, "",
-      DPA_NOT_SUPPORTED);
+      "q_on_cuda_the_rest_on_the_host", [](Call& x) { x.in.q.device = DPA_DEVICE_CUDA; }, "k");
   add(
       "k_on_another_device", [](Call& x) { x.in.k.device = DPA_DEVICE_CUDA; }, "k");
   add(
