@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/backend.h"
 #include "npy.h"
@@ -298,6 +301,36 @@ TEST_P(CliBadInput, ExitsNamingTheFlagAndWritesNothing) {
             HostTensor::from_values(DType::kFloat32, {4}, {0.5, std::nan(""), 0.25, 0.125}))},
       {"{scalar}", save(scratch, "scalar.npy", HostTensor(DType::kFloat32, {}))},
       {"{directory}", (fs::create_directories(scratch.path() / "a_dir"), scratch.file("a_dir"))},
+      {"{text}",
+       (std::ofstream(scratch.file("text.npy")) << "not an npy file", scratch.file("text.npy"))},
+      {"{q_int}", save(scratch, "q_int.npy", HostTensor(DType::kInt32, {2, 5, 4, 8}))},
+      {"{q_3d}", save(scratch, "q_3d.npy", HostTensor(DType::kFloat64, {2, 5, 32}))},
+      {"{q_6d}",
+       (npy::save(scratch.file("q_6d.npy"), npy::Array(DType::kFloat64, {1, 2, 5, 4, 8, 1})),
+        scratch.file("q_6d.npy"))},
+      {"{k_f32}", save(scratch, "k_f32.npy", HostTensor(DType::kFloat32, {2, 7, 2, 8}))},
+      {"{k_d4}", save(scratch, "k_d4.npy", HostTensor(DType::kFloat64, {2, 7, 2, 4}))},
+      {"{k_b1}", save(scratch, "k_b1.npy", HostTensor(DType::kFloat64, {1, 7, 2, 8}))},
+      {"{v_s6}", save(scratch, "v_s6.npy", HostTensor(DType::kFloat64, {2, 6, 2, 8}))},
+      {"{do_bad}", save(scratch, "do_bad.npy", HostTensor(DType::kFloat64, {2, 5, 4, 4}))},
+      {"{cu_len}",
+       save(scratch, "cu_len.npy", HostTensor::from_values(DType::kInt32, {2}, {0, 5}))},
+      {"{cu_float}",
+       save(scratch, "cu_float.npy", HostTensor::from_values(DType::kFloat32, {3}, {0, 5, 10}))},
+      {"{cu_big}",
+       save(scratch, "cu_big.npy", HostTensor::from_values(DType::kInt32, {3}, {0, 5, 99}))},
+      {"{cu_start}",
+       save(scratch, "cu_start.npy", HostTensor::from_values(DType::kInt32, {3}, {1, 5, 10}))},
+      {"{bias_bad}", save(scratch, "bias_bad.npy", HostTensor(DType::kFloat64, {1, 4, 5, 6}))},
+      {"{bias_3d}", save(scratch, "bias_3d.npy", HostTensor(DType::kFloat64, {4, 5, 7}))},
+      {"{mask_shape}", save(scratch, "mask_shape.npy", HostTensor(DType::kBool, {1, 1, 5, 8}))},
+      {"{alibi_shape}", save(scratch, "alibi_shape.npy", HostTensor(DType::kFloat32, {3}))},
+      {"{alibi_int}", save(scratch, "alibi_int.npy", HostTensor(DType::kInt32, {4}))},
+      {"{offset_nan}",
+       save(scratch, "offset_nan.npy",
+            HostTensor::from_values(DType::kFloat32, {4}, {0.0, std::nan(""), 0.0, 0.0}))},
+      {"{offset_2d}", save(scratch, "offset_2d.npy", HostTensor(DType::kFloat32, {1, 4}))},
+      {"{offset_int}", save(scratch, "offset_int.npy", HostTensor(DType::kInt32, {4}))},
   };
   std::string flags = bad.flags;
   for (const auto& [key, path] : paths) {
@@ -324,46 +357,149 @@ TEST_P(CliBadInput, ExitsNamingTheFlagAndWritesNothing) {
 
 const std::string kGood = "--q {q} --k {k} --v {v} --do {do} --softmax-offset {offset}";
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, CliBadInput,
-    ::testing::Values(
-        BadCli{"negative_softcap", kGood + " --softcap -1", "--softcap"},
-        BadCli{"nan_softcap", kGood + " --softcap nan", "--softcap"},
-        BadCli{"non_numeric_softcap", kGood + " --softcap big", "--softcap"},
-        BadCli{"dropout_above_one", kGood + " --dropout 1.5", "--dropout"},
-        BadCli{"offset_wrong_shape", "--q {q} --k {k} --v {v} --do {do} --softmax-offset {offset5}",
-               "--softmax-offset"},
-        BadCli{"offset_with_vanilla", kGood + " --softmax-type vanilla", "--softmax-offset"},
-        BadCli{"non_numeric_window", kGood + " --window left,0", "--window"},
-        BadCli{"one_window_value", kGood + " --window 4", "--window"},
-        BadCli{"window_right_with_causal", kGood + " --mask causal --window 4,2", "--window"},
-        BadCli{"missing_q", "--k {k} --v {v}", "--q"},
-        BadCli{"q_file_missing", "--q {missing} --k {k} --v {v}", "--q"},
-        BadCli{"heads_not_divisible", "--q {q} --k {k3} --v {k3}", "--k"},
-        BadCli{"unknown_mask", kGood + " --mask diagonal", "--mask"},
-        BadCli{"unknown_flag", kGood + " --sofcap 2", "--sofcap"},
-        BadCli{"unknown_backend", kGood + " --backend gpu", "--backend"},
-        BadCli{"zero_scale", kGood + " --scale 0", "--scale"},
-        BadCli{"bias_type_without_bias", kGood + " --bias-type pre_scale", "--bias"},
-        BadCli{"cu_seqlens_not_monotone", kGood + " --mask padding --cu-seqlens-q {cu_bad}",
-               "--cu-seqlens-q"},
-        BadCli{"float_mask", kGood + " --mask arbitrary --attn-mask {mask_f}", "--attn-mask"},
-        BadCli{"bool_q", "--q {q_bool} --k {k} --v {v}", "--q"},
-        BadCli{"forced_backend_rejected", kGood + " --backend cuda_flash", "cuda_flash", 1},
-        // Issue 15: values the fp32 paths cannot hold, non-finite slopes, dropped 0-d inputs,
-        // inputs that are not files.
-        BadCli{"cap_below_fp32", kGood + " --softcap 1e-46", "--softcap"},
-        BadCli{"cap_above_fp32", kGood + " --softcap 1e39", "--softcap"},
-        BadCli{"scale_above_fp32", kGood + " --scale 1e39", "--scale"},
-        BadCli{"window_overflow_is_fine_but_q_is_a_directory",
-               "--q {directory} --k {k} --v {v} --window -1,9223372036854775807", "--q"},
-        BadCli{"q_is_dev_zero", "--q /dev/zero --k {k} --v {v}", "--q"},
-        BadCli{"nan_alibi_slope", kGood + " --alibi-slopes {alibi_nan}", "--alibi-slopes"},
-        BadCli{"zero_d_alibi_slopes", kGood + " --alibi-slopes {scalar}", "--alibi-slopes"},
-        BadCli{"zero_d_cu_seqlens", kGood + " --cu-seqlens-q {scalar}", "--cu-seqlens-q"},
-        BadCli{"flag_where_a_value_belongs", kGood + " --softcap --scale 1",
-               "--softcap needs a value"}),
-    [](const ::testing::TestParamInfo<BadCli>& info) { return info.param.name; });
+// Issue 15's corpus: every config flag with the values it must refuse, and every input file
+// with the ways it can be wrong. Each case expects its flag named on stderr and exit 2.
+std::vector<BadCli> generated_bad_cli() {
+  std::vector<BadCli> cases;
+  auto add = [&](const std::string& name, const std::string& flags, const std::string& named) {
+    std::string id = name;
+    for (char& c : id)
+      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    cases.push_back(BadCli{id, kGood + " " + flags, named});
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> values = {
+      {"softcap", {"-1", "nan", "inf", "-inf", "abc", "1e39", "1e-46", "1e400", "''", "0x", "1,2"}},
+      {"scale", {"0", "-1", "nan", "inf", "abc", "1e39", "1e-40", "''", "-0"}},
+      {"dropout", {"1", "1.5", "-0.1", "nan", "inf", "abc", "''"}},
+      {"seed", {"-1", "abc", "1.5", "18446744073709551616", "''", "0x10"}},
+      {"offset", {"-1", "abc", "99999999999999999999", "''", "1.5"}},
+      {"layer-number", {"abc", "1.5", "99999999999999999999", "''"}},
+      {"window", {"a,b", "1", "1,2,3", "-2,0", "0,-2", "''", ",", "1,", "9223372036854775808,0"}},
+      {"mask", {"diagonal", "''", "CAUSAL", "causal_top_left"}},
+      {"softmax-type", {"''", "two", "Learnable", "softmax"}},
+      {"bias-type", {"middle", "''", "post"}},
+      {"format", {"bhsd", "THD", "''", "bshd,sbhd"}},
+      {"backend", {"gpu", "''", "cuda", "CPU"}},
+      {"bottom-right-diagonal", {"2", "yes", "-1", "''"}},
+  };
+  for (const auto& [flag, bad_values] : values)
+    for (const std::string& value : bad_values)
+      add(flag + "_" + value, "--" + flag + " " + value, "--" + flag);
+  // Flags themselves.
+  add("deterministic_with_value", "--deterministic=1", "--deterministic");
+  add("duplicate_softcap", "--softcap 1 --softcap 2", "--softcap");
+  add("softcap_missing_value_at_end", "--softcap", "--softcap");
+  add("dropout_value_is_a_flag", "--dropout --seed 1", "--dropout");
+  add("scale_1e308", "--scale 1e308", "--scale");
+  add("unknown_flag_q2", "--q2 {q}", "--q2");
+  add("unknown_long_flag", "--soft-cap 1", "--soft-cap");
+  // Input files.
+  const std::vector<std::tuple<std::string, std::string, std::string>> files = {
+      {"q_text_file", "--q {text} --k {k} --v {v}", "--q"},
+      {"q_int32", "--q {q_int} --k {k} --v {v}", "--q"},
+      {"q_three_dims", "--q {q_3d} --k {k} --v {v}", "--q"},
+      {"q_six_dims", "--q {q_6d} --k {k} --v {v}", "--q"},
+      {"k_float32_beside_float64", "--q {q} --k {k_f32} --v {v}", "--k"},
+      {"k_head_dim", "--q {q} --k {k_d4} --v {v}", "--k"},
+      {"k_batch", "--q {q} --k {k_b1} --v {v}", "--k"},
+      {"v_sequence", "--q {q} --k {k} --v {v_s6}", "--v"},
+      {"v_missing_file", "--q {q} --k {k} --v {missing}", "--v"},
+      {"v_directory", "--q {q} --k {k} --v {directory}", "--v"},
+      {"k_dev_zero", "--q {q} --k /dev/zero --v {v}", "--k"},
+      {"do_wrong_shape", "--q {q} --k {k} --v {v} --do {do_bad}", "--do"},
+      {"do_text", "--q {q} --k {k} --v {v} --do {text}", "--do"},
+      {"cu_q_wrong_length", "--q {q} --k {k} --v {v} --cu-seqlens-q {cu_len}", "--cu-seqlens-q"},
+      {"cu_q_float", "--q {q} --k {k} --v {v} --cu-seqlens-q {cu_float}", "--cu-seqlens-q"},
+      {"cu_kv_beyond", "--q {q} --k {k} --v {v} --cu-seqlens-kv {cu_big}", "--cu-seqlens-kv"},
+      {"cu_q_not_from_zero", "--q {q} --k {k} --v {v} --cu-seqlens-q {cu_start}", "--cu-seqlens-q"},
+      {"cu_q_directory", "--q {q} --k {k} --v {v} --cu-seqlens-q {directory}", "--cu-seqlens-q"},
+      {"bias_wrong_kv", "--q {q} --k {k} --v {v} --bias {bias_bad}", "--bias"},
+      {"bias_three_dims", "--q {q} --k {k} --v {v} --bias {bias_3d}", "--bias"},
+      {"bias_missing_file", "--q {q} --k {k} --v {v} --bias {missing}", "--bias"},
+      {"bias_with_no_bias_type", "--q {q} --k {k} --v {v} --bias {bias_bad} --bias-type no_bias",
+       "--bias"},
+      {"mask_wrong_shape", "--q {q} --k {k} --v {v} --mask arbitrary --attn-mask {mask_shape}",
+       "--attn-mask"},
+      {"mask_without_arbitrary", "--q {q} --k {k} --v {v} --attn-mask {mask_shape}", "--attn-mask"},
+      {"arbitrary_without_mask", "--q {q} --k {k} --v {v} --mask arbitrary", "--attn-mask"},
+      {"alibi_wrong_shape", "--q {q} --k {k} --v {v} --alibi-slopes {alibi_shape}",
+       "--alibi-slopes"},
+      {"alibi_int32", "--q {q} --k {k} --v {v} --alibi-slopes {alibi_int}", "--alibi-slopes"},
+      {"alibi_text", "--q {q} --k {k} --v {v} --alibi-slopes {text}", "--alibi-slopes"},
+      {"offset_nan", "--q {q} --k {k} --v {v} --softmax-offset {offset_nan}", "--softmax-offset"},
+      {"offset_2d", "--q {q} --k {k} --v {v} --softmax-offset {offset_2d}", "--softmax-offset"},
+      {"offset_int32", "--q {q} --k {k} --v {v} --softmax-offset {offset_int}", "--softmax-offset"},
+      {"offset_with_off_by_one", kGood + " --softmax-type off-by-one", "--softmax-offset"},
+      {"learnable_without_offset", "--q {q} --k {k} --v {v} --softmax-type learnable",
+       "--softmax-offset"},
+      {"offset_scalar", "--q {q} --k {k} --v {v} --softmax-offset {scalar}", "--softmax-offset"},
+      {"padded_offsets_scalar", "--q {q} --k {k} --v {v} --cu-seqlens-q-padded {scalar}",
+       "--cu-seqlens-q-padded"},
+      {"k_missing", "--q {q} --v {v}", "--k"},
+      {"v_missing", "--q {q} --k {k}", "--v"},
+      {"k_bool", "--q {q} --k {q_bool} --v {v}", "--k"},
+      {"thd_with_four_dims", kGood + " --format thd", "--q"},
+      {"padded_offsets_with_bshd", "--q {q} --k {k} --v {v} --cu-seqlens-q-padded {cu_len}",
+       "--cu-seqlens-q-padded"},
+  };
+  for (const auto& [name, flags, named] : files) cases.push_back(BadCli{name, flags, named});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Generated, CliBadInput, ::testing::ValuesIn(generated_bad_cli()),
+                         [](const ::testing::TestParamInfo<BadCli>& info) {
+                           return info.param.name;
+                         });
+
+std::vector<BadCli> handwritten_bad_cli() {
+  return {
+
+      BadCli{"negative_softcap", kGood + " --softcap -1", "--softcap"},
+      BadCli{"nan_softcap", kGood + " --softcap nan", "--softcap"},
+      BadCli{"non_numeric_softcap", kGood + " --softcap big", "--softcap"},
+      BadCli{"dropout_above_one", kGood + " --dropout 1.5", "--dropout"},
+      BadCli{"offset_wrong_shape", "--q {q} --k {k} --v {v} --do {do} --softmax-offset {offset5}",
+             "--softmax-offset"},
+      BadCli{"offset_with_vanilla", kGood + " --softmax-type vanilla", "--softmax-offset"},
+      BadCli{"non_numeric_window", kGood + " --window left,0", "--window"},
+      BadCli{"one_window_value", kGood + " --window 4", "--window"},
+      BadCli{"window_right_with_causal", kGood + " --mask causal --window 4,2", "--window"},
+      BadCli{"missing_q", "--k {k} --v {v}", "--q"},
+      BadCli{"q_file_missing", "--q {missing} --k {k} --v {v}", "--q"},
+      BadCli{"heads_not_divisible", "--q {q} --k {k3} --v {k3}", "--k"},
+      BadCli{"unknown_mask", kGood + " --mask diagonal", "--mask"},
+      BadCli{"unknown_flag", kGood + " --sofcap 2", "--sofcap"},
+      BadCli{"unknown_backend", kGood + " --backend gpu", "--backend"},
+      BadCli{"zero_scale", kGood + " --scale 0", "--scale"},
+      BadCli{"bias_type_without_bias", kGood + " --bias-type pre_scale", "--bias"},
+      BadCli{"cu_seqlens_not_monotone", kGood + " --mask padding --cu-seqlens-q {cu_bad}",
+             "--cu-seqlens-q"},
+      BadCli{"float_mask", kGood + " --mask arbitrary --attn-mask {mask_f}", "--attn-mask"},
+      BadCli{"bool_q", "--q {q_bool} --k {k} --v {v}", "--q"},
+      BadCli{"forced_backend_rejected", kGood + " --backend cuda_flash", "cuda_flash", 1},
+      // Issue 15: values the fp32 paths cannot hold, non-finite slopes, dropped 0-d inputs,
+      // inputs that are not files.
+      BadCli{"cap_below_fp32", kGood + " --softcap 1e-46", "--softcap"},
+      BadCli{"cap_above_fp32", kGood + " --softcap 1e39", "--softcap"},
+      BadCli{"scale_above_fp32", kGood + " --scale 1e39", "--scale"},
+      BadCli{"window_overflow_is_fine_but_q_is_a_directory",
+             "--q {directory} --k {k} --v {v} --window -1,9223372036854775807", "--q"},
+      BadCli{"q_is_dev_zero", "--q /dev/zero --k {k} --v {v}", "--q"},
+      BadCli{"nan_alibi_slope", kGood + " --alibi-slopes {alibi_nan}", "--alibi-slopes"},
+      BadCli{"zero_d_alibi_slopes", kGood + " --alibi-slopes {scalar}", "--alibi-slopes"},
+      BadCli{"zero_d_cu_seqlens", kGood + " --cu-seqlens-q {scalar}", "--cu-seqlens-q"},
+      BadCli{"flag_where_a_value_belongs", kGood + " --softcap --scale 1",
+             "--softcap needs a value"}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CliBadInput, ::testing::ValuesIn(handwritten_bad_cli()),
+                         [](const ::testing::TestParamInfo<BadCli>& info) {
+                           return info.param.name;
+                         });
+
+TEST(CliBadInputCorpus, HasAtLeast150Cases) {
+  EXPECT_GE(handwritten_bad_cli().size() + generated_bad_cli().size(), 150u);
+}
 
 // Issue 15, data loss: an output name taken by a directory is refused before any compute, and
 // the user's existing files stay as they were.
