@@ -6,6 +6,7 @@
 #include <functional>
 #include <sstream>
 
+#include "core/logging.h"
 #include "dpa/error.h"
 
 namespace dpa {
@@ -286,6 +287,28 @@ std::string Selection::to_string() const {
     for (const std::string& reason : verdict.reasons) text << "    - " << reason << "\n";
   }
   return text.str();
+}
+
+Selection select_for_problem(const AttentionConfig& config, const AttentionProblem& problem,
+                             const std::vector<const Backend*>& backends,
+                             FeatureRequest* request_out) {
+  FeatureRequest request = make_feature_request(problem);
+  std::vector<const Capabilities*> candidates;
+  for (const Backend* backend : backends) candidates.push_back(&backend->capabilities());
+  Selection selection = select_backend(request, candidates, forced_backend(config.backend));
+  if (request_out) *request_out = request;
+  return selection;
+}
+
+const Backend& choose_backend(const AttentionConfig& config, const AttentionProblem& problem,
+                              const std::vector<const Backend*>& backends) {
+  FeatureRequest request;
+  Selection selection = select_for_problem(config, problem, backends, &request);
+  log_selection(request, selection);
+  require_chosen(selection);
+  for (const Backend* backend : backends)
+    if (backend->capabilities().kind == *selection.chosen) return *backend;
+  throw Error(ErrorCode::kInternal, "", "selected backend is not registered");
 }
 
 }  // namespace dpa

@@ -29,4 +29,16 @@ void require_chosen(const Selection& selection);
 
 std::string describe_request(const FeatureRequest& request);
 
+// The selection for a validated problem among `backends` (fastest first): the request made
+// from the problem, the config's forced backend, every backend's verdict.
+Selection select_for_problem(const AttentionConfig& config, const AttentionProblem& problem,
+                             const std::vector<const Backend*>& backends,
+                             FeatureRequest* request_out = nullptr);
+
+// The backend a call runs: selects, logs the selection (DPA_LOG) and fails closed (throws
+// kNotSupported with every backend's reasons when none is eligible). The one choice that the
+// API and the context-parallel tiles both make.
+const Backend& choose_backend(const AttentionConfig& config, const AttentionProblem& problem,
+                              const std::vector<const Backend*>& backends);
+
 }  // namespace dpa

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "core/logging.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
 #include "cp/device_stage.h"
@@ -73,19 +72,6 @@ void set_tile_fields(const TileContext& ctx, int q_chunk, int kv_chunk, Attentio
   }
   p.cp_head_offset = ctx.head_offset;
   p.cp_heads_total = ctx.heads_total;
-}
-
-const Backend& select_tile_backend(const AttentionConfig& config, const AttentionProblem& p) {
-  FeatureRequest request = make_feature_request(p);
-  std::vector<const Capabilities*> candidates;
-  for (const Backend* backend : registered_backends())
-    candidates.push_back(&backend->capabilities());
-  Selection selection = select_backend(request, candidates, forced_backend(config.backend));
-  log_selection(request, selection);
-  require_chosen(selection);
-  for (const Backend* backend : registered_backends())
-    if (backend->capabilities().kind == *selection.chosen) return *backend;
-  throw Error(ErrorCode::kInternal, "", "selected backend is not registered");
 }
 
 // The tiles' problems are built without bias and mask (their shapes are the unsharded ones,
@@ -208,7 +194,7 @@ BackendKind run_tile_forward(const TileContext& ctx, const AttentionConfig& conf
   set_tile_fields(ctx, q_chunk, kv_chunk, p);
   attach_aux(ctx, p);
   p.cp_exclude_sink = !ctx.sink_per_tile;
-  const Backend& backend = select_tile_backend(config, p);
+  const Backend& backend = choose_backend(config, p, registered_backends());
   backend.forward(p);
   return backend.capabilities().kind;
 }
@@ -221,7 +207,7 @@ BackendKind run_tile_backward(const TileContext& ctx, const AttentionConfig& con
   attach_aux(ctx, p);
   p.cp_use_given_lse = true;
   p.cp_dbias_local = dbias_local && p.wants_dbias;
-  const Backend& backend = select_tile_backend(config, p);
+  const Backend& backend = choose_backend(config, p, registered_backends());
   backend.backward(p);
   return backend.capabilities().kind;
 }
