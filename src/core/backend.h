@@ -107,6 +107,7 @@ class Backend {
 };
 
 // Every backend compiled into this build, fastest first (the selector's preference order).
+// Defined by the composition root, src/api/registry.cc.
 const std::vector<const Backend*>& registered_backends();
 
 }  // namespace dpa

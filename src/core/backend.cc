@@ -1,9 +1,5 @@
+// The capability declaration every full-spec backend starts from.
 #include "core/backend.h"
-#include "cpu/cpu_backends.h"
-
-#if defined(DPA_WITH_CUDA)
-#include "cuda/cuda_backends.h"
-#endif
 
 namespace dpa {
 
@@ -28,19 +24,6 @@ Capabilities full_feature_capabilities(BackendKind kind, Device device) {
   caps.backward = true;
   caps.deterministic = true;
   return caps;
-}
-
-const std::vector<const Backend*>& registered_backends() {
-  // Fastest first: the selector takes the first eligible one (DESIGN.md §6).
-  static const std::vector<const Backend*> backends = {
-#if defined(DPA_WITH_CUDA)
-    &cuda_flash_backend(),
-    &cuda_unfused_backend(),
-#endif
-    &cpu_tiled_backend(),
-    &cpu_exact_backend(),
-  };
-  return backends;
 }
 
 }  // namespace dpa
