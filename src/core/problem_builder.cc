@@ -4,11 +4,8 @@
 #include <cstdio>
 #include <string>
 
+#include "core/device_access.h"
 #include "core/philox.h"
-
-#if defined(DPA_WITH_CUDA)
-#include "cuda/runtime.h"
-#endif
 
 namespace dpa {
 namespace {
@@ -130,15 +127,13 @@ std::vector<int64_t> read_int32_vector(const TensorView& t, void* stream) {
   const int32_t* data = static_cast<const int32_t*>(t.data);
   int64_t stride = t.strides[0];
   if (t.device == Device::kCUDA) {
-#if defined(DPA_WITH_CUDA)
+    const DeviceAccess* device = device_access();
+    if (device == nullptr)
+      throw Error(ErrorCode::kNotSupported, "cu_seqlens", "this build has no CUDA support");
     require(stride == 1, "cu_seqlens", "device-resident sequence tables must be contiguous");
     host.resize(size_t(t.numel()));
-    cuda::copy_to_host(host.data(), t.data, host.size() * sizeof(int32_t), stream);
+    device->copy_to_host(host.data(), t.data, host.size() * sizeof(int32_t), stream);
     data = host.data();
-#else
-    (void)stream;
-    throw Error(ErrorCode::kNotSupported, "cu_seqlens", "this build has no CUDA support");
-#endif
   }
   std::vector<int64_t> values(size_t(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = data[i * stride];
@@ -235,9 +230,8 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   p.dtype = in.q.dtype;
   p.device = in.q.device;
   p.device_index = in.q.device_index;
-#if defined(DPA_WITH_CUDA)
-  if (p.device == Device::kCUDA) p.device_arch = cuda::device_info(p.device_index).arch;
-#endif
+  if (p.device == Device::kCUDA && device_access() != nullptr)
+    p.device_arch = device_access()->arch(p.device_index);
   require_device(in.k, "k", p.device, in.q.device_index);
   require_device(in.v, "v", p.device, in.q.device_index);
 
