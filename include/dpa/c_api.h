@@ -87,6 +87,9 @@ typedef struct {
   int32_t backend; /* dpa_backend_t */
 } dpa_config_t;
 
+/* Field by field: size, version, format, mask_type, window_left (-1), window_right (-1),
+ * bottom_right_diagonal (1), softcap (0: off), scale (0: 1/sqrt(dqk)), softmax_type,
+ * bias_type, dropout, seed, layer_number (0: off), deterministic (0), backend (auto). */
 #define DPA_CONFIG_INITIALIZER                                                                 \
   {                                                                                            \
     sizeof(dpa_config_t), DPA_CONFIG_VERSION, DPA_BSHD, DPA_MASK_NO_MASK, -1, -1, 1, 0.0, 0.0, \

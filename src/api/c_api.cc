@@ -11,6 +11,36 @@ struct dpa_attention_s {
   std::unique_ptr<dpa::DotProductAttention> attention;
 };
 
+// The C enums are the C++ ones by value (dpa/c_api.h says so): checked here, where both are seen.
+static_assert(DPA_FLOAT16 == int(dpa::DType::kFloat16) &&
+              DPA_BFLOAT16 == int(dpa::DType::kBFloat16) &&
+              DPA_FLOAT32 == int(dpa::DType::kFloat32) &&
+              DPA_FLOAT64 == int(dpa::DType::kFloat64) && DPA_INT32 == int(dpa::DType::kInt32) &&
+              DPA_BOOL == int(dpa::DType::kBool));
+static_assert(DPA_DEVICE_CPU == int(dpa::Device::kCPU) &&
+              DPA_DEVICE_CUDA == int(dpa::Device::kCUDA));
+static_assert(DPA_BSHD == int(dpa::Format::kBSHD) && DPA_SBHD == int(dpa::Format::kSBHD) &&
+              DPA_THD == int(dpa::Format::kTHD));
+static_assert(DPA_MASK_NO_MASK == int(dpa::MaskType::kNoMask) &&
+              DPA_MASK_PADDING == int(dpa::MaskType::kPadding) &&
+              DPA_MASK_CAUSAL == int(dpa::MaskType::kCausal) &&
+              DPA_MASK_PADDING_CAUSAL == int(dpa::MaskType::kPaddingCausal) &&
+              DPA_MASK_CAUSAL_BOTTOM_RIGHT == int(dpa::MaskType::kCausalBottomRight) &&
+              DPA_MASK_PADDING_CAUSAL_BOTTOM_RIGHT ==
+                  int(dpa::MaskType::kPaddingCausalBottomRight) &&
+              DPA_MASK_ARBITRARY == int(dpa::MaskType::kArbitrary));
+static_assert(DPA_SOFTMAX_VANILLA == int(dpa::SoftmaxType::kVanilla) &&
+              DPA_SOFTMAX_OFF_BY_ONE == int(dpa::SoftmaxType::kOffByOne) &&
+              DPA_SOFTMAX_LEARNABLE == int(dpa::SoftmaxType::kLearnable));
+static_assert(DPA_BIAS_NONE == int(dpa::BiasType::kNoBias) &&
+              DPA_BIAS_PRE_SCALE == int(dpa::BiasType::kPreScale) &&
+              DPA_BIAS_POST_SCALE == int(dpa::BiasType::kPostScale));
+static_assert(DPA_BACKEND_AUTO == int(dpa::BackendKind::kAuto) &&
+              DPA_BACKEND_CPU_EXACT == int(dpa::BackendKind::kCpuExact) &&
+              DPA_BACKEND_CPU == int(dpa::BackendKind::kCpu) &&
+              DPA_BACKEND_CUDA_UNFUSED == int(dpa::BackendKind::kCudaUnfused) &&
+              DPA_BACKEND_CUDA_FLASH == int(dpa::BackendKind::kCudaFlash));
+
 namespace {
 
 thread_local std::string last_error;

@@ -85,10 +85,6 @@ inline double sink_logit(const AttentionProblem& p, int64_t h) {
   return -std::numeric_limits<double>::infinity();
 }
 
-inline bool has_sink(const AttentionProblem& p) {
-  return p.softmax_type != SoftmaxType::kVanilla && !p.cp_exclude_sink;
-}
-
 // Dropout multiplier keep_ij / keep_prob for element (b, h, i, j); i, j are positions within
 // sequence b (DESIGN.md §5). A CP tile draws at its global head, row and column.
 inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {

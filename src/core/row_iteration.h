@@ -47,10 +47,4 @@ inline void fill_lse_empty(const AttentionProblem& p) {
     }
 }
 
-// Zeroes every element of a dense or broadcast tensor (dbias, dsoftmax_offset).
-inline void zero_all(const TensorView& tensor) {
-  // Broadcast gradient tensors are validated contiguous.
-  for (int64_t i = 0; i < tensor.numel(); ++i) store(tensor, i, 0.0);
-}
-
 }  // namespace dpa
