@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The include direction of DESIGN.md §1: each layer of src/ may include only the layers below
+# it and the public headers (dpa/). Fails naming every wrong-way include. Run by
+# scripts/test.sh (so in CI).
+#   core: core, dpa          cpu, cuda: core, their own, dpa
+#   cp:   core, cp, cuda, dpa (the device ring and staging)   api: anything
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+status=0
+check() {  # check LAYER ALLOWED...
+  local layer="$1"
+  shift
+  local allowed="$*"
+  while IFS= read -r line; do
+    local file="${line%%:*}" target
+    target="$(sed -E 's/.*#include "([a-z_]+)\/.*/\1/' <<<"$line")"
+    if [[ " $allowed " != *" $target "* ]]; then
+      echo "check_layers: ${file#"$root"/} includes $target/ (src/$layer may include: $allowed)"
+      status=1
+    fi
+  done < <(grep -rHE '#include "[a-z_]+/' "$root/src/$layer" || true)
+}
+check core core dpa
+check cpu core cpu dpa
+check cuda core cuda dpa
+check cp core cp cuda dpa
+exit "$status"
