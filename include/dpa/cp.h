@@ -63,11 +63,16 @@ using CommHandle = std::unique_ptr<CommRequest>;
 // exchange before waiting on any; for each pair of ranks, post the receives in the order the
 // peer posts the sends (then per-peer order and tags match alike); and receive every send
 // before the next collective.
+class NcclCommunicator;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // The device-buffer interface of this communicator (dpa/nccl.h), or nullptr when it moves
+  // host buffers. Context parallelism keeps device tensors on the device through it.
+  virtual NcclCommunicator* device_communicator() { return nullptr; }
 
   virtual CommHandle send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual CommHandle recv(void* data, size_t bytes, int peer, int tag) = 0;

@@ -115,6 +115,7 @@ std::vector<uint8_t> nccl_unique_id();
 // finalizes NCCL within `timeout`, aborting instead when that fails; it never throws.
 class NcclCommunicator : public Communicator {
  public:
+  NcclCommunicator* device_communicator() override { return this; }
   // Launches the queued point-to-point operations now (one NCCL group).
   virtual void start_pending() = 0;
   // The cudaStream_t that operations are enqueued on.

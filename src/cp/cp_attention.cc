@@ -30,11 +30,6 @@
 
 namespace dpa::cp {
 
-void wait_all(std::vector<CommHandle>& handles) {
-  for (CommHandle& handle : handles) handle->wait();
-  handles.clear();
-}
-
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -855,7 +850,7 @@ void stage_inputs(HostStaging& staging, AttentionInputs& in) {
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
                       const DebugOptions& debug, RingWorkspace* workspace) {
-  if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
+  if (NcclCommunicator* nccl = comm.device_communicator()) {
     // Device buffers: the device ring where it applies, else the general algorithms over
     // host buffers through a host-staged view of the same communicator.
     if (!debug.sink_per_tile && device_ring_refusal(config, cp_config, args.in, dropout).empty())
@@ -878,7 +873,7 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                      const BackwardArgs& args, double dropout, RingWorkspace* workspace) {
-  if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
+  if (NcclCommunicator* nccl = comm.device_communicator()) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_backward(config, cp_config, *nccl, args, workspace);
     const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);

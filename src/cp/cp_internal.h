@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "cp/comm_requests.h"
 #include "cp/device_ring.h"
 #include "dpa/cp.h"
 
@@ -13,9 +14,6 @@ struct DebugOptions {
   // is added after the merge).
   bool sink_per_tile = false;
 };
-
-// Waits for every handle, then empties the list.
-void wait_all(std::vector<CommHandle>& handles);
 
 // `workspace`: the device ring's buffers kept between calls (cp/device_ring.h), or null.
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp, Communicator& comm,

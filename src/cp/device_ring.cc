@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "cp/cp_internal.h"
+#include "cp/comm_requests.h"
 
 #if defined(DPA_WITH_CUDA)
 #include "cuda/cp_ring_ops.h"
