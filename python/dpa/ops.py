@@ -59,6 +59,24 @@ def _output_shape(q: Tensor, v: Tensor) -> List[int]:
     return list(q.shape[:-1]) + [v.shape[-1]]
 
 
+def forward_outputs(q: Tensor, v: Tensor, qkv_format: str) -> Tuple[Tensor, Tensor]:
+    """o and lse, allocated by the caller's allocator: for the run and its fake alike."""
+    o = q.new_empty(_output_shape(q, v))
+    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
+    return o, lse
+
+
+def backward_outputs(q, k, v, bias, sinks, wants_dbias, wants_dsinks):
+    """dq, dk, dv, dbias, dsinks for the run and its fake alike; dbias and dsinks are empty
+    when not wanted, and dbias is contiguous whatever the bias's strides (the library writes
+    it densely)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = (torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if wants_dbias
+             else q.new_empty([0]))
+    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
+    return dq, dk, dv, dbias, dsinks
+
+
 def forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
                  bias, alibi_slopes, sinks, attn_mask, rng, qkv_format, mask_type, window_left,
                  window_right, bottom_right_diagonal, softcap, softmax_scale, softmax_type,
@@ -68,8 +86,7 @@ def forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_s
     config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
               softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
               backend)
-    o = q.new_empty(_output_shape(q, v))
-    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
+    o, lse = forward_outputs(q, v, qkv_format)
     (_attention(config) if engine is None else engine).forward(
         view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
         view(cu_seqlens_q, "cu_seqlens_q"), view(cu_seqlens_kv, "cu_seqlens_kv"),
@@ -121,9 +138,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
                   mask_type, window_left, window_right, bottom_right_diagonal, softcap,
                   softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
                   backend):
-    o = q.new_empty(_output_shape(q, v))
-    lse = torch.empty(lse_shape(q, qkv_format), dtype=torch.float32, device=q.device)
-    return o, lse
+    return forward_outputs(q, v, qkv_format)
 
 
 def backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
@@ -135,11 +150,7 @@ def backward_impl(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_
     config = (qkv_format, mask_type, window_left, window_right, bottom_right_diagonal, softcap,
               softmax_scale, softmax_type, bias_type, dropout_p, layer_number, deterministic,
               backend)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # contiguous whatever the bias's strides: the library writes dbias densely
-    dbias = (torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if wants_dbias
-             else q.new_empty([0]))
-    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
+    dq, dk, dv, dbias, dsinks = backward_outputs(q, k, v, bias, sinks, wants_dbias, wants_dsinks)
     (_attention(config) if engine is None else engine).backward(
         view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view(lse, "lse"),
         view(d_o, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
@@ -200,12 +211,7 @@ def _backward_fake(d_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens
                    mask_type, window_left, window_right, bottom_right_diagonal, softcap,
                    softmax_scale, softmax_type, bias_type, dropout_p, layer_number,
                    deterministic, backend, wants_dbias, wants_dsinks):
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # contiguous whatever the bias's strides: the library writes dbias densely
-    dbias = (torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if wants_dbias
-             else q.new_empty([0]))
-    dsinks = torch.empty_like(sinks) if wants_dsinks else q.new_empty([0], dtype=torch.float32)
-    return dq, dk, dv, dbias, dsinks
+    return backward_outputs(q, k, v, bias, sinks, wants_dbias, wants_dsinks)
 
 
 # Indices of the forward's inputs.

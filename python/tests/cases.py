@@ -7,6 +7,7 @@ from typing import Callable, Dict
 
 import torch
 
+import dpa
 import reference
 
 
@@ -185,3 +186,22 @@ def rel(a, b):
     a, b = a.double().cpu(), b.double().cpu()
     assert torch.isfinite(a).all(), "NaN or inf in the result"
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def run_dpa(case: Case, x: Inputs, backend: str):
+    """o, lse and the gradients of sum(o * w) by name, through dpa.attention on `backend`
+    (the same w as reference_result, in x's layout, device and dtype)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
+    args = case.dpa_args(x)
+    leaves = {"q": q, "k": k, "v": v}
+    for name in case.differentiable:
+        leaves[name] = args[name].detach().clone().requires_grad_()
+        args[name] = leaves[name]
+    o, lse = dpa.attention(q, k, v, qkv_format=case.qkv_format, return_lse=True,
+                           backend=backend, **args)
+    bhsd = (o.shape[0], o.shape[2], o.shape[1], o.shape[3]) if case.qkv_format == "bshd" else \
+        (o.shape[1], o.shape[2], o.shape[0], o.shape[3])
+    weight = to_dpa_layout(loss_weight(bhsd), case.qkv_format).to(o.device, o.dtype)
+    # The cast before the sum keeps fp16 sums finite; its gradient is exact (ones).
+    (o * weight).float().sum().backward()
+    return o.detach(), lse.detach(), {name: leaf.grad for name, leaf in leaves.items()}

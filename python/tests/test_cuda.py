@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dpa
-from cases import CASES, Case, loss_weight, make_inputs, reference_result, rel, to_dpa_layout
+from cases import CASES, Case, make_inputs, reference_result, rel, run_dpa
 from conftest import requires_cuda
 
 pytestmark = requires_cuda
@@ -28,33 +28,17 @@ def _flash_has(case):
     return case.name not in ("arbitrary_mask", "bias_post_scale", "bias_pre_scale")
 
 
-def run(case, x, backend):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
-    args = case.dpa_args(x)
-    leaves = {"q": q, "k": k, "v": v}
-    for name in case.differentiable:
-        leaves[name] = args[name].detach().clone().requires_grad_()
-        args[name] = leaves[name]
-    o, lse = dpa.attention(q, k, v, qkv_format=case.qkv_format, return_lse=True,
-                           backend=backend, **args)
-    bhsd = (o.shape[0], o.shape[2], o.shape[1], o.shape[3]) if case.qkv_format == "bshd" else \
-        (o.shape[1], o.shape[2], o.shape[0], o.shape[3])
-    weight = to_dpa_layout(loss_weight(bhsd), case.qkv_format).to(o.device, o.dtype)
-    (o * weight).float().sum().backward()
-    return o.detach(), lse.detach(), {name: leaf.grad for name, leaf in leaves.items()}
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("backend", ["cuda_flash", "cuda_unfused"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
 def test_cuda_backend_matches_the_reference(case, backend, dtype):
     if backend == "cuda_flash" and not _flash_has(case):
         with pytest.raises(dpa.NotSupportedError):  # refused with reasons, never dropped
-            run(case, make_inputs(case, dtype, "cuda"), backend)
+            run_dpa(case, make_inputs(case, dtype, "cuda"), backend)
         return
     x = make_inputs(case, dtype, "cuda")
     o_ref, lse_ref, grads_ref = reference_result(case, x)  # from the rounded inputs
-    o, lse, grads = run(case, x, backend)
+    o, lse, grads = run_dpa(case, x, backend)
     bound = BOUND[dtype]
     assert rel(o, o_ref) < bound
     rows = torch.isfinite(lse_ref)

@@ -5,29 +5,11 @@ reference by more than 10x the tolerance, then compares o, lse and every gradien
 import pytest
 import torch
 
-import dpa
-from cases import CASES, loss_weight, make_inputs, reference_result, rel, to_dpa_layout
+from cases import CASES, make_inputs, reference_result, rel, run_dpa
 
 # Relative-norm tolerances in float64: cpu_exact follows the spec in fp64; cpu accumulates in
 # fp32 (docs/cpu_backend.md).
 TOLERANCE = {"cpu_exact": 1e-10, "cpu": 2e-6}
-
-
-def run_dpa(case, x, backend):
-    """o, lse and the gradients of sum(o * w) by name."""
-    q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
-    args = case.dpa_args(x)
-    leaves = {"q": q, "k": k, "v": v}
-    for name in case.differentiable:
-        leaves[name] = args[name].detach().clone().requires_grad_()
-        args[name] = leaves[name]
-    o, lse = dpa.attention(q, k, v, qkv_format=case.qkv_format, return_lse=True,
-                           backend=backend, **args)
-    b, H = (o.shape[0], o.shape[2]) if case.qkv_format == "bshd" else (o.shape[1], o.shape[2])
-    sq = o.shape[1] if case.qkv_format == "bshd" else o.shape[0]
-    weight = loss_weight((b, H, sq, o.shape[3]))
-    (o * to_dpa_layout(weight, case.qkv_format).to(o.dtype)).sum().backward()
-    return o.detach(), lse.detach(), {name: leaf.grad for name, leaf in leaves.items()}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
