@@ -113,18 +113,7 @@ def _on(backend, q, k, bias=None):
     return o.float().cpu(), lse.cpu()
 
 
-# Known deviation (docs/decisions.md, issue 15): the GPU kernels take their row max with fmaxf,
-# which drops NaN, so a row whose logits are all NaN reads as an empty row (o = 0, lse = -inf)
-# there. Strict: these start failing the suite once the kernels propagate NaN.
-GPU_DROPS_ALL_NAN_ROWS = pytest.mark.xfail(
-    strict=True, reason="GPU kernels read an all-NaN row as empty (fmaxf drops NaN)")
-
-
-@pytest.mark.parametrize("backend", [
-    "cpu",
-    pytest.param("cuda_flash", marks=GPU_DROPS_ALL_NAN_ROWS),
-    pytest.param("cuda_unfused", marks=GPU_DROPS_ALL_NAN_ROWS),
-])
+@pytest.mark.parametrize("backend", ["cpu", "cuda_flash", "cuda_unfused"])
 def test_nan_in_q_or_k_makes_exactly_its_rows_nan(backend):
     """docs/decisions.md's non-finite contract, the same on the host and the GPU."""
     torch.manual_seed(3)
@@ -138,8 +127,20 @@ def test_nan_in_q_or_k_makes_exactly_its_rows_nan(backend):
     assert torch.isnan(lse[0, 1]).all()
 
 
-@pytest.mark.parametrize("backend", [
-    "cpu", pytest.param("cuda_unfused", marks=GPU_DROPS_ALL_NAN_ROWS)])
+@pytest.mark.parametrize("backend", ["cpu", "cuda_flash", "cuda_unfused"])
+def test_an_all_nan_row_stays_nan_through_the_split_kv_merge(backend):
+    """One query row against many keys is the decode shape, which cuda_flash splits over the
+    keys and merges (merge_partials): a NaN row must stay NaN there too."""
+    torch.manual_seed(4)
+    q = torch.randn(1, 1, 2, 64, dtype=torch.float16)
+    k = torch.randn(1, 8192, 2, 64, dtype=torch.float16)
+    q[0, 0, 0] = float("nan")  # every logit of head 0's row is NaN
+    o, lse = _on(backend, q, k)
+    assert torch.isnan(lse[0, 0, 0]) and torch.isnan(o[0, 0, 0]).all()
+    assert torch.isfinite(lse[0, 1, 0]) and torch.isfinite(o[0, 0, 1]).all()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_unfused"])
 def test_minus_inf_rows_are_empty_and_nan_among_them_stays(backend):
     torch.manual_seed(3)
     q = torch.randn(1, 8, 2, 64, dtype=torch.float16)

@@ -28,6 +28,21 @@ __device__ __forceinline__ float from_float<float>(float x) {
   return x;
 }
 
+// max(a, b) that keeps NaN (fmaxf drops it): a row max over logits with a NaN must be NaN,
+// or a row whose logits are all NaN (or NaN among -inf) would read as an empty row
+// (docs/decisions.md, non-finite inputs). max.NaN is one instruction on sm_80+, as fmaxf is.
+__device__ __forceinline__ float max_keeping_nan(float a, float b) {
+  float result;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(a), "f"(b));
+  return result;
+}
+
+__device__ __forceinline__ float min_keeping_nan(float a, float b) {
+  float result;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(a), "f"(b));
+  return result;
+}
+
 // sigma_h in natural-log units: -inf without a sink (softmax_type 0), 0 for off-by-one (1),
 // the learnable offset alpha_h (2).
 __device__ __forceinline__ float sink_logit(int softmax_type, const float* softmax_offset,

@@ -5,11 +5,49 @@
 #include <string_view>
 
 #include "cuda/runtime.h"
+#include "cuda/tensor_map.h"
 
 namespace dpa::cuda {
 namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
+
+RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtype, int64_t batch,
+                     int64_t rows, int64_t heads, int64_t dim) {
+  RowTensor t;
+  t.base = view.data;
+  t.dtype = dtype;
+  t.batch = batch;
+  t.rows = rows;
+  t.heads = heads;
+  t.dim = dim;
+  t.batch_stride = layout.stride_batch;
+  t.row_stride = layout.stride_seq;
+  t.head_stride = layout.stride_head;
+  return t;
+}
+
+// TMA copies for the warp-specialised kernel where they read exactly what cp.async would
+// (FlashForwardParams::tma): every sequence fills its tensor's rows, and the maps can address
+// the tensors. Q's rows past a sequence need not be zeros: they are never stored.
+void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
+                      FlashForwardParams& params) {
+  if (!shape.warp_specialized || p.format == Format::kTHD) return;
+  for (int64_t length : p.seqlen_kv)
+    if (length != p.max_seqlen_kv) return;
+  const RowTensor q =
+      row_tensor(p.q, p.q_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_qk);
+  const RowTensor k =
+      row_tensor(p.k, p.k_rows, p.dtype, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_qk);
+  const RowTensor v =
+      row_tensor(p.v, p.v_rows, p.dtype, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_v);
+  if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
+    return;
+  params.q_map = encode_row_tensor_map(q, shape.block_m);
+  params.k_map = encode_row_tensor_map(k, shape.block_n);
+  params.v_map = encode_row_tensor_map(v, shape.block_n);
+  params.tma = true;
+}
 
 }  // namespace
 
@@ -83,6 +121,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
+  plan_tensor_maps(p, shape, params);
   params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);

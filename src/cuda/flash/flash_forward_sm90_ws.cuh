@@ -23,6 +23,7 @@
 
 #include "cuda/flash/flash_forward_sm90.cuh"
 #include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/tma.cuh"
 
 namespace dpa::cuda {
 
@@ -118,19 +119,53 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (!make_flash_block(p, kBlockM, kBlockN, b)) return;
   const int tiles = b.n_block_end - b.n_block_begin;
 
+  // A stage is full after one expect-tx arrival and its bytes (TMA), or after the 128 producer
+  // threads' cp.async arrivals.
+  const uint32_t producer_arrivals = p.tma ? 1 : 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full_barrier(s), 128);
+      ptx::mbarrier_init(full_barrier(s), producer_arrivals);
       ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
     }
-    ptx::mbarrier_init(q_barrier, 128);
+    ptx::mbarrier_init(q_barrier, producer_arrivals);
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0 && p.tma) {
+    // Producer with TMA: one thread issues every copy (64-column boxes), the copy engine
+    // writes the swizzled tiles and counts their bytes on the stage's barrier.
+    ptx::setmaxnreg_decrease<40>();
+    if (tiles == 0 || threadIdx.x != 0) return;
+    ptx::prefetch_tensor_map(&p.q_map);
+    ptx::prefetch_tensor_map(&p.k_map);
+    ptx::prefetch_tensor_map(&p.v_map);
+    const int kv_head = b.head / p.group_size;
+    ptx::mbarrier_arrive_expect_tx(q_barrier, Traits::kQBytes);
+#pragma unroll
+    for (int c = 0; c < kDimQK / 64; ++c)
+      ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, b.m0, b.head, b.batch,
+                       q_barrier);
+#pragma unroll 1
+    for (int it = 0; it < tiles; ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
+      const int n0 = (b.n_block_begin + it) * kBlockN;
+      ptx::mbarrier_arrive_expect_tx(full_barrier(stage), Traits::kKBytes + Traits::kVBytes);
+#pragma unroll
+      for (int c = 0; c < kDimQK / 64; ++c)
+        ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128), &p.k_map, 64 * c, n0, kv_head,
+                         b.batch, full_barrier(stage));
+#pragma unroll
+      for (int c = 0; c < kDimV / 64; ++c)
+        ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128), &p.v_map, 64 * c, n0, kv_head,
+                         b.batch, full_barrier(stage));
+    }
+    return;
+  }
   if (warpgroup == 0) {
-    // Producer: each thread issues its copies of a stage and an arrive that fires when they
-    // land; it waits only for a stage to be freed.
+    // Producer with cp.async: each thread issues its copies of a stage and an arrive that
+    // fires when they land; it waits only for a stage to be freed.
     ptx::setmaxnreg_decrease<40>();
     if (tiles == 0) return;
     produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
@@ -210,10 +245,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (p.dropout_threshold != 0)
         draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
     };
-    // Waits until a stage's copies landed and makes them visible to this thread's wgmma.
+    // Waits until a stage's copies landed and makes them visible to this thread's wgmma
+    // (cp.async writes through the generic proxy, wgmma reads through the async one; TMA
+    // writes through the async proxy already).
     auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
       ptx::mbarrier_wait(barrier, parity);
-      ptx::fence_proxy_async_shared();
+      if (!p.tma) ptx::fence_proxy_async_shared();
     };
 
     wait_landed(q_barrier, 0);

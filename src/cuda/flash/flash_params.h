@@ -2,6 +2,8 @@
 // strides, sizes and runtime feature flags), passed to the kernel by value. Host-includable.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 namespace dpa::cuda {
@@ -75,6 +77,14 @@ struct FlashForwardParams {
   int blocks_per_split = 0;
   float* partial_o = nullptr;
   float* partial_lse = nullptr;
+
+  // Bulk tensor copies (TMA) of Q, K and V in the warp-specialised kernel, with boxes of
+  // block_m (Q) and block_n (K, V) rows by 64 columns (cuda/tensor_map.h). Only where every
+  // sequence fills its tensor's rows (bshd / sbhd without padding): rows past a sequence are then
+  // past the tensor, which TMA reads as zeros; a padded or packed (thd) sequence is followed by
+  // rows that are not zeros, and 0 * NaN there would reach O. Otherwise cp.async.
+  bool tma = false;
+  CUtensorMap q_map{}, k_map{}, v_map{};
 };
 
 }  // namespace dpa::cuda

@@ -253,7 +253,7 @@ __device__ __forceinline__ float tree_max(float (&v)[kCount]) {
     return v[0];
   } else {
 #pragma unroll
-    for (int t = 0; t < kStride; ++t) v[t] = fmaxf(v[t], v[t + kStride]);
+    for (int t = 0; t < kStride; ++t) v[t] = max_keeping_nan(v[t], v[t + kStride]);
     return tree_max<kStride / 2>(v);
   }
 }
@@ -279,11 +279,12 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
   for (int half = 0; half < 2; ++half) {
     float partial_max[kNTiles];
 #pragma unroll
-    for (int t = 0; t < kNTiles; ++t) partial_max[t] = fmaxf(s[t][2 * half], s[t][2 * half + 1]);
+    for (int t = 0; t < kNTiles; ++t)
+      partial_max[t] = max_keeping_nan(s[t][2 * half], s[t][2 * half + 1]);
     float tile_max = tree_max<kNTiles / 2>(partial_max);
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float new_max = fmaxf(stats.max[half], tile_max);
+    tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float new_max = max_keeping_nan(stats.max[half], tile_max);
     // A row that has seen only masked keys (and no sink) keeps max -inf: shift by 0 so
     // exp2(-inf - shift) = 0 instead of NaN.
     const float shift = new_max == -INFINITY ? 0.f : new_max;
@@ -308,7 +309,7 @@ __device__ __forceinline__ float tree_min(float (&v)[kCount]) {
     return v[0];
   } else {
 #pragma unroll
-    for (int t = 0; t < kStride; ++t) v[t] = fminf(v[t], v[t + kStride]);
+    for (int t = 0; t < kStride; ++t) v[t] = min_keeping_nan(v[t], v[t + kStride]);
     return tree_min<kStride / 2>(v);
   }
 }
@@ -352,20 +353,22 @@ __device__ __forceinline__ void folded_softmax_update(const FlashForwardParams& 
     float partial[kNTiles];
     if (cap) {
 #pragma unroll
-      for (int t = 0; t < kNTiles; ++t) partial[t] = fminf(s[t][2 * half], s[t][2 * half + 1]);
+      for (int t = 0; t < kNTiles; ++t)
+        partial[t] = min_keeping_nan(s[t][2 * half], s[t][2 * half + 1]);
       float r_min = tree_min<kNTiles / 2>(partial);
-      r_min = fminf(r_min, __shfl_xor_sync(0xffffffffu, r_min, 1));
-      r_min = fminf(r_min, __shfl_xor_sync(0xffffffffu, r_min, 2));
+      r_min = min_keeping_nan(r_min, __shfl_xor_sync(0xffffffffu, r_min, 1));
+      r_min = min_keeping_nan(r_min, __shfl_xor_sync(0xffffffffu, r_min, 2));
       tile_max = r_min == INFINITY ? -INFINITY : fmaf(r_min, slope, p.softcap_log2);
     } else {
 #pragma unroll
-      for (int t = 0; t < kNTiles; ++t) partial[t] = fmaxf(s[t][2 * half], s[t][2 * half + 1]);
+      for (int t = 0; t < kNTiles; ++t)
+        partial[t] = max_keeping_nan(s[t][2 * half], s[t][2 * half + 1]);
       float u_max = tree_max<kNTiles / 2>(partial);
-      u_max = fmaxf(u_max, __shfl_xor_sync(0xffffffffu, u_max, 1));
-      u_max = fmaxf(u_max, __shfl_xor_sync(0xffffffffu, u_max, 2));
+      u_max = max_keeping_nan(u_max, __shfl_xor_sync(0xffffffffu, u_max, 1));
+      u_max = max_keeping_nan(u_max, __shfl_xor_sync(0xffffffffu, u_max, 2));
       tile_max = u_max == -INFINITY ? -INFINITY : u_max * slope;
     }
-    const float new_max = fmaxf(stats.max[half], tile_max);
+    const float new_max = max_keeping_nan(stats.max[half], tile_max);
     const float shift = new_max == -INFINITY ? 0.f : new_max;
     correction[half] = fast_exp2(stats.max[half] - shift);
     stats.max[half] = new_max;
@@ -441,8 +444,9 @@ __device__ __forceinline__ void store_slab(const FlashForwardParams& p,
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int i = row0 + 8 * half;
     if (i >= b.seqlen_q) continue;
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    const float lse = sum > 0.f ? (stats.max[half] + __log2f(sum)) * kLn2 : -INFINITY;
+    // sum = 0: an empty row (o = 0, lse = -inf); a NaN sum (a NaN logit) stays NaN.
+    const float inverse = sum == 0.f ? 0.f : 1.f / sum;
+    const float lse = sum == 0.f ? -INFINITY : (stats.max[half] + __log2f(sum)) * kLn2;
     if (p.num_splits == 1) {
       const int64_t row = (p.start_q ? p.start_q[b.batch] : 0) + i;
       Element* o_row = static_cast<Element*>(p.o) + b.batch * p.o_batch_stride +

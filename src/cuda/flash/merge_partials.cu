@@ -27,12 +27,13 @@ __global__ void merge_partials_kernel(const FlashForwardParams p, int head_dim_v
       p.exclude_sink ? -INFINITY : sink_logit(p.softmax_type, p.softmax_offset, head);
   float max_lse = sink;
   for (int s = 0; s < p.num_splits; ++s)
-    max_lse = fmaxf(max_lse, p.partial_lse[s * split_stride + row]);
+    max_lse = max_keeping_nan(max_lse, p.partial_lse[s * split_stride + row]);
   const float shift = max_lse == -INFINITY ? 0.f : max_lse;
   float total = expf(sink - shift);
   for (int s = 0; s < p.num_splits; ++s)
     total += expf(p.partial_lse[s * split_stride + row] - shift);
-  const float lse = total > 0.f ? shift + logf(total) : -INFINITY;
+  // total = 0: no split saw a key (lse = -inf); a NaN partial keeps the row NaN.
+  const float lse = total == 0.f ? -INFINITY : shift + logf(total);
 
   const int64_t q_row = (p.start_q ? p.start_q[batch] : 0) + i;
   Element* o_row = static_cast<Element*>(p.o) + batch * p.o_batch_stride + q_row * p.o_row_stride +
@@ -40,7 +41,7 @@ __global__ void merge_partials_kernel(const FlashForwardParams p, int head_dim_v
   for (int c = lane; c < head_dim_v; c += 32) {
     float acc = 0.f;
     for (int s = 0; s < p.num_splits; ++s) {
-      const float weight = total > 0.f ? expf(p.partial_lse[s * split_stride + row] - lse) : 0.f;
+      const float weight = total == 0.f ? 0.f : expf(p.partial_lse[s * split_stride + row] - lse);
       acc += weight * p.partial_o[(s * split_stride + row) * head_dim_v + c];
     }
     o_row[c] = from_float<Element>(acc);

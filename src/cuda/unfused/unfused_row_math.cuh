@@ -123,12 +123,17 @@ __device__ __forceinline__ float dropout_multiplier(const LogitTransform& lt, co
 }
 
 // Running softmax statistics: max m and sum z of exp(s - m). Merging handles m = -inf (no
-// term yet) without forming exp(-inf - -inf) = NaN.
+// term yet) without forming exp(-inf - -inf) = NaN. A NaN logit makes m and z NaN for good
+// (docs/decisions.md): otherwise a row whose logits are all NaN would read as empty.
 struct MaxSum {
   float m = -INFINITY;
   float z = 0.f;
   __device__ __forceinline__ void add(float s) {
     if (s == -INFINITY) return;  // a -inf logit (e.g. from a -inf bias) adds exp(-inf) = 0
+    if (s != s) {
+      m = z = s;
+      return;
+    }
     if (s > m) {
       z = z * expf(m - s) + 1.f;
       m = s;
@@ -137,7 +142,7 @@ struct MaxSum {
     }
   }
   __device__ __forceinline__ void merge(float other_m, float other_z) {
-    const float top = fmaxf(m, other_m);
+    const float top = max_keeping_nan(m, other_m);
     if (top == -INFINITY) return;
     z = z * expf(m - top) + other_z * expf(other_m - top);
     m = top;

@@ -1,0 +1,37 @@
+// Thin wrappers over the sm_90 bulk tensor copy (TMA) PTX: a 4-d tile load from global to shared
+// memory that completes on an mbarrier's transaction count, the barrier's expect-tx arrive, and
+// the tensor-map prefetch. The tensor maps come from cuda/tensor_map.h (host side).
+#pragma once
+
+#include <cstdint>
+
+namespace dpa::cuda::ptx {
+
+// Arrives once and raises the phase's expected transaction bytes by `bytes`: the phase
+// completes when every arrival came and that many bytes of bulk copies landed.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t barrier, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 state;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(barrier),
+      "r"(bytes)
+      : "memory");
+}
+
+// Copies the box at coordinates (c0, c1, c2, c3) (innermost first, elements) of the tensor map
+// `map` (a __grid_constant__ kernel parameter's address) to `shared_box`; its bytes count
+// against `barrier`'s transaction count. Elements outside the tensor land as zeros.
+__device__ __forceinline__ void tma_load_4d(uint32_t shared_box, const void* map, int c0, int c1,
+                                            int c2, int c3, uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(shared_box),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(barrier)
+      : "memory");
+}
+
+// Fetches a tensor map's descriptor ahead of its first use.
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+}  // namespace dpa::cuda::ptx
