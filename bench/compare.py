@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """dpa against its PyTorch peers, in one run on one GPU (issue 3's performance bar).
 
-Runs `dpa bench` on the issue-3 configurations, then the peers: `peers.py` (SDPA flash,
-SDPA cuDNN, FlexAttention with softcap and with a learnable sink; it measures b=2, H=2048/d,
-s=8192, both causal and not) and, in this process, the shapes peers.py does not take (GQA 64/8
-with a 128-token causal window and a sink, gpt-oss-like; decode with 1 query against 32k keys),
-timed with peers.py's own median_ms. Prints one table of ratios (ours / peer) and writes
+Runs `dpa bench` on the issue-3 and issue-17 configurations, then the peers: `peers.py` (SDPA
+flash, SDPA cuDNN, FlexAttention with softcap and with a learnable sink, and FlashAttention-4
+plain, with softcap and with a sink where `flash_attn.cute` imports; it measures b=2,
+H=2048/d, s=8192, both causal and not) and, in this process, the shapes peers.py does not take
+(GQA 64/8 with causal windows (127, 0) and (1023, 0) and a sink, gpt-oss-like, also on FA4; decode with 1
+query against 32k keys), timed with peers.py's own median_ms. Prints one table of ratios
+(ours / peer, the fa4 column being FA4 with the same feature, and ours / the best peer's
+figure for the same shape without any feature: issue 17's bar) and writes
 OUT/bench.md (the table and the commands), OUT/bench.png (TFLOP/s by config, ours against the
 peers; GB/s for decode) and OUT/bench.json (everything).
 
@@ -36,23 +39,36 @@ S = 8192
 # Our configurations. `peer_shape` is peers.py's (s, d) key (it uses b=2, H=2048/d); `flex` is
 # the Flex variant that computes the same thing as ours; `extra` names an in-process peer set.
 CONFIGS = [
-    dict(name="d128", shape=(2, 16, 16, S, S, 128), flags=[], peer_shape=(S, 128), flex=None),
+    dict(name="d128", shape=(2, 16, 16, S, S, 128), flags=[], peer_shape=(S, 128), flex=None,
+         fa4="fa4"),
     dict(name="d128 softcap50", shape=(2, 16, 16, S, S, 128), flags=["--softcap", "50"],
-         peer_shape=(S, 128), flex="flex_softcap"),
+         peer_shape=(S, 128), flex="flex_softcap", fa4="fa4_softcap"),
     dict(name="d128 sink", shape=(2, 16, 16, S, S, 128), flags=["--softmax-type", "learnable"],
-         peer_shape=(S, 128), flex="flex_sink"),
+         peer_shape=(S, 128), flex="flex_sink", fa4="fa4_sink"),
+    dict(name="d64", shape=(2, 32, 32, S, S, 64), flags=[], peer_shape=(S, 64), flex=None,
+         fa4="fa4"),
     dict(name="d64 softcap50", shape=(2, 32, 32, S, S, 64), flags=["--softcap", "50"],
-         peer_shape=(S, 64), flex="flex_softcap"),
+         peer_shape=(S, 64), flex="flex_softcap", fa4="fa4_softcap"),
+    dict(name="d64 sink", shape=(2, 32, 32, S, S, 64), flags=["--softmax-type", "learnable"],
+         peer_shape=(S, 64), flex="flex_sink", fa4="fa4_sink"),
+    dict(name="d256", shape=(2, 8, 8, S, S, 256), flags=[], peer_shape=(S, 256), flex=None,
+         fa4="fa4"),
     dict(name="d256 softcap50", shape=(2, 8, 8, S, S, 256), flags=["--softcap", "50"],
-         peer_shape=(S, 256), flex="flex_softcap"),
+         peer_shape=(S, 256), flex="flex_softcap", fa4="fa4_softcap"),
+    dict(name="d256 sink", shape=(2, 8, 8, S, S, 256), flags=["--softmax-type", "learnable"],
+         peer_shape=(S, 256), flex="flex_sink", fa4="fa4_sink"),
 ]
 # Each of the above runs non-causal and causal.
-GPT_OSS = dict(name="gpt-oss d64 GQA64/8 win128 sink", shape=(2, 64, 8, S, S, 64),
-               flags=["--causal", "--window", "128,0", "--softmax-type", "learnable"],
-               causal=True, window=128, extra="window")
+# gpt-oss shapes (issue 17): causal, window (w - 1, 0) for w = 128 and 1024, GQA 64/8, learnable
+# sink.
+GPT_OSS = [dict(name="gpt-oss d64 GQA64/8 win%d sink" % w, shape=(2, 64, 8, S, S, 64),
+                flags=["--causal", "--window", "%d,0" % (w - 1), "--softmax-type", "learnable"],
+                causal=True, window=w - 1, extra="window") for w in (128, 1024)]
 DECODE = dict(name="decode GQA64/8 skv32k d128", shape=(2, 64, 8, 1, 32768, 128), flags=[],
               causal=False, extra="decode")
-PEER_COLUMNS = ["sdpa_flash", "sdpa_cudnn", "flex"]
+PEER_COLUMNS = ["sdpa_flash", "sdpa_cudnn", "flex", "fa4"]
+# The issue's bar: the best peer's figure for the same shape without any feature.
+PLAIN_PEERS = ["sdpa_flash", "sdpa_cudnn", "fa4"]
 
 
 def log(*args):
@@ -204,30 +220,46 @@ def run_extra_peers(args, iters):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         return f
 
-    # gpt-oss-like: causal, 128-token window, GQA 64/8, learnable sink (Flex + renormalisation,
-    # as peers.py's flex_sink does it).
-    cfg = GPT_OSS
-    try:
-        q, k, v = tensors(cfg)
-        left = cfg["window"]
-        s = cfg["shape"][3]
-        bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= left),
-                               None, None, s, s)
-        sink = (torch.randn(cfg["shape"][1], device="cuda") * 2).requires_grad_(backward)
+    def gpt_oss_peers(cfg):
+        found = []
+        try:
+            q, k, v = tensors(cfg)
+            left = cfg["window"]
+            s = cfg["shape"][3]
+            bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= left),
+                                   None, None, s, s)
+            sink = (torch.randn(cfg["shape"][1], device="cuda") * 2).requires_grad_(backward)
 
-        def flex_window(q, k, v):
-            return peers.flex(q, k, v, block_mask=bm, enable_gqa=True)
+            def flex_window(q, k, v):
+                return peers.flex(q, k, v, block_mask=bm, enable_gqa=True)
 
-        def flex_window_sink(q, k, v):
-            o, lse = peers.flex(q, k, v, block_mask=bm, enable_gqa=True, return_lse=True)
-            w = torch.sigmoid(lse - sink.view(1, -1, 1))
-            return (o.float() * w.unsqueeze(-1)).to(q.dtype)
+            def flex_window_sink(q, k, v):
+                o, lse = peers.flex(q, k, v, block_mask=bm, enable_gqa=True, return_lse=True)
+                w = torch.sigmoid(lse - sink.view(1, -1, 1))
+                return (o.float() * w.unsqueeze(-1)).to(q.dtype)
 
-        rows.append(measure("flex_window", cfg, True, flex_window, q, k, v))
-        rows.append(measure("flex_window_sink", cfg, True, flex_window_sink, q, k, v))
-        del q, k, v
-    except Exception as e:
-        rows.append(dict(peer="flex_window_sink", config=cfg["name"], error=str(e)[:160]))
+            found.append(measure("flex_window", cfg, True, flex_window, q, k, v))
+            found.append(measure("flex_window_sink", cfg, True, flex_window_sink, q, k, v))
+            del q, k, v
+            if getattr(peers, "fa4_func", None) is not None:
+                # FA4 takes [b, s, h, d]; its window (left, 0) with causal is ours.
+                q, k, v = (t.transpose(1, 2).contiguous() for t in tensors(cfg))
+
+                def fa4_window_sink(q, k, v):
+                    o = peers.fa4_func(q, k, v, causal=True, window_size=(left, 0),
+                                       learnable_sink=sink)
+                    return o[0] if isinstance(o, tuple) else o
+
+                found.append(measure("fa4_window_sink", cfg, True, fa4_window_sink, q, k, v))
+                del q, k, v
+        except Exception as e:
+            found.append(dict(peer="flex_window_sink", config=cfg["name"], error=str(e)[:160]))
+        return found
+
+    # gpt-oss-like: causal, window (w - 1, 0), GQA 64/8, learnable sink (Flex + renormalisation,
+    # as peers.py's flex_sink does it; FA4 with its own window and sink).
+    for cfg in GPT_OSS:
+        rows += gpt_oss_peers(cfg)
     if backward:
         torch.cuda.empty_cache()
         return rows
@@ -263,8 +295,10 @@ def peer_value(peer_rows, extra_rows, cfg, causal, column, bench_pass="fwd"):
     """(peer name, value, unit) for one table cell, or None."""
     decode = cfg.get("extra") == "decode"
     if cfg.get("extra"):
+        window = cfg.get("extra") == "window"
         names = {"sdpa_flash": ["sdpa_flash"], "sdpa_cudnn": ["sdpa_cudnn"],
-                 "flex": ["flex_window_sink", "flex"] if cfg.get("extra") == "window" else ["flex"]}
+                 "flex": ["flex_window_sink", "flex"] if window else ["flex"],
+                 "fa4": ["fa4_window_sink"] if window else []}
         for name in names[column]:
             for r in extra_rows:
                 if r.get("peer") == name and r.get("config") == cfg["name"]:
@@ -277,7 +311,7 @@ def peer_value(peer_rows, extra_rows, cfg, causal, column, bench_pass="fwd"):
                         return (name, None, "no %s time" % bench_pass)
         return None
     s, d = cfg["peer_shape"]
-    name = column if column != "flex" else cfg.get("flex")
+    name = cfg.get(column) if column in ("flex", "fa4") else column
     if not name:
         return None
     for r in peer_rows:
@@ -309,8 +343,24 @@ def build_table(ours, peer_rows, extra_rows, bench_pass="fwd"):
             name, value, error = cell
             entry[column] = dict(peer=name, value=value, error=error,
                                  ratio=(entry["ours"] / value) if value and entry["ours"] else None)
+        if not cfg.get("extra"):
+            entry["best_plain"] = best_plain_peer(peer_rows, cfg, row["causal"], entry["ours"],
+                                                  bench_pass)
         table.append(entry)
     return table
+
+
+def best_plain_peer(peer_rows, cfg, causal, ours, bench_pass):
+    """The fastest of PLAIN_PEERS for the config's shape without any feature, and our ratio."""
+    best = None
+    plain = dict(cfg, fa4="fa4")
+    for column in PLAIN_PEERS:
+        cell = peer_value(peer_rows, [], plain, causal, column, bench_pass)
+        if cell and cell[1] and (best is None or cell[1] > best["value"]):
+            best = dict(peer=cell[0], value=cell[1])
+    if best:
+        best["ratio"] = ours / best["value"] if ours else None
+    return best
 
 
 def fmt(x, digits=1):
@@ -323,6 +373,8 @@ def table_markdown(table):
     for column in PEER_COLUMNS:
         head += " %s | ours/%s |" % (column, column)
         rule += "---|---|"
+    head += " best plain peer | ours/best plain |"
+    rule += "---|---|"
     lines = [head, rule]
     for e in table:
         ours = fmt(e["ours"], 0 if e["unit"] == "GB/s" else 1)
@@ -335,11 +387,17 @@ def table_markdown(table):
             if not cell:
                 line += " - | - |"
                 continue
-            label = cell["peer"] if column == "flex" else ""
+            label = cell["peer"] if column in ("flex", "fa4") else ""
             value = "error" if cell["value"] is None else fmt(cell["value"],
                                                               0 if e["unit"] == "GB/s" else 1)
             line += " %s%s | %s |" % (value, " (%s)" % label if label else "",
                                       "-" if cell["ratio"] is None else "%.2fx" % cell["ratio"])
+        best = e.get("best_plain")
+        if best:
+            line += " %s (%s) | %s |" % (fmt(best["value"]), best["peer"],
+                                         "-" if best["ratio"] is None else "%.2fx" % best["ratio"])
+        else:
+            line += " - | - |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -356,7 +414,7 @@ def draw_chart(table, path):
     decode = [e for e in table if e["unit"] == "GB/s"]
     series = ["ours"] + PEER_COLUMNS
     colors = {"ours": "#d62728", "sdpa_flash": "#1f77b4", "sdpa_cudnn": "#2ca02c",
-              "flex": "#ff7f0e"}
+              "flex": "#ff7f0e", "fa4": "#9467bd"}
     fig, axes = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw=dict(width_ratios=[6, 1]))
 
     def value(e, s):
@@ -446,7 +504,7 @@ def main():
     ours = []
     with tempfile.TemporaryDirectory(prefix="dpa_compare_") as work:
         runs = [(cfg, causal) for cfg in configs for causal in (False, True)]
-        runs += [(GPT_OSS, GPT_OSS["causal"])]
+        runs += [(cfg, cfg["causal"]) for cfg in GPT_OSS]
         if args.bench_pass == "fwd":
             runs += [(DECODE, DECODE["causal"])]
         for index, (cfg, causal) in enumerate(runs):
