@@ -66,14 +66,6 @@ const char* flash_variant_name(int variant) {
       return "wgmma warp-specialised ping-pong, block_n 64, 3 stages";
     case 8:
       return "wgmma warp-specialised ping-pong, block_n 128, 3 stages, cp.async producer";
-    case 9:
-      return "ws, softmax exp2 on the FMA pipes: none";
-    case 10:
-      return "ws, softmax exp2 on the FMA pipes: 1/4 capped, 1/8 uncapped";
-    case 11:
-      return "ws, softmax exp2 on the FMA pipes: 3/4 capped, 1/4 uncapped";
-    case 12:
-      return "ws, softmax exp2 on the FMA pipes: 3/8 capped, 1/2 uncapped";
     default:
       return nullptr;
   }
@@ -100,14 +92,6 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 64, 3>>(p, stream);
     case 8:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream, /*tma=*/false);
-    case 9:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 0, 0, 0>>(p, stream);
-    case 10:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 0, 2, 1>>(p, stream);
-    case 11:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 0, 6, 2>>(p, stream);
-    case 12:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 0, 3, 4>>(p, stream);
     default:
       return;
   }

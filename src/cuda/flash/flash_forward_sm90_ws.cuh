@@ -29,14 +29,10 @@ namespace dpa::cuda {
 
 // kBlockNT and kStagesT (0: flash_forward_wgmma_ws_stages) default to what the library runs;
 // dev benches instantiate others to compare.
-// kFmaExp2Eighths* (softmax_update): how many eighths of the softmax's exp2 run on the FMA
-// pipes, with a softcap (three MUFU operations per element: the binding limit) and without.
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
           int kBlockNT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_n,
-          int kStagesT = 0, int kFmaExp2EighthsCappedT = 4, int kFmaExp2EighthsUncappedT = 1>
+          int kStagesT = 0>
 struct FlashSm90WsTraits {
-  static constexpr int kFmaExp2EighthsCapped = kFmaExp2EighthsCappedT;
-  static constexpr int kFmaExp2EighthsUncapped = kFmaExp2EighthsUncappedT;
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
@@ -224,10 +220,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int n0 = n_block * kBlockN;
       const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
       transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible);
-      if (p.use_softcap)
-        softmax_update<kNTiles, Traits::kFmaExp2EighthsCapped>(s_acc, stats, correction);
-      else
-        softmax_update<kNTiles, Traits::kFmaExp2EighthsUncapped>(s_acc, stats, correction);
+      softmax_update(s_acc, stats, correction);
       if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
     };
     uint32_t p_operand[kBlockN / 16][4];

@@ -29,23 +29,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// exp2(x) for x <= 0 on the FMA and ALU pipes instead of the MUFU: the MUFU (16 lanes per clock
-// per SM) is what binds the softmax with a softcap (three MUFU operations per element), so some
-// of the softmax's exp2 run here (FlashAttention-4's trick on Blackwell). x = n + f with
-// n = floor(x) (the magic-number add rounds down), 2^f on [0, 1) by a degree-3 polynomial with
-// p(0) = 1 (max relative error 8.6e-5, under the 2^-11 of fp16 P), and n added to the exponent
-// bits. x is clamped at -127, where the result is exactly 0 (-inf, masked keys); NaN keeps its
-// row NaN through the row's other (MUFU) elements and its sum.
-__device__ __forceinline__ float exp2_on_fma(float x) {
-  x = fmaxf(x, -127.f);
-  const float rounded = __fadd_rd(x, 12582912.f);  // 1.5 * 2^23: floor(x) in the low bits
-  const float f = x - (rounded - 12582912.f);
-  float p = fmaf(0.07706675678491592f, f, 0.22764530777931213f);
-  p = fmaf(p, f, 0.6951166987419128f);
-  p = fmaf(p, f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(rounded) << 23));
-}
-
 // 1 / x on one MUFU.RCP (rcp.approx.ftz.f32, ~1 ulp). __fdividef(1, x) adds a range test and
 // two predicated scalings per call; the softcap's x = exp2(..) + 1 is in [1, inf], where the
 // plain reciprocal is exact enough and gives 0 for inf.
@@ -288,9 +271,8 @@ __device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
 
 // Online-softmax update of one slab's statistics: S (logits, log2 units) becomes
 // P = exp2(S - max) and the row statistics absorb the tile. Returns, per row, the factor that
-// rescales everything accumulated so far (O) to the new max. The exp2 of kFmaExp2Eighths of
-// every 8 column tiles (8 keys each) runs on the FMA pipes (exp2_on_fma), the others on the MUFU.
-template <int kNTiles, int kFmaExp2Eighths = 0>
+// rescales everything accumulated so far (O) to the new max.
+template <int kNTiles>
 __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
                                                float (&correction)[2]) {
 #pragma unroll
@@ -311,11 +293,8 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
     float partial_sum[kNTiles];
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t) {
-      const bool on_fma = t % 8 < kFmaExp2Eighths;
-      const float p0 =
-          on_fma ? exp2_on_fma(s[t][2 * half] - shift) : fast_exp2(s[t][2 * half] - shift);
-      const float p1 =
-          on_fma ? exp2_on_fma(s[t][2 * half + 1] - shift) : fast_exp2(s[t][2 * half + 1] - shift);
+      const float p0 = fast_exp2(s[t][2 * half] - shift);
+      const float p1 = fast_exp2(s[t][2 * half + 1] - shift);
       s[t][2 * half] = p0;
       s[t][2 * half + 1] = p1;
       partial_sum[t] = p0 + p1;
