@@ -540,8 +540,10 @@ def main():
                     fwdbwd="Forward + backward (3.5x the forward's FLOPs)")[args.bench_pass]
         f.write(what + ", bf16, median of >= 20 runs after warm-up, CUDA events. Ratios are "
                 "ours / peer (> 1: ours is faster). SDPA peers have no softcap and no sink; "
-                "`flex` is the FlexAttention variant with the same feature (softcap 50, learnable "
-                "sink, 128-token window).\n\n")
+                "`flex` and `fa4` are the FlexAttention and FlashAttention-4 variants with the "
+                "same feature (softcap 50, learnable sink, causal window); `best plain peer` is "
+                "the fastest of SDPA-flash, SDPA-cuDNN and FA4 on the same shape without any "
+                "feature (issue 17's bar).\n\n")
         f.write(markdown + "\n\nReproduce: `python3 bench/compare.py --out OUT` (runs):\n\n")
         for c in commands:
             if c:
