@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/flash_variants.h"
+#include "core/attention_math.h"
 #include "core/element_access.h"
 #include "core/problem_builder.h"
 #include "cpu/cpu_backends.h"
@@ -292,17 +293,11 @@ void time_backward(const Shape& s, const Features& f, const std::vector<std::str
     }
 }
 
+// Exact count of (query, key) pairs the mask leaves visible, per (b, h).
 double visible_pairs(const Shape& s, const Features& f) {
-  // Exact count of (query, key) pairs the mask leaves visible, per (b, h).
-  double pairs = 0;
-  for (int i = 0; i < s.sq; ++i) {
-    int center = i + ((f.mask == MaskType::kCausal) ? 0 : s.skv - s.sq);
-    int lo = f.window_left < 0 ? 0 : std::max(0, center - f.window_left);
-    int right = mask_is_causal(f.mask) ? 0 : f.window_right;
-    int hi = right < 0 ? s.skv : std::min(s.skv, center + right + 1);
-    pairs += std::max(0, hi - lo);
-  }
-  return pairs;
+  const int diagonal = f.mask == MaskType::kCausal ? 0 : s.skv - s.sq;
+  const int right = mask_is_causal(f.mask) ? 0 : f.window_right;
+  return double(dpa::visible_pairs(s.sq, s.skv, diagonal, f.window_left, right));
 }
 
 void time_config(const Shape& s, const Features& f, int variant = -1) {

@@ -21,6 +21,7 @@
 #if defined(DPA_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "core/attention_math.h"
 #include "core/float_convert.h"
 #endif
 
@@ -191,19 +192,11 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
 #if defined(DPA_WITH_CUDA)
 
 // Visible (query, key) pairs of one head (DESIGN.md §3 visibility with full-length sequences).
-int64_t visible_pairs(const BenchShape& s, const AttentionConfig& c) {
-  const bool causal = mask_is_causal(c.mask_type);
-  const int64_t left = c.window_left;
-  const int64_t right = causal ? 0 : c.window_right;
-  const int64_t delta =
+int64_t bench_visible_pairs(const BenchShape& s, const AttentionConfig& c) {
+  const int64_t right = mask_is_causal(c.mask_type) ? 0 : c.window_right;
+  const int64_t diagonal =
       mask_bottom_right(c.mask_type, c.bottom_right_diagonal) ? s.seqlen_kv - s.seqlen_q : 0;
-  int64_t pairs = 0;
-  for (int64_t i = 0; i < s.seqlen_q; ++i) {
-    const int64_t first = left < 0 ? 0 : std::max<int64_t>(0, i + delta - left);
-    const int64_t last = right < 0 ? s.seqlen_kv - 1 : std::min(s.seqlen_kv - 1, i + delta + right);
-    if (last >= first) pairs += last - first + 1;
-  }
-  return pairs;
+  return visible_pairs(s.seqlen_q, s.seqlen_kv, diagonal, c.window_left, right);
 }
 
 struct FlopCount {
@@ -219,7 +212,7 @@ FlopCount forward_flops(const BenchShape& s, const AttentionConfig& c) {
   if (!window && !causal) return {dense, "dense: 4*b*H*sq*skv*d"};
   if (!window && s.seqlen_q == s.seqlen_kv)
     return {dense / 2, "causal: half of 4*b*H*sq*skv*d (DESIGN.md 10)"};
-  const double pairs = double(visible_pairs(s, c));
+  const double pairs = double(bench_visible_pairs(s, c));
   return {2.0 * double(s.batch * s.heads_q) * pairs * double(s.head_dim_qk + s.head_dim_v),
           "visible pairs counted exactly: 2*b*H*pairs*(dqk+dv)"};
 }

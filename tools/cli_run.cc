@@ -15,6 +15,7 @@
 #include "cli_device.h"
 #include "cli_errors.h"
 #include "cli_tensors.h"
+#include "core/attention_math.h"
 #include "dpa/attention.h"
 
 namespace dpa::cli {
@@ -103,21 +104,13 @@ std::string run_usage() {
          "exit status: 0 when every check passes, 1 when one fails, 2 bad flags.\n";
 }
 
-// Visible (query, key) pairs of one head of a top-left causal mask over s positions with a
-// left window (or none).
-int64_t visible_pairs(int64_t seqlen, int64_t window_left) {
-  int64_t pairs = 0;
-  for (int64_t i = 0; i < seqlen; ++i)
-    pairs += (window_left < 0 ? i : std::min(i, window_left)) + 1;
-  return pairs;
-}
-
 double forward_flops(const Problem& p) {
   const int64_t batch = p.q.shape[0], seqlen = p.q.shape[1], heads = p.q.shape[2];
   const int64_t dqk = p.q.shape[3], dv = p.v.shape[3];
   // 2 flops per multiply-add, QK^T (dqk) and PV (dv): 4*b*H*pairs*d for dqk = dv = d.
-  return 2.0 * double(batch * heads) * double(visible_pairs(seqlen, p.config.window_left)) *
-         double(dqk + dv);
+  // The layers are top-left causal with a left window (or none).
+  const int64_t pairs = visible_pairs(seqlen, seqlen, 0, p.config.window_left, 0);
+  return 2.0 * double(batch * heads) * double(pairs) * double(dqk + dv);
 }
 
 Problem make_problem(const LayerSpec& spec, const RunOptions& options, std::mt19937_64& rng) {

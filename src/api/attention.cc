@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/call_rng.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
 #include "core/workspace.h"
@@ -45,12 +46,11 @@ DotProductAttention::DotProductAttention(const AttentionConfig& config) : config
 
 ForwardResult DotProductAttention::forward(const ForwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
-  const RngState rng = args.rng.value_or(RngState{config_.seed, next_offset_});
+  const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
   const Backend& backend = choose_backend(config_, problem, registered_backends());
   run_in_workspace(backend, problem, args.workspace, [&] { backend.forward(problem); });
-  // Each call that draws dropout from the object's own state gets a fresh offset.
-  if (!args.rng && problem.dropout_threshold > 0) ++next_offset_;
+  if (call_advances_offset(args.rng, dropout)) ++next_offset_;
   return {backend.capabilities().kind, rng};
 }
 
@@ -64,7 +64,7 @@ BackendKind DotProductAttention::backward(const BackwardArgs& args) {
 
 size_t DotProductAttention::workspace_size(const ForwardArgs& args) const {
   const double dropout = args.dropout.value_or(config_.dropout);
-  const RngState rng = args.rng.value_or(RngState{config_.seed, next_offset_});
+  const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
   return choose_backend(config_, problem, registered_backends()).workspace_bytes(problem);
 }

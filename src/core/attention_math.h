@@ -1,4 +1,5 @@
-// The per-element semantics of DESIGN.md sections 3-5, shared by the host backends:
+// The per-element semantics of DESIGN.md sections 3-5, shared by the host backends (and the
+// benches' FLOP counts):
 // visibility, the logit transform (scale, pre/post bias, softcap, ALiBi), sinks and dropout.
 // Backends call these so that a rule is written down once.
 #pragma once
@@ -22,18 +23,39 @@ struct KeyRange {
   bool empty() const { return end <= begin; }
 };
 
-inline KeyRange visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
-  const int64_t sq = p.seqlen_q[b], skv = p.seqlen_kv[b];
+// Row i of a sequence of seqlen_q queries and seqlen_kv keys whose query 0 sits on key
+// `diagonal`; windows of -1 are unbounded.
+inline KeyRange visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_kv, int64_t diagonal,
+                             int64_t window_left, int64_t window_right) {
+  const int64_t sq = seqlen_q, skv = seqlen_kv;
   if (i >= sq || skv == 0) return {0, 0};
-  const int64_t center = i + p.diagonal_offset(b);
+  const int64_t center = i + diagonal;
   // Compared before adding, so that windows up to INT64_MAX cannot overflow.
-  int64_t begin = p.window_left < 0 || p.window_left >= center ? 0 : center - p.window_left;
-  int64_t end = p.window_right < 0 || p.window_right >= skv - center - 1
+  int64_t begin = window_left < 0 || window_left >= center ? 0 : center - window_left;
+  int64_t end = window_right < 0 || window_right >= skv - center - 1
                     ? skv
-                    : std::max<int64_t>(0, center + p.window_right + 1);
+                    : std::max<int64_t>(0, center + window_right + 1);
   begin = std::min(begin, skv);  // a window left of every key must stay empty, not [skv, end)
   if (end < begin) end = begin;
   return {begin, end};
+}
+
+inline KeyRange visible_keys(const AttentionProblem& p, int64_t b, int64_t i) {
+  return visible_keys(i, p.seqlen_q[b], p.seqlen_kv[b], p.diagonal_offset(b), p.window_left,
+                      p.window_right);
+}
+
+// Visible (query, key) pairs of one head of one sequence (the window and the diagonal, no
+// arbitrary mask): what the benches' TFLOP/s count (DESIGN.md §10).
+inline int64_t visible_pairs(int64_t seqlen_q, int64_t seqlen_kv, int64_t diagonal,
+                             int64_t window_left, int64_t window_right) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < seqlen_q; ++i) {
+    const KeyRange range =
+        visible_keys(i, seqlen_q, seqlen_kv, diagonal, window_left, window_right);
+    pairs += range.end - range.begin;
+  }
+  return pairs;
 }
 
 inline bool masked_by_tensor(const AttentionProblem& p, int64_t b, int64_t h, int64_t i,

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/call_rng.h"
 #include "core/element_access.h"
 #include "core/problem_builder.h"
 #include "cp/cp_internal.h"
@@ -910,10 +911,10 @@ ContextParallelAttention::ContextParallelAttention(const AttentionConfig& config
 
 ForwardResult ContextParallelAttention::forward(const ForwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
-  const RngState rng = args.rng.value_or(RngState{config_.seed, next_offset_});
+  const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   ForwardResult result =
       cp::forward(config_, cp_, comm_, args, dropout, rng, {}, ring_workspace_.get());
-  if (!args.rng && dropout > 0.0) ++next_offset_;
+  if (call_advances_offset(args.rng, dropout)) ++next_offset_;
   return result;
 }
 

@@ -20,7 +20,7 @@
 
 namespace dpa::cp {
 
-// The ring's schedule (host logic, tested in tests/test_cp_device_ring.cc). At step i rank
+// The ring's schedule (host logic, tested in tests/cp/test_cp_device_ring.cc). At step i rank
 // `rank` holds the KV of rank source(i) = rank - i (mod size) and the fp32 dKV of that KV; both
 // go to rank + 1 after the step, so after `size` hops each dKV is back with its owner.
 struct Ring {

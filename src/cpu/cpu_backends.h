@@ -1,4 +1,4 @@
-// The two host backends (DESIGN.md §1, issue "core library").
+// The two host backends (DESIGN.md §1): the fp64 oracle and the fast tiled one.
 #pragma once
 
 #include <optional>

@@ -5,7 +5,9 @@
 
 namespace dpa {
 
-// Our fused flash kernels (mma.sync, ldmatrix, cp.async): forward, split-KV decode.
+// Our flash kernels (docs/cuda_flash.md): the forward (mma.sync on sm_80; wgmma with TMA or
+// cp.async producers on sm_90; split-KV decode) and the backward (the atomic-free pairs, the
+// single-kernel family on sm_90), O(s) memory.
 const Backend& cuda_flash_backend();
 
 // cuBLAS batched GEMMs plus fused elementwise kernels; O(s^2) memory; every feature. The GPU

@@ -1,4 +1,4 @@
-// The non-finite contract (docs/decisions.md) on the GPU backends, as tests/test_non_finite.cc
+// The non-finite contract (docs/decisions.md) on the GPU backends, as tests/cpu/test_non_finite.cc
 // checks it on the host: a NaN that reaches a visible logit makes its row NaN, also when every
 // logit of the row is NaN or the row's other logits are -inf (the case a max that drops NaN
 // reads as an empty row), and also through cuda_flash's split-KV merge (decode shapes).

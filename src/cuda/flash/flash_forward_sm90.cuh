@@ -29,16 +29,9 @@ namespace dpa::cuda {
 // library runs); dev benches instantiate others to compare.
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
           int kWarpgroupsT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).warps / 4,
-          int kBlockNT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).block_n,
-          bool kFoldIntoExp2T = false, bool kTanhApproxT = false>
+          int kBlockNT = flash_forward_wgmma_tile_shape(kHeadDimQKT, kHeadDimVT).block_n>
 struct FlashSm90Traits {
   using Element = ElementT;
-  // folded_softmax_update instead of transform_logits + softmax_update (flash_tile_math.cuh):
-  // a dev-bench experiment until measured; it assumes no ALiBi and a positive scale.
-  static constexpr bool kFoldIntoExp2 = kFoldIntoExp2T;
-  // The softcap's tanh on tanh.approx.f32 (transform_logits): a dev-bench measurement of what
-  // the accurate tanh costs, not a library path.
-  static constexpr bool kTanhApprox = kTanhApproxT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kWarpgroups = kWarpgroupsT;
   static constexpr int kBlockM = 64 * kWarpgroups, kBlockN = kBlockNT;
@@ -162,14 +155,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                      const uint32_t(&keep)[2]) {
     const int n0 = n_block * kBlockN;
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-    if constexpr (Traits::kFoldIntoExp2) {
-      // Dev-bench only: callers guarantee no ALiBi and a positive scale.
-      folded_softmax_update(p, b, s_acc, row0, n0, quad_col, fully_visible, stats, correction);
-    } else {
-      transform_logits<Element, kNTiles, Traits::kTanhApprox>(p, b, s_acc, row0, n0, quad_col,
-                                                              fully_visible);
-      softmax_update(s_acc, stats, correction);
-    }
+    transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible);
+    softmax_update(s_acc, stats, correction);
     if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
   };
   // P rounded to Element: the A operand of the next O += P V.

@@ -195,23 +195,12 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
 // is one branch around a whole loop: a test per element compiles to a branch per element.
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
 // row of the block sees every key of the tile.
-// kTanhApprox (dev bench only): the cap's tanh on MUFU.TANH (tanh.approx.f32, ~2^-11
-// relative error) instead, to measure what the accurate tanh costs.
-template <typename Element, int kNTiles, bool kTanhApprox = false>
+template <typename Element, int kNTiles>
 __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
                                                  const FlashBlock<Element>& b,
                                                  float (&s)[kNTiles][4], int row0, int n0,
                                                  int quad_col, bool fully_visible) {
-  if (kTanhApprox && p.use_softcap) {
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float tanh_value;
-        asm("tanh.approx.f32 %0, %1;" : "=f"(tanh_value) : "f"(s[t][e] * p.softcap_arg_scale));
-        s[t][e] = p.softcap_log2 * tanh_value;
-      }
-  } else if (p.use_softcap) {
+  if (p.use_softcap) {
     // Accurate tanh (softcap_ratio) with the cap folded into the last FFMA:
     // c' tanh(u a) = c' - 2c' r (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD,
     // MUFU.RCP, FFMA. (tanh.approx.f32 would save the reciprocal, but its ~5e-4 relative error
@@ -295,89 +284,6 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
     for (int t = 0; t < kNTiles; ++t) {
       const float p0 = fast_exp2(s[t][2 * half] - shift);
       const float p1 = fast_exp2(s[t][2 * half + 1] - shift);
-      s[t][2 * half] = p0;
-      s[t][2 * half + 1] = p1;
-      partial_sum[t] = p0 + p1;
-    }
-    stats.sum[half] = stats.sum[half] * correction[half] + tree_sum<kNTiles / 2>(partial_sum);
-  }
-}
-
-template <int kStride, int kCount>
-__device__ __forceinline__ float tree_min(float (&v)[kCount]) {
-  if constexpr (kStride == 0) {
-    return v[0];
-  } else {
-#pragma unroll
-    for (int t = 0; t < kStride; ++t) v[t] = min_keeping_nan(v[t], v[t + kStride]);
-    return tree_min<kStride / 2>(v);
-  }
-}
-
-// transform_logits + softmax_update with the last transform step folded into the exp2
-// argument (an experiment for the dev bench: FlashSm90Traits::kFoldIntoExp2). Without ALiBi
-// the logit is an increasing function of a per-element value x, so the row max comes from x
-// and each weight is exp2(fma(x, slope, offset)):
-//   no cap:  x = u (raw q.k), slope = scale log2 e: the scale's FMUL disappears;
-//   a cap c: x = r = 1 / (exp(2 u a) + 1) (decreasing in the logit: the max comes from the
-//            min of r), logit = c' - 2c' r: the cap's FFMA and the max's FADD become one FFMA.
-// Masked keys get x = -inf (no cap) or r = +inf (cap), both giving exp2(-inf) = 0.
-template <typename Element, int kNTiles>
-__device__ __forceinline__ void folded_softmax_update(const FlashForwardParams& p,
-                                                      const FlashBlock<Element>& b,
-                                                      float (&s)[kNTiles][4], int row0, int n0,
-                                                      int quad_col, bool fully_visible,
-                                                      RowStats& stats, float (&correction)[2]) {
-  const bool cap = p.use_softcap;
-  if (cap) {
-    const float exp_scale = softcap_exp_scale(p);
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = softcap_ratio(s[t][e], exp_scale);
-  }
-  if (!fully_visible) {
-    mask_invisible_keys(p, b, s, row0, n0, quad_col);  // sets -inf
-    if (cap) {
-#pragma unroll
-      for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (s[t][e] == -INFINITY) s[t][e] = INFINITY;
-    }
-  }
-  const float slope = cap ? -2.f * p.softcap_log2 : p.scale_log2;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float tile_max;
-    float partial[kNTiles];
-    if (cap) {
-#pragma unroll
-      for (int t = 0; t < kNTiles; ++t)
-        partial[t] = min_keeping_nan(s[t][2 * half], s[t][2 * half + 1]);
-      float r_min = tree_min<kNTiles / 2>(partial);
-      r_min = min_keeping_nan(r_min, __shfl_xor_sync(0xffffffffu, r_min, 1));
-      r_min = min_keeping_nan(r_min, __shfl_xor_sync(0xffffffffu, r_min, 2));
-      tile_max = r_min == INFINITY ? -INFINITY : fmaf(r_min, slope, p.softcap_log2);
-    } else {
-#pragma unroll
-      for (int t = 0; t < kNTiles; ++t)
-        partial[t] = max_keeping_nan(s[t][2 * half], s[t][2 * half + 1]);
-      float u_max = tree_max<kNTiles / 2>(partial);
-      u_max = max_keeping_nan(u_max, __shfl_xor_sync(0xffffffffu, u_max, 1));
-      u_max = max_keeping_nan(u_max, __shfl_xor_sync(0xffffffffu, u_max, 2));
-      tile_max = u_max == -INFINITY ? -INFINITY : u_max * slope;
-    }
-    const float new_max = max_keeping_nan(stats.max[half], tile_max);
-    const float shift = new_max == -INFINITY ? 0.f : new_max;
-    correction[half] = fast_exp2(stats.max[half] - shift);
-    stats.max[half] = new_max;
-    const float offset = cap ? p.softcap_log2 - shift : -shift;
-    float partial_sum[kNTiles];
-#pragma unroll
-    for (int t = 0; t < kNTiles; ++t) {
-      const float p0 = fast_exp2(fmaf(s[t][2 * half], slope, offset));
-      const float p1 = fast_exp2(fmaf(s[t][2 * half + 1], slope, offset));
       s[t][2 * half] = p0;
       s[t][2 * half + 1] = p1;
       partial_sum[t] = p0 + p1;

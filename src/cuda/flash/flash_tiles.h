@@ -1,5 +1,5 @@
 // Host-side tile shapes and launch heuristics of the flash forward kernels. Pure functions
-// with unit tests (tests/test_flash_tiles.cc); the kernel traits use the same shape function,
+// with unit tests (tests/cuda/test_flash_tiles.cc); the kernel traits use the same shape function,
 // so host decisions and compiled tiles cannot disagree.
 #pragma once
 
