@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "bench/flash_variants.h"
 #include "core/attention_math.h"
 #include "core/element_access.h"
+#include "core/environment.h"
 #include "core/problem_builder.h"
 #include "cpu/cpu_backends.h"
 #include "cuda/cuda_backends.h"
@@ -80,7 +82,9 @@ AttentionConfig make_config(const Features& f) {
   c.window_left = f.window_left;
   c.window_right = f.window_right;
   c.dropout = f.dropout;
-  return c;
+  // The backends are called directly here, so this is the edge that reads the environment
+  // (DPA_FLASH_FORWARD_KERNEL, DPA_FLASH_BACKWARD_KERNEL), as the API's constructors do.
+  return config_with_environment(c, process_environment());
 }
 
 // Median of `runs` timings of launch() with CUDA events, after `warmups` untimed calls.
@@ -220,7 +224,7 @@ bool check(const Shape& s, const Features& f, int variant = -1) {
 double visible_pairs(const Shape& s, const Features& f);
 
 // The fused backward after one forward (for o and LSE): median ms of 20 runs per kernel family
-// (DPA_FLASH_BACKWARD_KERNEL values: mma_sync, wgmma, wgmma_ws, fused), TFLOP/s at 2.5x the
+// (config.flash_backward_kernel names: mma_sync, wgmma, wgmma_ws, fused), TFLOP/s at 2.5x the
 // forward's FLOPs, and each family's relative difference from the first one's gradients.
 void time_backward(const Shape& s, const Features& f, const std::vector<std::string>& families) {
   std::mt19937_64 rng(99);
@@ -262,13 +266,18 @@ void time_backward(const Shape& s, const Features& f, const std::vector<std::str
   bwd.dv = dv.view;
   bwd.rng = state;
   if (f.softmax == SoftmaxType::kLearnable) bwd.dsoftmax_offset = dsink.view;
-  const AttentionProblem problem = build_backward_problem(config, bwd, config.dropout);
+  AttentionProblem problem = build_backward_problem(config, bwd, config.dropout);
 
   const double flops = 2.5 * 2.0 * s.b * s.H * visible_pairs(s, f) * (s.d + s.dv);
   const size_t kFamilies = families.size();
   std::vector<std::vector<std::vector<unsigned char>>> gradients(kFamilies);
   for (size_t family = 0; family < kFamilies; ++family) {
-    setenv("DPA_FLASH_BACKWARD_KERNEL", families[family].c_str(), 1);
+    const std::optional<FlashBackwardKernel> kernel = parse_flash_backward_kernel(families[family]);
+    if (!kernel) {
+      std::fprintf(stderr, "flash_dev: unknown backward family '%s'\n", families[family].c_str());
+      std::exit(2);
+    }
+    problem.flash_backward_kernel = *kernel;
     auto launch = [&] { cuda_flash_backend().backward(problem); };
     const double ms = median_event_ms(launch, 2, 20);
     gradients[family] = {dq.download(), dk.download(), dv.download()};
@@ -276,7 +285,6 @@ void time_backward(const Shape& s, const Features& f, const std::vector<std::str
                 f.name.c_str(), s.b, s.H, s.G, s.sq, s.skv, s.d, s.dv, families[family].c_str(), ms,
                 flops / ms * 1e-9);
   }
-  unsetenv("DPA_FLASH_BACKWARD_KERNEL");
   const char* names[] = {"dq", "dk", "dv"};
   for (size_t family = 1; family < kFamilies; ++family)
     for (int g = 0; g < 3; ++g) {

@@ -12,7 +12,11 @@ if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 build() {  # build DIR FLAGS
   cmake -S "$root" -B "$1" "${generator[@]}" -DDPA_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS=$2" "-DCMAKE_EXE_LINKER_FLAGS=$2" >/dev/null
-  cmake --build "$1" -j "$jobs" >/dev/null
+  # Quiet when it builds; the whole build log when it does not (ninja prints errors on stdout).
+  if ! cmake --build "$1" -j "$jobs" >"$1/build.log" 2>&1; then
+    cat "$1/build.log"
+    return 1
+  fi
 }
 
 build "$root/build-asan" "-fsanitize=address,undefined -fno-sanitize-recover=undefined"

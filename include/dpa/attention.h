@@ -88,11 +88,12 @@ struct BackendVerdict {
   BackendKind backend = BackendKind::kAuto;
   bool eligible = false;
   std::vector<std::string> reasons;  // one line per failed requirement; empty when eligible
+  std::string plan;  // eligible: what it would run (kernel family, tiles) where it says
 };
 
 struct Selection {
   std::optional<BackendKind> chosen;  // nullopt: nothing eligible
-  bool forced = false;                // DPA_BACKEND or config.backend named it
+  bool forced = false;                // config.backend (or DPA_BACKEND) named it
   std::vector<BackendVerdict> verdicts;
   std::string to_string() const;  // human-readable, one backend per block
 };

@@ -35,9 +35,14 @@ struct AttentionConfig {
   // Bit-identical results across runs (backends that reduce with atomics refuse it or switch
   // to an ordered reduction).
   bool deterministic = false;
-  // Force one backend; kAuto lets the selector pick. The DPA_BACKEND environment variable
-  // overrides this field when set.
+  // Force one backend; kAuto lets the selector pick. Left at kAuto, the DPA_BACKEND
+  // environment variable fills it, read once when DotProductAttention or
+  // ContextParallelAttention is constructed (an explicit value wins over the environment).
   BackendKind backend = BackendKind::kAuto;
+  // cuda_flash's kernel families (tests and benches); kAuto fields are filled from
+  // DPA_FLASH_FORWARD_KERNEL and DPA_FLASH_BACKWARD_KERNEL the same way.
+  FlashForwardKernel flash_forward_kernel = FlashForwardKernel::kAuto;
+  FlashBackwardKernel flash_backward_kernel = FlashBackwardKernel::kAuto;
 };
 
 // Dropout RNG state: Philox key (seed) and the fourth counter word (offset), DESIGN.md §5.

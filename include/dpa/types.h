@@ -45,6 +45,22 @@ enum class BackendKind : int {
   kCudaFlash = 3,
 };
 
+// Which cuda_flash kernel family runs a pass (docs/cuda_flash.md); kAuto lets the backend
+// choose by device, head dims and features. For tests and benches that compare families; a
+// family the device cannot run falls back to the one it can (sm_90 code runs on sm_90 only).
+enum class FlashForwardKernel : int {
+  kAuto = 0,
+  kMmaSync = 1,  // the mma.sync family (what sm_80 runs) on every device
+  kWgmma = 2,    // the plain two-warpgroup wgmma form, never the warp-specialised one
+};
+enum class FlashBackwardKernel : int {
+  kAuto = 0,
+  kMmaSync = 1,  // the atomic-free mma.sync pair
+  kWgmma = 2,    // the atomic-free wgmma pair
+  kWgmmaWs = 3,  // the warp-specialised wgmma pair
+  kFused = 4,    // the single-kernel family (never against deterministic mode or dropout)
+};
+
 std::size_t dtype_size(DType dtype);
 bool is_floating(DType dtype);
 
@@ -55,6 +71,8 @@ std::string_view to_string(MaskType v);
 std::string_view to_string(SoftmaxType v);
 std::string_view to_string(BiasType v);
 std::string_view to_string(BackendKind v);
+std::string_view to_string(FlashForwardKernel v);
+std::string_view to_string(FlashBackwardKernel v);
 
 // Parsers accept exactly the names that to_string prints (and a few documented aliases,
 // e.g. "off_by_one" for "off-by-one"); they return nullopt for anything else.
@@ -64,6 +82,8 @@ std::optional<MaskType> parse_mask_type(std::string_view name);
 std::optional<SoftmaxType> parse_softmax_type(std::string_view name);
 std::optional<BiasType> parse_bias_type(std::string_view name);
 std::optional<BackendKind> parse_backend(std::string_view name);
+std::optional<FlashForwardKernel> parse_flash_forward_kernel(std::string_view name);
+std::optional<FlashBackwardKernel> parse_flash_backward_kernel(std::string_view name);
 
 // Mask properties used by validation and by every backend.
 bool mask_is_causal(MaskType m);

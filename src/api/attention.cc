@@ -5,6 +5,7 @@
 
 #include "core/backend.h"
 #include "core/call_rng.h"
+#include "core/environment.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
 #include "core/workspace.h"
@@ -40,7 +41,8 @@ void run_in_workspace(const Backend& backend, const AttentionProblem& problem,
 
 }  // namespace
 
-DotProductAttention::DotProductAttention(const AttentionConfig& config) : config_(config) {
+DotProductAttention::DotProductAttention(const AttentionConfig& config)
+    : config_(config_with_environment(config, process_environment())) {
   validate_config(config_);
 }
 

@@ -31,6 +31,8 @@ struct FeatureRequest {
   bool sink_grad = false;
   bool dropout = false;
   bool deterministic = false;
+  FlashForwardKernel flash_forward_kernel = FlashForwardKernel::kAuto;  // its tiles' size
+  FlashBackwardKernel flash_backward_kernel = FlashBackwardKernel::kAuto;
   bool cp_tile = false;  // a context-parallel tile (global positions, sink-free partial, given LSE)
   // A CP tile whose first key of some sequence is not a multiple of 8 in the unsharded
   // sequence (Philox draws come in blocks of 8 keys; kernels that draw a whole block per 8
@@ -83,6 +85,9 @@ struct Capabilities {
   // Further backend-specific requirements (e.g. which head-dim pairs have kernels), each a
   // reason or nullopt.
   std::vector<std::function<std::optional<std::string>(const FeatureRequest&)>> extra_rules;
+  // What the backend would run for an eligible request (kernel family, tiles), for explain()
+  // and DPA_LOG; unset: nothing to say beyond its name.
+  std::function<std::string(const FeatureRequest&)> describe_plan;
 };
 
 // Every attention feature of DESIGN.md §3-5 switched on (formats, masks, window, padded offsets,

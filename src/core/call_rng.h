@@ -13,10 +13,7 @@
 
 namespace dpa {
 
-inline RngState call_rng_state(const std::optional<RngState>& given, uint64_t seed,
-                               uint64_t next_offset) {
-  return given.value_or(RngState{seed, next_offset});
-}
+RngState call_rng_state(const std::optional<RngState>& given, uint64_t seed, uint64_t next_offset);
 
 // Call after the call succeeded (the dropout probability is validated by then).
 inline bool call_advances_offset(const std::optional<RngState>& given, double dropout) {

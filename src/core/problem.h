@@ -83,6 +83,8 @@ struct AttentionProblem {
   double keep_prob = 1.0;
   RngState rng;
   bool deterministic = false;
+  FlashForwardKernel flash_forward_kernel = FlashForwardKernel::kAuto;  // config's, for cuda_flash
+  FlashBackwardKernel flash_backward_kernel = FlashBackwardKernel::kAuto;
   bool wants_dbias = false;
   bool wants_dsoftmax_offset = false;
 

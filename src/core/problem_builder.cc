@@ -346,6 +346,8 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   p.softmax_type = config.softmax_type;
   p.bias_type = config.bias_type;
   p.deterministic = config.deterministic;
+  p.flash_forward_kernel = config.flash_forward_kernel;
+  p.flash_backward_kernel = config.flash_backward_kernel;
 
   auto require_aux = [&](const TensorView& t, const char* name) {
     require_defined(t, name, read_contents);
@@ -491,6 +493,10 @@ void validate_config(const AttentionConfig& config) {
           "is not a known softmax type");
   require(int(config.bias_type) >= 0 && int(config.bias_type) <= 2, "bias_type",
           "is not a known bias type");
+  require(int(config.flash_forward_kernel) >= 0 && int(config.flash_forward_kernel) <= 2,
+          "flash_forward_kernel", "is not a known kernel family");
+  require(int(config.flash_backward_kernel) >= 0 && int(config.flash_backward_kernel) <= 4,
+          "flash_backward_kernel", "is not a known kernel family");
 }
 
 AttentionProblem build_forward_problem(const AttentionConfig& config, const ForwardArgs& args,

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <sstream>
 
@@ -177,6 +176,8 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.sink_grad = p.wants_dsoftmax_offset;
   r.dropout = p.dropout_threshold > 0;
   r.deterministic = p.deterministic;
+  r.flash_forward_kernel = p.flash_forward_kernel;
+  r.flash_backward_kernel = p.flash_backward_kernel;
   r.cp_tile = p.is_cp_tile();
   for (int64_t position : p.cp_kv_position) r.cp_keys_unaligned |= position % 8 != 0;
   r.cp_dbias_local = r.cp_tile && p.wants_dbias && p.cp_dbias_local;
@@ -222,6 +223,7 @@ Selection select_backend(const FeatureRequest& request,
     } else {
       verdict.eligible = verdict.reasons.empty();
     }
+    if (verdict.eligible && caps->describe_plan) verdict.plan = caps->describe_plan(request);
     if (verdict.eligible && !selection.chosen) selection.chosen = caps->kind;
     selection.verdicts.push_back(std::move(verdict));
   }
@@ -239,15 +241,6 @@ Selection select_backend(const FeatureRequest& request,
 }
 
 std::optional<BackendKind> forced_backend(BackendKind configured) {
-  if (const char* name = std::getenv("DPA_BACKEND"); name && *name) {
-    std::optional<BackendKind> kind = parse_backend(name);
-    if (!kind)
-      throw Error(ErrorCode::kInvalidArgument, "DPA_BACKEND",
-                  std::string("unknown backend name '") + name +
-                      "' (known: auto, cpu_exact, cpu, cuda_unfused, cuda_flash)");
-    if (*kind != BackendKind::kAuto) return kind;
-    return std::nullopt;
-  }
   if (configured != BackendKind::kAuto) return configured;
   return std::nullopt;
 }
@@ -284,6 +277,7 @@ std::string Selection::to_string() const {
   for (const BackendVerdict& verdict : verdicts) {
     text << "  " << dpa::to_string(verdict.backend) << ": "
          << (verdict.eligible ? "eligible" : "rejected") << "\n";
+    if (!verdict.plan.empty()) text << "    runs: " << verdict.plan << "\n";
     for (const std::string& reason : verdict.reasons) text << "    - " << reason << "\n";
   }
   return text.str();

@@ -20,8 +20,8 @@ Selection select_backend(const FeatureRequest& request,
                          const std::vector<const Capabilities*>& candidates,
                          std::optional<BackendKind> forced);
 
-// The forced backend for a config: DPA_BACKEND when set, else config.backend unless kAuto.
-// Throws kInvalidArgument for an unknown DPA_BACKEND name.
+// The forced backend for a config: config.backend unless kAuto (DPA_BACKEND reaches it
+// through core/environment.h, at construction).
 std::optional<BackendKind> forced_backend(BackendKind configured);
 
 // Throws kNotSupported with every backend's reasons when nothing was chosen.

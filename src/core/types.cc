@@ -39,6 +39,16 @@ constexpr NameTable<BackendKind, 5> kBackendNames{{{BackendKind::kAuto, "auto"},
                                                    {BackendKind::kCpu, "cpu"},
                                                    {BackendKind::kCudaUnfused, "cuda_unfused"},
                                                    {BackendKind::kCudaFlash, "cuda_flash"}}};
+constexpr NameTable<FlashForwardKernel, 3> kFlashForwardNames{
+    {{FlashForwardKernel::kAuto, "auto"},
+     {FlashForwardKernel::kMmaSync, "mma_sync"},
+     {FlashForwardKernel::kWgmma, "wgmma"}}};
+constexpr NameTable<FlashBackwardKernel, 5> kFlashBackwardNames{
+    {{FlashBackwardKernel::kAuto, "auto"},
+     {FlashBackwardKernel::kMmaSync, "mma_sync"},
+     {FlashBackwardKernel::kWgmma, "wgmma"},
+     {FlashBackwardKernel::kWgmmaWs, "wgmma_ws"},
+     {FlashBackwardKernel::kFused, "fused"}}};
 
 template <typename Enum, size_t N>
 std::string_view name_of(const NameTable<Enum, N>& table, Enum value) {
@@ -84,6 +94,8 @@ std::string_view to_string(MaskType v) { return name_of(kMaskNames, v); }
 std::string_view to_string(SoftmaxType v) { return name_of(kSoftmaxNames, v); }
 std::string_view to_string(BiasType v) { return name_of(kBiasNames, v); }
 std::string_view to_string(BackendKind v) { return name_of(kBackendNames, v); }
+std::string_view to_string(FlashForwardKernel v) { return name_of(kFlashForwardNames, v); }
+std::string_view to_string(FlashBackwardKernel v) { return name_of(kFlashBackwardNames, v); }
 
 std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "fp16" || name == "half") return DType::kFloat16;
@@ -108,6 +120,12 @@ std::optional<BiasType> parse_bias_type(std::string_view name) {
 }
 std::optional<BackendKind> parse_backend(std::string_view name) {
   return parse_name(kBackendNames, name);
+}
+std::optional<FlashForwardKernel> parse_flash_forward_kernel(std::string_view name) {
+  return parse_name(kFlashForwardNames, name);
+}
+std::optional<FlashBackwardKernel> parse_flash_backward_kernel(std::string_view name) {
+  return parse_name(kFlashBackwardNames, name);
 }
 
 bool mask_is_causal(MaskType m) {

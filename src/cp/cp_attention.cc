@@ -19,6 +19,7 @@
 
 #include "core/call_rng.h"
 #include "core/element_access.h"
+#include "core/environment.h"
 #include "core/problem_builder.h"
 #include "cp/cp_internal.h"
 #include "cp/cp_layout.h"
@@ -905,7 +906,10 @@ namespace dpa {
 
 ContextParallelAttention::ContextParallelAttention(const AttentionConfig& config,
                                                    const CpConfig& cp, Communicator& communicator)
-    : config_(config), cp_(cp), comm_(communicator), ring_workspace_(cp::make_ring_workspace()) {
+    : config_(config_with_environment(config, process_environment())),
+      cp_(cp),
+      comm_(communicator),
+      ring_workspace_(cp::make_ring_workspace()) {
   validate_config(config_);
 }
 

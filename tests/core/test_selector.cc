@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <map>
 #include <ostream>
+#include <string>
 
+#include "core/environment.h"
 #include "core/selector.h"
 #include "support/attention_case.h"
 
@@ -186,16 +189,48 @@ class EnvironmentVariable {
   const char* name_;
 };
 
-TEST(Selector, EnvironmentOverrideWinsOverConfig) {
+// The environment is read once, at construction (core/environment.h), through a getter.
+EnvironmentGetter fake_environment(std::map<std::string, std::string> values) {
+  return [values = std::move(values)](const char* name) -> const char* {
+    auto found = values.find(name);
+    return found == values.end() ? nullptr : found->second.c_str();
+  };
+}
+
+TEST(Selector, EnvironmentFillsOnlyWhatTheConfigLeavesAuto) {
   EXPECT_FALSE(forced_backend(BackendKind::kAuto).has_value());
   EXPECT_EQ(forced_backend(BackendKind::kCpu), BackendKind::kCpu);
-  {
-    EnvironmentVariable env("DPA_BACKEND", "cpu_exact");
-    EXPECT_EQ(forced_backend(BackendKind::kCpu), BackendKind::kCpuExact);
-  }
-  {
-    EnvironmentVariable env("DPA_BACKEND", "no_such_backend");
-    EXPECT_THROW(forced_backend(BackendKind::kAuto), Error);
+  const EnvironmentGetter env = fake_environment({{"DPA_BACKEND", "cpu_exact"},
+                                                  {"DPA_FLASH_FORWARD_KERNEL", "mma_sync"},
+                                                  {"DPA_FLASH_BACKWARD_KERNEL", "wgmma_ws"}});
+  AttentionConfig automatic;
+  const AttentionConfig filled = config_with_environment(automatic, env);
+  EXPECT_EQ(filled.backend, BackendKind::kCpuExact);
+  EXPECT_EQ(filled.flash_forward_kernel, FlashForwardKernel::kMmaSync);
+  EXPECT_EQ(filled.flash_backward_kernel, FlashBackwardKernel::kWgmmaWs);
+  AttentionConfig explicit_config;
+  explicit_config.backend = BackendKind::kCpu;
+  explicit_config.flash_forward_kernel = FlashForwardKernel::kWgmma;
+  explicit_config.flash_backward_kernel = FlashBackwardKernel::kFused;
+  const AttentionConfig kept = config_with_environment(explicit_config, env);
+  EXPECT_EQ(kept.backend, BackendKind::kCpu);
+  EXPECT_EQ(kept.flash_forward_kernel, FlashForwardKernel::kWgmma);
+  EXPECT_EQ(kept.flash_backward_kernel, FlashBackwardKernel::kFused);
+  // Empty counts as unset.
+  EXPECT_EQ(config_with_environment(automatic, fake_environment({{"DPA_BACKEND", ""}})).backend,
+            BackendKind::kAuto);
+}
+
+TEST(Selector, UnknownEnvironmentNamesAreErrorsNamingTheVariable) {
+  for (const char* name :
+       {"DPA_BACKEND", "DPA_FLASH_FORWARD_KERNEL", "DPA_FLASH_BACKWARD_KERNEL"}) {
+    try {
+      config_with_environment(AttentionConfig{}, fake_environment({{name, "no_such_name"}}));
+      ADD_FAILURE() << name << " accepted an unknown name";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.argument(), name);
+    }
   }
 }
 
@@ -210,8 +245,10 @@ TEST(Selector, ForcedBackendReachesTheRun) {
   test::CaseOutputs automatic = test::run_case(spec, t, BackendKind::kAuto);
   EXPECT_EQ(automatic.forward_backend, BackendKind::kCpu);
   EnvironmentVariable env("DPA_BACKEND", "cpu_exact");
-  test::CaseOutputs from_env = test::run_case(spec, t, BackendKind::kCpu);
+  test::CaseOutputs from_env = test::run_case(spec, t, BackendKind::kAuto);
   EXPECT_EQ(from_env.forward_backend, BackendKind::kCpuExact);
+  test::CaseOutputs explicit_wins = test::run_case(spec, t, BackendKind::kCpu);
+  EXPECT_EQ(explicit_wins.forward_backend, BackendKind::kCpu);
 }
 
 TEST(Selector, ExplainListsEveryRegisteredBackend) {

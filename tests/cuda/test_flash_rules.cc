@@ -72,5 +72,34 @@ TEST(FlashRules, FeatureRequestSeesMisalignedRows) {
       make_feature_request(build_forward_problem(config, args, 0.0, {})).rows_16_byte_aligned);
 }
 
+// explain() names the kernel family the launch would take, from the same shape functions, and
+// the config's family reaches it (issue 17: the family is config, not a run-time variable).
+TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
+  const Capabilities& caps = flash_capabilities();
+  ASSERT_TRUE(bool(caps.describe_plan));
+  FeatureRequest r;
+  r.device = Device::kCUDA;
+  r.dtype = DType::kBFloat16;
+  r.device_arch = 90;
+  r.head_dim_qk = r.head_dim_v = 128;
+  r.max_seqlen_q = 4096;
+  EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
+  r.flash_forward_kernel = FlashForwardKernel::kWgmma;
+  EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
+  r.flash_forward_kernel = FlashForwardKernel::kMmaSync;
+  EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
+  r.device_arch = 80;
+  r.flash_forward_kernel = FlashForwardKernel::kAuto;
+  EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
+  r.pass = Pass::kBackward;
+  r.device_arch = 90;
+  EXPECT_NE(caps.describe_plan(r).find("family fused"), std::string::npos);
+  r.deterministic = true;  // the fused family's reductions are unordered
+  EXPECT_NE(caps.describe_plan(r).find("wgmma_ws"), std::string::npos);
+  r.deterministic = false;
+  r.flash_backward_kernel = FlashBackwardKernel::kMmaSync;
+  EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dpa

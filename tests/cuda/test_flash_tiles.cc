@@ -98,7 +98,7 @@ TEST(FlashTiles, BackwardTilesFitSharedMemory) {
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the
 // rows that see some key of the block (DESIGN.md §3), for any window, alignment or CP diagonal.
 // The fused backward (dq through fp32 reductions) never runs in deterministic mode or with
-// dropout, whatever DPA_FLASH_BACKWARD_KERNEL asks; off sm_90 or at other head dims every
+// dropout, whatever config.flash_backward_kernel asks; off sm_90 or at other head dims every
 // request gets mma.sync.
 TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
   using F = FlashBackwardFamily;

@@ -16,6 +16,38 @@
 namespace dpa {
 namespace {
 
+// The kernel family and tiles a request would run on, from the same functions the launch uses
+// (flash_forward_shape, flash_backward_family), for explain().
+std::string describe_flash_plan(const FeatureRequest& r) {
+  const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
+  if (r.pass == Pass::kBackward) {
+    const cuda::FlashBackwardFamily family =
+        cuda::flash_backward_family(r.device_arch, dqk, dv, r.deterministic, r.dropout,
+                                    cuda::requested_backward_family(r.flash_backward_kernel));
+    switch (family) {
+      case cuda::FlashBackwardFamily::kFused:
+        return "backward kernel family fused (one kernel per 128 keys, fp32 dq reductions)";
+      case cuda::FlashBackwardFamily::kWgmmaWs:
+        return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)";
+      case cuda::FlashBackwardFamily::kWgmma:
+        return "backward kernel family wgmma (atomic-free pair)";
+      default:
+        return "backward kernel family mma_sync (atomic-free pair)";
+    }
+  }
+  const cuda::FlashTileShape shape =
+      cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.device_arch, r.flash_forward_kernel);
+  const std::string tiles =
+      ", tiles " + std::to_string(shape.block_m) + " x " + std::to_string(shape.block_n);
+  if (shape.warp_specialized)
+    return "forward kernel family wgmma warp-specialised (TMA copies where every sequence fills "
+           "its tensor, else cp.async)" +
+           tiles;
+  if (shape.wgmma) return "forward kernel family wgmma (two warpgroups)" + tiles;
+  if (shape.warps == 1) return "forward kernel family mma_sync decode (split-KV)" + tiles;
+  return "forward kernel family mma_sync" + tiles;
+}
+
 class CudaFlashBackend final : public Backend {
  public:
   CudaFlashBackend() {
@@ -73,16 +105,18 @@ class CudaFlashBackend final : public Backend {
       const cuda::DeviceInfo& device = cuda::device_info(r.device_index);
       if (!device.present) return std::nullopt;  // unavailable anyway, with its own reason
       const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
-      const int need =
-          r.pass == Pass::kBackward
-              ? cuda::flash_backward_shared_bytes(dqk, dv)
-              : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, device.arch).shared_bytes;
+      const int need = r.pass == Pass::kBackward
+                           ? cuda::flash_backward_shared_bytes(dqk, dv)
+                           : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, device.arch,
+                                                       r.flash_forward_kernel)
+                                 .shared_bytes;
       if (size_t(need) <= device.shared_memory_per_block_optin) return std::nullopt;
       return "its tiles need " + std::to_string(need) + " bytes of shared memory per block, the " +
              "device has " + std::to_string(device.shared_memory_per_block_optin);
     });
     caps_.backward = true;
     caps_.sink_grad = true;
+    caps_.describe_plan = describe_flash_plan;
   }
 
   const Capabilities& capabilities() const override { return caps_; }

@@ -1,7 +1,5 @@
 // cuda_flash backward orchestration: validated problem -> kernel parameters, workspace, the
 // rows outside every sequence, the kernels and the sink gradient's reduction.
-#include <cstdlib>
-#include <string_view>
 
 #include "core/problem.h"
 #include "core/workspace.h"
@@ -43,22 +41,10 @@ void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_d
 
 namespace {
 
-// DPA_FLASH_BACKWARD_KERNEL=mma_sync|wgmma|wgmma_ws|fused (tests and benches;
-// anything else or unset: automatic).
-FlashBackwardFamily requested_backward_family() {
-  const char* kernel = std::getenv("DPA_FLASH_BACKWARD_KERNEL");
-  const std::string_view chosen = kernel != nullptr ? kernel : "";
-  if (chosen == "mma_sync") return FlashBackwardFamily::kMmaSync;
-  if (chosen == "wgmma") return FlashBackwardFamily::kWgmma;
-  if (chosen == "wgmma_ws") return FlashBackwardFamily::kWgmmaWs;
-  if (chosen == "fused") return FlashBackwardFamily::kFused;
-  return FlashBackwardFamily::kAutomatic;
-}
-
 FlashBackwardFamily backward_family(const AttentionProblem& p) {
   return flash_backward_family(device_info(p.device_index).arch, int(p.head_dim_qk),
                                int(p.head_dim_v), p.deterministic, p.dropout_threshold != 0,
-                               requested_backward_family());
+                               requested_backward_family(p.flash_backward_kernel));
 }
 
 // The backward's own buffers, by family.

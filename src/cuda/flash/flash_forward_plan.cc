@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 
 #include "cuda/runtime.h"
 #include "cuda/tensor_map.h"
@@ -147,19 +146,18 @@ size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {
 }
 
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
-                                   int arch) {
+                                   int arch, FlashForwardKernel kernel) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
   // On Hopper the warp-specialised wgmma kernel where it measured fastest
-  // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form. For
-  // tests and benches DPA_FLASH_FORWARD_KERNEL=mma_sync forces the mma.sync family, =wgmma the
-  // plain wgmma form.
-  const char* forced = std::getenv("DPA_FLASH_FORWARD_KERNEL");
-  const std::string_view kernel = forced ? forced : "";
-  const bool hopper = arch == 90 && kernel != "mma_sync";
+  // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form; the
+  // config's kernel family (tests, benches) can ask for the mma.sync family or the plain
+  // wgmma form instead.
+  const bool hopper = arch == 90 && kernel != FlashForwardKernel::kMmaSync;
   FlashTileShape shape = flash_forward_tile_shape(int(head_dim_qk), int(head_dim_v),
                                                   max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
-  const bool warp_specialized = kernel != "wgmma" && flash_forward_wgmma_prefers_warp_specialized(
-                                                         int(head_dim_qk), int(head_dim_v));
+  const bool warp_specialized =
+      kernel != FlashForwardKernel::kWgmma &&
+      flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v));
   if (shape.wgmma && warp_specialized)
     shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v));
   return shape;
@@ -167,7 +165,7 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
 
 FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
   return flash_forward_shape(p.head_dim_qk, p.head_dim_v, p.max_seqlen_q,
-                             device_info(p.device_index).arch);
+                             device_info(p.device_index).arch, p.flash_forward_kernel);
 }
 
 }  // namespace dpa::cuda

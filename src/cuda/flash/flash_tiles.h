@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "dpa/types.h"
+
 namespace dpa::cuda {
 
 struct FlashTileShape {
@@ -138,10 +140,27 @@ constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
 // reductions (flash_backward_sm90_fused.cuh).
 enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kFused };
 
+// The config's backward kernel family (tests and benches; kAuto: chosen by device and shape).
+constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kernel) {
+  switch (kernel) {
+    case FlashBackwardKernel::kMmaSync:
+      return FlashBackwardFamily::kMmaSync;
+    case FlashBackwardKernel::kWgmma:
+      return FlashBackwardFamily::kWgmma;
+    case FlashBackwardKernel::kWgmmaWs:
+      return FlashBackwardFamily::kWgmmaWs;
+    case FlashBackwardKernel::kFused:
+      return FlashBackwardFamily::kFused;
+    case FlashBackwardKernel::kAuto:
+      break;
+  }
+  return FlashBackwardFamily::kAutomatic;
+}
+
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the fused kernel, or
 // the warp-specialised pair where the fused kernel cannot honour the request (deterministic
 // mode: its reductions' order varies; dropout: it has no keep masks); everything else takes
-// mma.sync. `requested` (DPA_FLASH_BACKWARD_KERNEL, for tests and benches) picks another
+// mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks another
 // family where the hardware has it, never the fused one against those two features.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
                                                     bool deterministic, bool dropout,
