@@ -170,14 +170,8 @@ int run_attention(const std::vector<std::string>& words) {
   if (d_o) {
     npy::Array dq(q.dtype, q.shape), dk(k.dtype, k.shape), dv(v.dtype, v.shape);
     std::optional<npy::Array> dbias, dsoftmax_offset;
-    BackwardArgs backward_args;
-    backward_args.in = in;
-    backward_args.o = o.view();
-    backward_args.lse = lse.view();
-    backward_args.d_o = d_o->view();
-    backward_args.dq = dq.view();
-    backward_args.dk = dk.view();
-    backward_args.dv = dv.view();
+    BackwardArgs backward_args =
+        backward_args_for(forward_args, forward, d_o->view(), dq.view(), dk.view(), dv.view());
     if (bias) {
       dbias.emplace(bias->dtype, bias->shape);
       backward_args.dbias = dbias->view();
@@ -186,7 +180,6 @@ int run_attention(const std::vector<std::string>& words) {
       dsoftmax_offset.emplace(DType::kFloat32, softmax_offset->shape);
       backward_args.dsoftmax_offset = dsoftmax_offset->view();
     }
-    backward_args.rng = forward.rng;
     const BackendKind backward_backend = attention.backward(backward_args);
     outputs.add("dq.npy", dq);
     outputs.add("dk.npy", dk);

@@ -440,18 +440,12 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
     dq.emplace(o.dtype, std::vector<int64_t>{b, sq, s.heads_q, s.head_dim_qk});
     dk.emplace(o.dtype, std::vector<int64_t>{b, skv, s.heads_kv, s.head_dim_qk});
     dv.emplace(o.dtype, std::vector<int64_t>{b, skv, s.heads_kv, s.head_dim_v});
-    bwd.in = fwd.in;
-    bwd.o = out.view();
-    bwd.lse = lse.view();
-    bwd.d_o = d_o->view();
-    bwd.dq = dq->view();
-    bwd.dk = dk->view();
-    bwd.dv = dv->view();
+    // The RNG state comes from each timed forward (below).
+    bwd = backward_args_for(fwd, ForwardResult{}, d_o->view(), dq->view(), dk->view(), dv->view());
     if (offsets) {
       d_offsets.emplace(DType::kFloat32, std::vector<int64_t>{s.heads_q});
       bwd.dsoftmax_offset = d_offsets->view();
     }
-    bwd.stream = stream.get();
   }
 
   BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;

@@ -219,19 +219,12 @@ Outputs execute(const Problem& p, BackendKind forward_backend, BackendKind backw
 
   DeviceArray dq(p.q.dtype, p.q.shape, device), dk(p.k.dtype, p.k.shape, device),
       dv(p.v.dtype, p.v.shape, device);
-  BackwardArgs backward_args;
-  backward_args.in = in;
-  backward_args.o = o.view();
-  backward_args.lse = lse.view();
-  backward_args.d_o = d_o.view();
-  backward_args.dq = dq.view();
-  backward_args.dk = dk.view();
-  backward_args.dv = dv.view();
+  BackwardArgs backward_args =
+      backward_args_for(forward_args, forward, d_o.view(), dq.view(), dk.view(), dv.view());
   if (p.sinks) {
     dsoftmax_offset.emplace(DType::kFloat32, p.softmax_offset.shape, device);
     backward_args.dsoftmax_offset = dsoftmax_offset->view();
   }
-  backward_args.rng = forward.rng;
   times.clear();
   for (int r = 0; r < warmup + repeat; ++r) {
     auto start = Clock::now();

@@ -83,6 +83,12 @@ struct ForwardResult {
   RngState rng;  // pass to backward
 };
 
+// The backward of one forward call: the forward's inputs, o, lse, dropout override and stream,
+// the RNG state it returned, and the gradients to write. dbias and dsoftmax_offset stay
+// undefined (set them to request those gradients); so does the workspace.
+BackwardArgs backward_args_for(const ForwardArgs& forward, const ForwardResult& result,
+                               TensorView d_o, TensorView dq, TensorView dk, TensorView dv);
+
 // Why a backend was or was not chosen.
 struct BackendVerdict {
   BackendKind backend = BackendKind::kAuto;

@@ -41,6 +41,22 @@ void run_in_workspace(const Backend& backend, const AttentionProblem& problem,
 
 }  // namespace
 
+BackwardArgs backward_args_for(const ForwardArgs& forward, const ForwardResult& result,
+                               TensorView d_o, TensorView dq, TensorView dk, TensorView dv) {
+  BackwardArgs args;
+  args.in = forward.in;
+  args.o = forward.o;
+  args.lse = forward.lse;
+  args.d_o = d_o;
+  args.dq = dq;
+  args.dk = dk;
+  args.dv = dv;
+  args.rng = result.rng;
+  args.dropout = forward.dropout;
+  args.stream = forward.stream;
+  return args;
+}
+
 DotProductAttention::DotProductAttention(const AttentionConfig& config)
     : config_(config_with_environment(config, process_environment())) {
   validate_config(config_);

@@ -136,5 +136,40 @@ TEST(Logging, DebugPrintsConfigAndRejectionsToStderr) {
   EXPECT_NE(err.find("not the forced backend"), std::string::npos) << err;
 }
 
+// backward_args_for carries everything the backward needs from its forward call.
+TEST(BackwardArgsFor, CarriesTheForwardsInputsOutputsAndRngState) {
+  double q[8], k[8], v[8], o[8], lse[2], d_o[8], dq[8], dk[8], dv[8];
+  auto view = [](double* data, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(data, DType::kFloat64, shape);
+  };
+  ForwardArgs forward;
+  forward.in.q = view(q, {1, 2, 1, 4});
+  forward.in.k = view(k, {1, 2, 1, 4});
+  forward.in.v = view(v, {1, 2, 1, 4});
+  forward.o = view(o, {1, 2, 1, 4});
+  forward.lse = TensorView::contiguous(lse, DType::kFloat32, {1, 1, 2});
+  forward.dropout = 0.25;
+  int stream_token = 0;
+  forward.stream = &stream_token;
+  ForwardResult result;
+  result.rng = RngState{11, 5};
+  const BackwardArgs args =
+      backward_args_for(forward, result, view(d_o, {1, 2, 1, 4}), view(dq, {1, 2, 1, 4}),
+                        view(dk, {1, 2, 1, 4}), view(dv, {1, 2, 1, 4}));
+  EXPECT_EQ(args.in.q.data, q);
+  EXPECT_EQ(args.in.v.data, v);
+  EXPECT_EQ(args.o.data, o);
+  EXPECT_EQ(args.lse.data, lse);
+  EXPECT_EQ(args.d_o.data, d_o);
+  EXPECT_EQ(args.dq.data, dq);
+  EXPECT_EQ(args.dv.data, dv);
+  ASSERT_TRUE(args.rng.has_value());
+  EXPECT_EQ(args.rng->seed, 11u);
+  EXPECT_EQ(args.rng->offset, 5u);
+  EXPECT_EQ(args.dropout, 0.25);
+  EXPECT_EQ(args.stream, &stream_token);
+  EXPECT_EQ(args.dbias.data, nullptr);
+}
+
 }  // namespace
 }  // namespace dpa::test
