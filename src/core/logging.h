@@ -4,7 +4,8 @@
 #include <string>
 
 #include "core/backend.h"
-#include "dpa/attention.h"
+#include "dpa/arguments.h"
+#include "dpa/selection.h"
 
 namespace dpa {
 

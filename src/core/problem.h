@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dpa/attention.h"
+#include "dpa/arguments.h"
+#include "dpa/selection.h"
 
 namespace dpa {
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include "core/problem.h"
-#include "dpa/attention.h"
+#include "dpa/arguments.h"
+#include "dpa/error.h"
+#include "dpa/selection.h"
 
 namespace dpa {
 

@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "dpa/attention.h"
+#include "dpa/arguments.h"
+#include "dpa/selection.h"
 
 namespace dpa {
 
