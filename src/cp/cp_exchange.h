@@ -1,0 +1,28 @@
+// Data movement of the CP algorithms: the a2a group's all-to-all (sequence <-> heads), one
+// ring step, and the message tags that keep successive steps apart.
+#pragma once
+
+#include <vector>
+
+#include "cp/cp_layout.h"
+#include "cp/cp_setup.h"
+
+namespace dpa::cp {
+
+// Message tags: FIFO order per (source, destination, tag) keeps successive steps apart.
+constexpr int kTagA2A = 1, kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
+constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherDv = 41;
+
+// [a][rows][h][d] blocks: block d goes to group member d; block s comes from member s.
+Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send);
+Packed to_heads(Communicator& comm, const Plan& plan, const Packed& local);
+Packed to_sequence(Communicator& comm, const Plan& plan, const Packed& heads);
+Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim);
+
+// One step of a ring: sends `a`, `b` to the next rank, receives the previous rank's into
+// `next_a`, `next_b`; the caller computes meanwhile and waits on the handles.
+std::vector<CommHandle> ring_exchange(Communicator& comm, const Plan& plan, const Packed& a,
+                                      const Packed& b, Packed& next_a, Packed& next_b, int tag_a,
+                                      int tag_b);
+
+}  // namespace dpa::cp

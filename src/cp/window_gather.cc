@@ -1,0 +1,135 @@
+#include "cp/window_gather.h"
+
+#include <cstring>
+#include <vector>
+
+#include "cp/comm_requests.h"
+#include "cp/cp_exchange.h"
+
+namespace dpa::cp {
+namespace {
+
+// A rank fetches only the KV chunks its query chunks can see (tile_may_see: windows and causal
+// masks), each straight from its owner, instead of the whole KV; the backward sends each fetched
+// chunk's dK/dV back to its owner, which adds them up in a fixed order (its own first, then the
+// peers by rank). Every rank derives every rank's needs from the same global geometry, so
+// senders and receivers agree on what travels, and in which order, without a handshake.
+
+struct ChunkOwner {
+  int rank;
+  int64_t slot;  // 0 or 1 in the owner's two-slot set (rank_chunks order)
+};
+
+ChunkOwner owner_of(int cp, int chunk) {
+  return chunk < cp ? ChunkOwner{chunk, 0} : ChunkOwner{2 * cp - 1 - chunk, 1};
+}
+
+// The KV chunks rank `reader` needs, ascending.
+std::vector<int> chunks_needed(const TileContext& ctx, int cp, int reader) {
+  std::vector<int> needed;
+  const std::vector<int> q_chunks = rank_chunks(cp, reader);
+  for (int c = 0; c < 2 * cp; ++c)
+    for (int q_chunk : q_chunks)
+      if (tile_may_see(ctx, q_chunk, c)) {
+        needed.push_back(c);
+        break;
+      }
+  return needed;
+}
+
+unsigned char* slot_bytes(Packed& set, int64_t slot, int64_t rows) {
+  return static_cast<unsigned char*>(set.data()) + size_t(slot * rows) * set.row_bytes();
+}
+const unsigned char* slot_bytes(const Packed& set, int64_t slot, int64_t rows) {
+  return static_cast<const unsigned char*>(set.data()) + size_t(slot * rows) * set.row_bytes();
+}
+
+}  // namespace
+
+GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext& ctx,
+                         const Packed& k, const Packed& v) {
+  const int cp = plan.cp, me = plan.rank;
+  const int64_t rows = k.rows / 2;  // a rank's set holds its two chunks
+  GatheredKv out;
+  out.chunks = chunks_needed(ctx, cp, me);
+  const int64_t n = int64_t(out.chunks.size());
+  out.k = Packed(k.dtype, n * rows, k.heads, k.dim);
+  out.v = Packed(v.dtype, n * rows, v.heads, v.dim);
+  const size_t k_bytes = size_t(rows) * k.row_bytes(), v_bytes = size_t(rows) * v.row_bytes();
+  std::vector<CommHandle> pending;
+  for (int peer = 0; peer < cp; ++peer) {  // my chunks each peer needs, ascending, K then V
+    if (peer == me) continue;
+    for (int c : chunks_needed(ctx, cp, peer)) {
+      const ChunkOwner owner = owner_of(cp, c);
+      if (owner.rank != me) continue;
+      pending.push_back(comm.send(slot_bytes(k, owner.slot, rows), k_bytes, peer, kTagGatherK));
+      pending.push_back(comm.send(slot_bytes(v, owner.slot, rows), v_bytes, peer, kTagGatherV));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {  // in the same order, from each owner
+    const ChunkOwner owner = owner_of(cp, out.chunks[size_t(i)]);
+    if (owner.rank == me) {
+      std::memcpy(slot_bytes(out.k, i, rows), slot_bytes(k, owner.slot, rows), k_bytes);
+      std::memcpy(slot_bytes(out.v, i, rows), slot_bytes(v, owner.slot, rows), v_bytes);
+      continue;
+    }
+    pending.push_back(comm.recv(slot_bytes(out.k, i, rows), k_bytes, owner.rank, kTagGatherK));
+    pending.push_back(comm.recv(slot_bytes(out.v, i, rows), v_bytes, owner.rank, kTagGatherV));
+  }
+  wait_all(pending);
+  return out;
+}
+
+// Returns the fetched chunks' fp32 dK/dV (`dk`, `dv`, slots as in `gathered`) to their owners;
+// fills this rank's own two-slot accumulators.
+void return_gradients(Communicator& comm, const Plan& plan, const TileContext& ctx,
+                      const GatheredKv& gathered, Packed& dk, Packed& dv, Packed& dk_own,
+                      Packed& dv_own) {
+  const int cp = plan.cp, me = plan.rank;
+  const int64_t rows = dk_own.rows / 2;
+  const size_t k_bytes = size_t(rows) * dk.row_bytes(), v_bytes = size_t(rows) * dv.row_bytes();
+  std::vector<CommHandle> pending;
+  for (size_t i = 0; i < gathered.chunks.size(); ++i) {
+    const ChunkOwner owner = owner_of(cp, gathered.chunks[i]);
+    if (owner.rank == me) {
+      accumulate_rows(dk_own, owner.slot * rows, dk, int64_t(i) * rows, rows);
+      accumulate_rows(dv_own, owner.slot * rows, dv, int64_t(i) * rows, rows);
+      continue;
+    }
+    pending.push_back(
+        comm.send(slot_bytes(dk, int64_t(i), rows), k_bytes, owner.rank, kTagGatherDk));
+    pending.push_back(
+        comm.send(slot_bytes(dv, int64_t(i), rows), v_bytes, owner.rank, kTagGatherDv));
+  }
+  struct Incoming {
+    int64_t slot;
+    Packed dk, dv;
+  };
+  std::vector<Incoming> incoming;
+  for (int peer = 0; peer < cp; ++peer) {
+    if (peer == me) continue;
+    for (int c : chunks_needed(ctx, cp, peer)) {
+      const ChunkOwner owner = owner_of(cp, c);
+      if (owner.rank == me)
+        incoming.push_back({owner.slot, Packed(DType::kFloat32, rows, dk.heads, dk.dim),
+                            Packed(DType::kFloat32, rows, dv.heads, dv.dim)});
+    }
+  }
+  size_t next = 0;
+  for (int peer = 0; peer < cp; ++peer) {
+    if (peer == me) continue;
+    for (int c : chunks_needed(ctx, cp, peer)) {
+      if (owner_of(cp, c).rank != me) continue;
+      Incoming& in = incoming[next++];
+      pending.push_back(comm.recv(in.dk.data(), k_bytes, peer, kTagGatherDk));
+      pending.push_back(comm.recv(in.dv.data(), v_bytes, peer, kTagGatherDv));
+    }
+  }
+  wait_all(pending);
+  for (const Incoming& in : incoming) {  // peers by rank, chunks ascending: a fixed order
+    accumulate_rows(dk_own, in.slot * rows, in.dk, 0, rows);
+    accumulate_rows(dv_own, in.slot * rows, in.dv, 0, rows);
+  }
+}
+
+}  // namespace dpa::cp
