@@ -95,7 +95,7 @@ inline double post_cap_bias(const AttentionProblem& p, int64_t b, int64_t h, int
 // sigma_h of DESIGN.md §3.5: -inf for vanilla (no sink), 0 for off-by-one, alpha_h for learnable.
 // A CP tile's forward partial leaves the sink out (it joins once, after the merge).
 inline double sink_logit(const AttentionProblem& p, int64_t h) {
-  if (p.cp_exclude_sink) return -std::numeric_limits<double>::infinity();
+  if (p.cp.exclude_sink) return -std::numeric_limits<double>::infinity();
   switch (p.softmax_type) {
     case SoftmaxType::kVanilla:
       return -std::numeric_limits<double>::infinity();
@@ -111,7 +111,7 @@ inline double sink_logit(const AttentionProblem& p, int64_t h) {
 // sequence b (DESIGN.md §5). A CP tile draws at its global head, row and column.
 inline double dropout_scale(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (p.dropout_threshold == 0) return 1.0;
-  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, p.global_heads(), h + p.cp_head_offset,
+  bool keep = dropout_keep(p.rng.seed, p.rng.offset, b, p.global_heads(), h + p.cp.head_offset,
                            p.global_row(b, i), p.global_col(b, j), p.dropout_threshold);
   return keep ? 1.0 / p.keep_prob : 0.0;
 }

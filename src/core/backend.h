@@ -12,6 +12,19 @@ namespace dpa {
 
 // What a call asks for, reduced to the facts the selector's rules test. Built from an
 // AttentionProblem (no tensor contents needed), or by hand in selector tests.
+// The context-parallel part of a FeatureRequest (from AttentionProblem::cp).
+struct CpTileRequest {
+  bool tile = false;  // a context-parallel tile (global positions, sink-free partial, given LSE)
+  // A CP tile whose first key of some sequence is not a multiple of 8 in the unsharded
+  // sequence (Philox draws come in blocks of 8 keys; kernels that draw a whole block per 8
+  // local keys need the blocks aligned).
+  bool keys_unaligned = false;
+  // A CP tile's bias gradient: into the unsharded dbias at global positions (host backends), or
+  // tile-local (CpTile::dbias_local; cuda_unfused).
+  bool dbias_unsharded = false;
+  bool dbias_local = false;
+};
+
 struct FeatureRequest {
   Pass pass = Pass::kForward;
   Device device = Device::kCPU;
@@ -33,15 +46,7 @@ struct FeatureRequest {
   bool deterministic = false;
   FlashForwardKernel flash_forward_kernel = FlashForwardKernel::kAuto;  // its tiles' size
   FlashBackwardKernel flash_backward_kernel = FlashBackwardKernel::kAuto;
-  bool cp_tile = false;  // a context-parallel tile (global positions, sink-free partial, given LSE)
-  // A CP tile whose first key of some sequence is not a multiple of 8 in the unsharded
-  // sequence (Philox draws come in blocks of 8 keys; kernels that draw a whole block per 8
-  // local keys need the blocks aligned).
-  bool cp_keys_unaligned = false;
-  // A CP tile's bias gradient: into the unsharded dbias at global positions (host backends), or
-  // tile-local (AttentionProblem::cp_dbias_local; cuda_unfused).
-  bool cp_dbias_unsharded = false;
-  bool cp_dbias_local = false;
+  CpTileRequest cp;  // what a context-parallel tile asks for (all false: an ordinary call)
   // Every q/k/v/o (forward) and dO/dq/dk/dv (backward) row starts on a 16-byte boundary:
   // aligned base pointers and batch/row/head strides (kernels that copy rows in 16-byte chunks
   // need it; a misaligned access would be a sticky device error).
@@ -77,7 +82,7 @@ struct Capabilities {
   bool dropout = false;
   bool backward = false;
   bool deterministic = false;  // can produce bit-identical results run to run
-  // Honours the CP tile fields of AttentionProblem (cp_q_position, cp_exclude_sink, ...).
+  // Honours AttentionProblem::cp (global positions, the sink-free partial, ...).
   bool cp_tiles = false;
   int min_arch = 0;  // minimal sm for GPU backends
   // Optional extra limit, e.g. memory for O(s^2) backends: a reason, or nullopt when it fits.

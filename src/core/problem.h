@@ -43,6 +43,39 @@ struct BroadcastLayout {
   }
 };
 
+// One context-parallel tile (src/cp/tile.h, DESIGN.md §8): one (query block, key block) pair
+// of a sharded sequence. Local row i of sequence b sits at position i + q_position[b] of the
+// unsharded sequence, local key j at j + kv_position[b], and global_diagonal[b] is the delta of
+// the unsharded pair. Visibility, ALiBi and dropout then use global coordinates (DESIGN.md
+// §5). The defaults describe an ordinary call; only backends that declare
+// Capabilities::cp_tiles accept a problem whose CpTile is active().
+struct CpTile {
+  std::vector<int64_t> q_position;       // [b]
+  std::vector<int64_t> kv_position;      // [b]
+  std::vector<int64_t> global_diagonal;  // [b]
+  int64_t head_offset = 0;  // global index of local head 0 (a2a shards heads); dropout only
+  int64_t heads_total = 0;  // global H for dropout's counter; 0 means heads_q
+  // Forward: the partial softmax over this tile's keys only (no sink): o and LSE are partials
+  // for the LSE merge, which adds the sink once afterwards.
+  bool exclude_sink = false;
+  // Backward: P = exp(s - LSE) with the given (final, merged, sink-included) lse instead of a
+  // recomputed one; o is the final output, so D = rowsum(dO * o) is the final row's D.
+  bool use_given_lse = false;
+  // bias, attn_mask and dbias are the unsharded tensors: tile element (b, h, i, j) sits at
+  // (b, h + head_offset, i + q_position[b], j + kv_position[b]) in them, and dbias (fp32)
+  // accumulates across tiles instead of being overwritten.
+  bool aux_global = false;
+  // ... except that dbias is shaped like the tile instead: [b, H|1, sq|1, skv] of the tile's
+  // own sizes and local positions, written (not accumulated); the caller places it (the GPU
+  // tiles of CP with CUDA tensors, whose bias-gradient reduction writes that layout).
+  bool dbias_local = false;
+
+  bool active() const {
+    return !global_diagonal.empty() || exclude_sink || use_given_lse || aux_global ||
+           head_offset != 0 || heads_total != 0;
+  }
+};
+
 struct AttentionProblem {
   Pass pass = Pass::kForward;
   Format format = Format::kBSHD;
@@ -89,31 +122,8 @@ struct AttentionProblem {
   bool wants_dbias = false;
   bool wants_dsoftmax_offset = false;
 
-  // Context-parallel tiles (src/cp/tile.h). A tile is one (query block, key block) pair of a
-  // sharded sequence: local row i of sequence b sits at position i + cp_q_position[b] of the
-  // unsharded sequence, local key j at j + cp_kv_position[b], and cp_global_diagonal[b] is the
-  // delta of the unsharded pair. Visibility, ALiBi and dropout then use global coordinates
-  // (DESIGN.md §5). Empty vectors: an ordinary call. Only backends that declare
-  // Capabilities::cp_tiles accept a problem with any of these set.
-  std::vector<int64_t> cp_q_position;       // [b]
-  std::vector<int64_t> cp_kv_position;      // [b]
-  std::vector<int64_t> cp_global_diagonal;  // [b]
-  int64_t cp_head_offset = 0;  // global index of local head 0 (a2a shards heads); dropout only
-  int64_t cp_heads_total = 0;  // global H for dropout's counter; 0 means heads_q
-  // Forward: the partial softmax over this tile's keys only (no sink): o and LSE are partials
-  // for the LSE merge, which adds the sink once afterwards.
-  bool cp_exclude_sink = false;
-  // Backward: P = exp(s - LSE) with the given (final, merged, sink-included) lse instead of a
-  // recomputed one; o is the final output, so D = rowsum(dO * o) is the final row's D.
-  bool cp_use_given_lse = false;
-  // bias, attn_mask and dbias are the unsharded tensors: tile element (b, h, i, j) sits at
-  // (b, h + cp_head_offset, i + cp_q_position[b], j + cp_kv_position[b]) in them, and dbias
-  // (fp32) accumulates across tiles instead of being overwritten.
-  bool cp_aux_global = false;
-  // ... except that dbias is shaped like the tile instead: [b, H|1, sq|1, skv] of the tile's
-  // own sizes and local positions, written (not accumulated); the caller places it (the GPU
-  // tiles of CP with CUDA tensors, whose bias-gradient reduction writes that layout).
-  bool cp_dbias_local = false;
+  // Context parallelism: what makes this problem one CP tile (default: an ordinary call).
+  CpTile cp;
 
   // Tensors. Layout objects locate rows; views carry the pointers and dtypes.
   TensorView q, k, v, o, lse, d_o, dq, dk, dv;
@@ -132,28 +142,25 @@ struct AttentionProblem {
   // Offset of the diagonal for sequence b (bottom-right: skv - sq; top-left: 0).
   // For a CP tile: the unsharded delta, moved into local coordinates.
   int64_t diagonal_offset(int64_t b) const {
-    if (!cp_global_diagonal.empty())
-      return cp_q_position[b] - cp_kv_position[b] + cp_global_diagonal[b];
+    if (!cp.global_diagonal.empty())
+      return cp.q_position[b] - cp.kv_position[b] + cp.global_diagonal[b];
     return bottom_right ? seqlen_kv[b] - seqlen_q[b] : 0;
   }
-  bool is_cp_tile() const {
-    return !cp_global_diagonal.empty() || cp_exclude_sink || cp_use_given_lse || cp_aux_global ||
-           cp_head_offset != 0 || cp_heads_total != 0;
-  }
+  bool is_cp_tile() const { return cp.active(); }
   // Where tile element (b, h, i, j) sits in the unsharded problem (identity outside CP): the
   // coordinates dropout draws at.
   int64_t global_row(int64_t b, int64_t i) const {
-    return cp_q_position.empty() ? i : i + cp_q_position[size_t(b)];
+    return cp.q_position.empty() ? i : i + cp.q_position[size_t(b)];
   }
   int64_t global_col(int64_t b, int64_t j) const {
-    return cp_kv_position.empty() ? j : j + cp_kv_position[size_t(b)];
+    return cp.kv_position.empty() ? j : j + cp.kv_position[size_t(b)];
   }
-  int64_t global_heads() const { return cp_heads_total > 0 ? cp_heads_total : heads_q; }
+  int64_t global_heads() const { return cp.heads_total > 0 ? cp.heads_total : heads_q; }
   // Offset of element (b, h, i, j) in a bias / mask / dbias tensor with layout `l`.
   int64_t aux_offset(const BroadcastLayout& l, int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (!cp_aux_global) return l.offset(b, h, i, j);
-    return l.offset(b, h + cp_head_offset, i + cp_q_position[size_t(b)],
-                    j + cp_kv_position[size_t(b)]);
+    if (!cp.aux_global) return l.offset(b, h, i, j);
+    return l.offset(b, h + cp.head_offset, i + cp.q_position[size_t(b)],
+                    j + cp.kv_position[size_t(b)]);
   }
 };
 

@@ -127,7 +127,7 @@ const std::vector<Rule>& rules() {
         return fail_if(r.deterministic && !c.deterministic, "deterministic mode not supported");
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(r.cp_tile && !c.cp_tiles,
+        return fail_if(r.cp.tile && !c.cp_tiles,
                        "context-parallel tiles (global positions, sink-free partials, given "
                        "LSE) not supported");
       },
@@ -178,10 +178,10 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.deterministic = p.deterministic;
   r.flash_forward_kernel = p.flash_forward_kernel;
   r.flash_backward_kernel = p.flash_backward_kernel;
-  r.cp_tile = p.is_cp_tile();
-  for (int64_t position : p.cp_kv_position) r.cp_keys_unaligned |= position % 8 != 0;
-  r.cp_dbias_local = r.cp_tile && p.wants_dbias && p.cp_dbias_local;
-  r.cp_dbias_unsharded = r.cp_tile && p.wants_dbias && !p.cp_dbias_local;
+  r.cp.tile = p.is_cp_tile();
+  for (int64_t position : p.cp.kv_position) r.cp.keys_unaligned |= position % 8 != 0;
+  r.cp.dbias_local = r.cp.tile && p.wants_dbias && p.cp.dbias_local;
+  r.cp.dbias_unsharded = r.cp.tile && p.wants_dbias && !p.cp.dbias_local;
   r.rows_16_byte_aligned = rows_16_byte_aligned(p.q, p.q_rows) &&
                            rows_16_byte_aligned(p.k, p.k_rows) &&
                            rows_16_byte_aligned(p.v, p.v_rows);
@@ -264,7 +264,7 @@ std::string describe_request(const FeatureRequest& r) {
        << (r.alibi ? " alibi" : "") << (r.softcap ? " softcap" : "")
        << " softmax=" << to_string(r.softmax_type) << (r.sink_grad ? "+grad" : "")
        << (r.dropout ? " dropout" : "") << (r.deterministic ? " deterministic" : "")
-       << (r.cp_tile ? " cp_tile" : "");
+       << (r.cp.tile ? " cp_tile" : "");
   return text.str();
 }
 

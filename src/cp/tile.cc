@@ -63,15 +63,15 @@ HeadSlices head_slices(const TileContext& ctx, int64_t local_heads) {
 
 void set_tile_fields(const TileContext& ctx, int q_chunk, int kv_chunk, AttentionProblem& p) {
   const Geometry& g = *ctx.geometry;
-  p.cp_q_position.resize(size_t(g.batch));
-  p.cp_kv_position.resize(size_t(g.batch));
-  p.cp_global_diagonal = g.diagonal;
+  p.cp.q_position.resize(size_t(g.batch));
+  p.cp.kv_position.resize(size_t(g.batch));
+  p.cp.global_diagonal = g.diagonal;
   for (int64_t b = 0; b < g.batch; ++b) {
-    p.cp_q_position[size_t(b)] = g.q.position(b, q_chunk);
-    p.cp_kv_position[size_t(b)] = g.kv.position(b, kv_chunk);
+    p.cp.q_position[size_t(b)] = g.q.position(b, q_chunk);
+    p.cp.kv_position[size_t(b)] = g.kv.position(b, kv_chunk);
   }
-  p.cp_head_offset = ctx.head_offset;
-  p.cp_heads_total = ctx.heads_total;
+  p.cp.head_offset = ctx.head_offset;
+  p.cp.heads_total = ctx.heads_total;
 }
 
 // The tiles' problems are built without bias and mask (their shapes are the unsharded ones,
@@ -89,14 +89,14 @@ void attach_aux(const TileContext& ctx, AttentionProblem& p) {
     p.bias_type = ctx.bias_type;
     p.bias = ctx.bias;
     p.bias_layout = BroadcastLayout::of(ctx.bias);
-    p.cp_aux_global = true;
+    p.cp.aux_global = true;
   }
   if (ctx.attn_mask.defined()) {
     p.mask_type = MaskType::kArbitrary;
     p.has_attn_mask = true;
     p.attn_mask = ctx.attn_mask;
     p.mask_layout = BroadcastLayout::of(ctx.attn_mask);
-    p.cp_aux_global = true;
+    p.cp.aux_global = true;
   }
   if (p.pass == Pass::kBackward && ctx.dbias.defined()) {
     p.dbias = ctx.dbias;
@@ -193,7 +193,7 @@ BackendKind run_tile_forward(const TileContext& ctx, const AttentionConfig& conf
   AttentionProblem p = build_forward_problem(config, args, ctx.dropout, ctx.rng);
   set_tile_fields(ctx, q_chunk, kv_chunk, p);
   attach_aux(ctx, p);
-  p.cp_exclude_sink = !ctx.sink_per_tile;
+  p.cp.exclude_sink = !ctx.sink_per_tile;
   const Backend& backend = choose_backend(config, p, registered_backends());
   backend.forward(p);
   return backend.capabilities().kind;
@@ -205,8 +205,8 @@ BackendKind run_tile_backward(const TileContext& ctx, const AttentionConfig& con
   AttentionProblem p = build_backward_problem(config, args, ctx.dropout);
   set_tile_fields(ctx, q_chunk, kv_chunk, p);
   attach_aux(ctx, p);
-  p.cp_use_given_lse = true;
-  p.cp_dbias_local = dbias_local && p.wants_dbias;
+  p.cp.use_given_lse = true;
+  p.cp.dbias_local = dbias_local && p.wants_dbias;
   const Backend& backend = choose_backend(config, p, registered_backends());
   backend.backward(p);
   return backend.capabilities().kind;

@@ -16,7 +16,7 @@ struct TileContext {
   TensorView softmax_offset;  // fp32 [H] (learnable), full
   TensorView alibi_slopes;    // fp32 [H] or [b, H], full
   // Unsharded [b|1, H|1, Sq|1, Skv|1] tensors read (and dbias, fp32, accumulated) at the
-  // tiles' global positions (AttentionProblem::cp_aux_global).
+  // tiles' global positions (AttentionProblem::cp.aux_global).
   BiasType bias_type = BiasType::kNoBias;
   TensorView bias, attn_mask, dbias;
   int64_t heads_total = 0;  // H

@@ -17,7 +17,7 @@ const Backend& cpu_tiled_backend();
 
 // Both write a CP tile's bias gradient into the unsharded dbias, never tile-local.
 inline std::optional<std::string> refuse_tile_local_dbias(const FeatureRequest& request) {
-  if (request.cp_dbias_local)
+  if (request.cp.dbias_local)
     return "a tile-local bias gradient of a context-parallel tile (the host backends add into "
            "the unsharded dbias)";
   return std::nullopt;

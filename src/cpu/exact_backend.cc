@@ -124,7 +124,7 @@ class CpuExactBackend final : public Backend {
       for (int64_t h = 0; h < p.heads_q; ++h)
         for (int64_t i = 0; i < p.seqlen_q[b]; ++i) {
           RowSoftmax row = row_softmax(p, b, h, i);
-          if (p.cp_use_given_lse) {
+          if (p.cp.use_given_lse) {
             // A CP tile: P from the final (merged, sink-included) LSE of the whole row.
             row.lse = load(p.lse, p.lse_offset(b, h, i));
             row.probs.assign(row.keys.size(), 0.0);
@@ -176,7 +176,7 @@ class CpuExactBackend final : public Backend {
         }
     if (p.wants_dbias)  // a CP tile adds its share to the unsharded dbias
       for (int64_t n = 0; n < p.dbias.numel(); ++n)
-        store(p.dbias, n, (p.cp_aux_global ? load(p.dbias, n) : 0.0) + dbias[size_t(n)]);
+        store(p.dbias, n, (p.cp.aux_global ? load(p.dbias, n) : 0.0) + dbias[size_t(n)]);
     if (p.wants_dsoftmax_offset)
       for (int64_t h = 0; h < p.heads_q; ++h) store(p.dsoftmax_offset, h, dalpha[size_t(h)]);
   }

@@ -250,7 +250,7 @@ void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int6
 
 void write_bias_grad(const AttentionProblem& p, const BiasGradAccumulator& acc) {
   const BroadcastLayout& layout = p.dbias_layout;
-  if (p.cp_aux_global) {
+  if (p.cp.aux_global) {
     // A CP tile adds its share to the unsharded fp32 dbias at its global positions. Serial:
     // with a broadcast batch dim several of the tile's sequences add to the same elements.
     for (int64_t b = 0; b < acc.batches; ++b)
@@ -324,7 +324,7 @@ void tiled_backward(const AttentionProblem& p) {
     BiasGradAccumulator& acc = st.bias_grad;
     // A CP tile's sequences sit at different global rows: keep them apart even when dbias
     // broadcasts over the batch (write_bias_grad then adds each at its own position).
-    acc.batches = p.dbias_layout.stride_batch != 0 || p.cp_aux_global ? p.batch : 1;
+    acc.batches = p.dbias_layout.stride_batch != 0 || p.cp.aux_global ? p.batch : 1;
     acc.heads = p.dbias_layout.stride_head != 0 ? p.heads_q : 1;
     acc.rows = p.dbias_layout.stride_q != 0 ? p.max_seqlen_q : 1;
     acc.cols = p.max_seqlen_kv;

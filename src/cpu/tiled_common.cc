@@ -148,7 +148,7 @@ void dropout_multipliers(const AttentionProblem& p, int64_t b, int64_t h, int64_
   const float kept = float(1.0 / p.keep_prob);
   // One Philox call yields the draws of 8 consecutive columns (DESIGN.md §5), at the global
   // coordinates of a CP tile.
-  const int64_t heads = p.global_heads(), head = h + p.cp_head_offset, row = p.global_row(b, i);
+  const int64_t heads = p.global_heads(), head = h + p.cp.head_offset, row = p.global_row(b, i);
   int64_t c = 0;
   while (c < cols) {
     const int64_t j = p.global_col(b, j0 + c);

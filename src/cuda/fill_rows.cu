@@ -76,7 +76,7 @@ void fill_empty_forward_rows(const AttentionProblem& p, cudaStream_t stream) {
   if (total == 0) return;
   // The empty-row LSE is the sink's logit, or -inf in a CP tile's partial (the sink joins once,
   // after the CP merge).
-  const SoftmaxType softmax_type = p.cp_exclude_sink ? SoftmaxType::kVanilla : p.softmax_type;
+  const SoftmaxType softmax_type = p.cp.exclude_sink ? SoftmaxType::kVanilla : p.softmax_type;
   fill_lse_kernel<<<elementwise_grid(total), kElementwiseThreads, 0, stream>>>(
       static_cast<float*>(p.lse.data), batches, p.heads_q, rows, int(softmax_type),
       static_cast<const float*>(p.softmax_offset.data));

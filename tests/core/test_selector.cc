@@ -111,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
         CapabilityCase{"backward", [](Capabilities& c) { c.backward = false; },
                        [](FeatureRequest& r) { r.pass = Pass::kBackward; }},
         CapabilityCase{"cp_tiles", [](Capabilities& c) { c.cp_tiles = false; },
-                       [](FeatureRequest& r) { r.cp_tile = true; }},
+                       [](FeatureRequest& r) { r.cp.tile = true; }},
         CapabilityCase{"padded_offsets", [](Capabilities& c) { c.padded_offsets = false; },
                        [](FeatureRequest& r) {
                          r.format = Format::kTHD;

@@ -30,7 +30,7 @@ FeatureRequest cp_tile_request() {
   r.dtype = DType::kBFloat16;
   r.format = Format::kTHD;
   r.head_dim_qk = r.head_dim_v = 128;
-  r.cp_tile = true;
+  r.cp.tile = true;
   r.device_arch = 90;
   return r;
 }
@@ -40,7 +40,7 @@ TEST(CudaCpRules, FlashRefusesDropoutOnlyWhenTheTilesKeysAreUnaligned) {
   r.dropout = true;
   EXPECT_FALSE(refused_for(BackendKind::kCudaFlash, r, "multiple of 8"));
   EXPECT_FALSE(refused_for(BackendKind::kCudaFlash, r, "context-parallel tiles ("));
-  r.cp_keys_unaligned = true;
+  r.cp.keys_unaligned = true;
   EXPECT_TRUE(refused_for(BackendKind::kCudaFlash, r, "multiple of 8"));
   EXPECT_FALSE(refused_for(BackendKind::kCudaUnfused, r, "multiple of 8"));
 }
@@ -50,10 +50,10 @@ TEST(CudaCpRules, TileBiasGradientsGoTileLocalOnTheGpuAndUnshardedOnTheHost) {
   r.pass = Pass::kBackward;
   r.bias_type = BiasType::kPostScale;
   r.bias_grad = true;
-  r.cp_dbias_unsharded = true;
+  r.cp.dbias_unsharded = true;
   EXPECT_TRUE(refused_for(BackendKind::kCudaUnfused, r, "unsharded dbias"));
-  r.cp_dbias_unsharded = false;
-  r.cp_dbias_local = true;
+  r.cp.dbias_unsharded = false;
+  r.cp.dbias_local = true;
   EXPECT_FALSE(refused_for(BackendKind::kCudaUnfused, r, "unsharded dbias"));
   r.device = Device::kCPU;
   EXPECT_TRUE(refused_for(BackendKind::kCpuExact, r, "tile-local bias gradient"));
@@ -65,18 +65,18 @@ TEST(CudaCpRules, TileBiasGradientsGoTileLocalOnTheGpuAndUnshardedOnTheHost) {
 TEST(CudaCpRules, UnalignedKeysComeFromTheTilesPositions) {
   AttentionProblem p;
   p.batch = 2;
-  p.cp_q_position = {0, 0};
-  p.cp_kv_position = {32, 64};
-  p.cp_global_diagonal = {0, 0};
-  EXPECT_FALSE(make_feature_request(p).cp_keys_unaligned);
-  p.cp_kv_position = {32, 60};
-  EXPECT_TRUE(make_feature_request(p).cp_keys_unaligned);
+  p.cp.q_position = {0, 0};
+  p.cp.kv_position = {32, 64};
+  p.cp.global_diagonal = {0, 0};
+  EXPECT_FALSE(make_feature_request(p).cp.keys_unaligned);
+  p.cp.kv_position = {32, 60};
+  EXPECT_TRUE(make_feature_request(p).cp.keys_unaligned);
   p.wants_dbias = true;
-  EXPECT_TRUE(make_feature_request(p).cp_dbias_unsharded);
-  EXPECT_FALSE(make_feature_request(p).cp_dbias_local);
-  p.cp_dbias_local = true;
-  EXPECT_TRUE(make_feature_request(p).cp_dbias_local);
-  EXPECT_FALSE(make_feature_request(p).cp_dbias_unsharded);
+  EXPECT_TRUE(make_feature_request(p).cp.dbias_unsharded);
+  EXPECT_FALSE(make_feature_request(p).cp.dbias_local);
+  p.cp.dbias_local = true;
+  EXPECT_TRUE(make_feature_request(p).cp.dbias_local);
+  EXPECT_FALSE(make_feature_request(p).cp.dbias_unsharded);
 }
 
 }  // namespace

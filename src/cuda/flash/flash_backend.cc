@@ -90,7 +90,7 @@ class CudaFlashBackend final : public Backend {
     // tile whose keys do not start on a multiple of 8 goes elsewhere.
     caps_.cp_tiles = true;
     caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
-      if (r.cp_tile && r.dropout && r.cp_keys_unaligned)
+      if (r.cp.tile && r.dropout && r.cp.keys_unaligned)
         return "dropout in a context-parallel tile whose keys do not start on a multiple of 8";
       return std::nullopt;
     });

@@ -102,9 +102,9 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.diagonal = plan.tables.diagonal;
   params.q_position = plan.tables.q_position;
   params.kv_position = plan.tables.kv_position;
-  params.head_offset = int(p.cp_head_offset);
+  params.head_offset = int(p.cp.head_offset);
   params.heads_total = int(p.global_heads());
-  params.exclude_sink = p.cp_exclude_sink;
+  params.exclude_sink = p.cp.exclude_sink;
   if (p.has_alibi) {
     params.alibi_slopes = static_cast<const float*>(p.alibi_slopes.data);
     params.alibi_batch_stride = int(p.alibi_stride_batch);

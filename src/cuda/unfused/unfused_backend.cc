@@ -31,10 +31,10 @@ class CudaUnfusedBackend final : public Backend {
     caps_.size_limit = cuda::unfused_size_limit;
     // Context-parallel tiles: global diagonal, dropout coordinates, unsharded bias / mask reads,
     // sink-free partials and the given-LSE backward (unfused_row_math.cuh). The bias gradient
-    // only tile-local (cp_dbias_local): its reduction writes the tile's own layout.
+    // only tile-local (cp.dbias_local): its reduction writes the tile's own layout.
     caps_.cp_tiles = true;
     caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
-      if (r.cp_dbias_unsharded)
+      if (r.cp.dbias_unsharded)
         return "the bias gradient of a context-parallel tile goes into the unsharded dbias only "
                "on the host backends (the GPU tiles write it tile-local)";
       return std::nullopt;

@@ -131,7 +131,7 @@ void run_unfused_backward(const AttentionProblem& p) {
   rows.wants_dbias = p.wants_dbias;
   rows.dbias_pre_scale = p.bias_type == BiasType::kPreScale;
   rows.row_dalpha = p.wants_dsoftmax_offset ? row_dalpha.get<float>() : nullptr;
-  if (p.cp_use_given_lse) {
+  if (p.cp.use_given_lse) {
     rows.given_lse = static_cast<const float*>(p.lse.data);
     rows.lse_packed = p.format == Format::kTHD;
     rows.lse_total_q = p.total_q;

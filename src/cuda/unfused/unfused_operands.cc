@@ -142,10 +142,10 @@ LogitTransform logit_transform(const AttentionProblem& p, const SequenceTables& 
   t.diagonal = tables.diagonal;
   t.q_position = tables.q_position;
   t.kv_position = tables.kv_position;
-  t.head_offset = p.cp_head_offset;
+  t.head_offset = p.cp.head_offset;
   t.heads_total = p.global_heads();
-  t.aux_global = p.cp_aux_global;
-  t.exclude_sink = p.cp_exclude_sink;
+  t.aux_global = p.cp.aux_global;
+  t.exclude_sink = p.cp.exclude_sink;
   return t;
 }
 
