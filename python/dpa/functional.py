@@ -336,6 +336,7 @@ class Verdict(NamedTuple):
     backend: str
     eligible: bool
     reasons: Tuple[str, ...]
+    plan: str = ""  # eligible: what it would run (cuda_flash: the kernel family and tiles)
 
 
 class Explanation(NamedTuple):
@@ -351,6 +352,8 @@ class Explanation(NamedTuple):
         for verdict in self.verdicts:
             lines.append(f"  {verdict.backend}: "
                          f"{'eligible' if verdict.eligible else 'rejected'}")
+            if verdict.plan:
+                lines.append(f"    runs: {verdict.plan}")
             lines.extend(f"    - {reason}" for reason in verdict.reasons)
         return "\n".join(lines)
 
@@ -379,7 +382,8 @@ def explain(q, k, v, *, backward=False, qkv_format="bshd", causal=False, mask_ty
         backward, bias is not None and bias.requires_grad,
         sinks is not None and sinks.requires_grad)
     return Explanation(chosen, forced,
-                       tuple(Verdict(name, ok, tuple(reasons)) for name, ok, reasons in verdicts))
+                       tuple(Verdict(name, ok, tuple(reasons), plan)
+                             for name, ok, reasons, plan in verdicts))
 
 
 __all__ = ["attention", "attention_varlen", "explain", "Explanation", "Verdict"]

@@ -57,10 +57,10 @@ AttentionConfig make_config(const std::string& format, const std::string& mask_t
   return config;
 }
 
-// (chosen backend or None, forced, [(backend, eligible, reasons)])
-using SelectionTuple =
-    std::tuple<std::optional<std::string>, bool,
-               std::vector<std::tuple<std::string, bool, std::vector<std::string>>>>;
+// (chosen backend or None, forced, [(backend, eligible, reasons, plan)])
+using SelectionTuple = std::tuple<
+    std::optional<std::string>, bool,
+    std::vector<std::tuple<std::string, bool, std::vector<std::string>, std::string>>>;
 
 SelectionTuple to_tuple(const Selection& selection) {
   SelectionTuple out;
@@ -68,7 +68,7 @@ SelectionTuple to_tuple(const Selection& selection) {
   std::get<1>(out) = selection.forced;
   for (const BackendVerdict& verdict : selection.verdicts)
     std::get<2>(out).emplace_back(std::string(to_string(verdict.backend)), verdict.eligible,
-                                  verdict.reasons);
+                                  verdict.reasons, verdict.plan);
   return out;
 }
 
