@@ -101,7 +101,8 @@ struct TileDevice {
 
 ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_config,
                              Communicator& comm, const ForwardArgs& args, double dropout,
-                             const RngState& rng, const DebugOptions& debug, TileDevice tiles) {
+                             const RngState& rng, const std::vector<const Backend*>& tile_backends,
+                             TileDevice tiles) {
   Setup s = setup(config, cp_config, comm, args.in);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
@@ -118,7 +119,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
 
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
-  ctx.sink_per_tile = debug.sink_per_tile;
+  ctx.backends = &tile_backends;
   ctx.device = tiles.device;
   ctx.device_index = tiles.index;
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
@@ -156,8 +157,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
       }
     }
   }
-  if (!debug.sink_per_tile)
-    add_sink(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc);
+  add_sink(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc);
 
   const Packed o = to_sequence(comm, plan, convert(o_acc, q.dtype));
   const Packed lse = to_sequence(comm, plan, lse_acc);
@@ -318,24 +318,26 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
 
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
-                      const DebugOptions& debug, RingWorkspace* workspace) {
+                      RingWorkspace* workspace, const std::vector<const Backend*>& tile_backends) {
   if (NcclCommunicator* nccl = comm.device_communicator()) {
     // Device buffers: the device ring where it applies, else the general algorithms over
     // host buffers through a host-staged view of the same communicator.
-    if (!debug.sink_per_tile && device_ring_refusal(config, cp_config, args.in, dropout).empty())
+    const bool registry = &tile_backends == &registered_backends();
+    if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_forward(config, *nccl, args, rng, workspace);
     const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
-    return forward(config, cp_config, *staged, args, dropout, rng, debug);
+    return forward(config, cp_config, *staged, args, dropout, rng, nullptr, tile_backends);
   }
   if (args.in.q.device != Device::kCUDA)
-    return forward_staged(config, cp_config, comm, args, dropout, rng, debug, {});
+    return forward_staged(config, cp_config, comm, args, dropout, rng, tile_backends, {});
   HostStaging staging(args.in.q, args.stream);
   ForwardArgs host = args;
   stage_inputs(staging, host.in);
   host.o = staging.out(args.o, "o");
   host.lse = staging.out(args.lse, "lse");
-  const ForwardResult result = forward_staged(config, cp_config, comm, host, dropout, rng, debug,
-                                              {Device::kCUDA, args.in.q.device_index});
+  const ForwardResult result =
+      forward_staged(config, cp_config, comm, host, dropout, rng, tile_backends,
+                     {Device::kCUDA, args.in.q.device_index});
   staging.copy_outputs_back();
   return result;
 }
@@ -384,7 +386,7 @@ ForwardResult ContextParallelAttention::forward(const ForwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   ForwardResult result =
-      cp::forward(config_, cp_, comm_, args, dropout, rng, {}, ring_workspace_.get());
+      cp::forward(config_, cp_, comm_, args, dropout, rng, ring_workspace_.get());
   if (call_advances_offset(args.rng, dropout)) ++next_offset_;
   return result;
 }

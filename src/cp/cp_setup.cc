@@ -115,7 +115,6 @@ Plan make_plan(const CpConfig& config, const Communicator& comm, int64_t heads_q
   return plan;
 }
 
-
 // Rows of the unsharded sequences along one side: the padded length (bshd / sbhd) or the
 // longest sequence (thd), as the non-CP problem's max_seqlen.
 int64_t unsharded_rows(const Geometry& g, const SideGeometry& side) {

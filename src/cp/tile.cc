@@ -193,8 +193,8 @@ BackendKind run_tile_forward(const TileContext& ctx, const AttentionConfig& conf
   AttentionProblem p = build_forward_problem(config, args, ctx.dropout, ctx.rng);
   set_tile_fields(ctx, q_chunk, kv_chunk, p);
   attach_aux(ctx, p);
-  p.cp.exclude_sink = !ctx.sink_per_tile;
-  const Backend& backend = choose_backend(config, p, registered_backends());
+  p.cp.exclude_sink = true;  // the sink joins once per row, after the merge
+  const Backend& backend = choose_backend(config, p, *ctx.backends);
   backend.forward(p);
   return backend.capabilities().kind;
 }
@@ -207,7 +207,7 @@ BackendKind run_tile_backward(const TileContext& ctx, const AttentionConfig& con
   attach_aux(ctx, p);
   p.cp.use_given_lse = true;
   p.cp.dbias_local = dbias_local && p.wants_dbias;
-  const Backend& backend = choose_backend(config, p, registered_backends());
+  const Backend& backend = choose_backend(config, p, *ctx.backends);
   backend.backward(p);
   return backend.capabilities().kind;
 }

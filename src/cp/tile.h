@@ -23,8 +23,8 @@ struct TileContext {
   int64_t head_offset = 0;  // global index of local head 0
   double dropout = 0.0;
   RngState rng;
-  // Test-only: let every tile count the sink (the classic bug) instead of once after the merge.
-  bool sink_per_tile = false;
+  // The backends a tile chooses from (the registry, or a test's).
+  const std::vector<const Backend*>* backends = &registered_backends();
   // Where the tiles run: the host (the tensors above are host tensors either way), or a CUDA
   // device: each tile's inputs are copied there and its outputs back (device_stage.h).
   Device device = Device::kCPU;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <mutex>
+#include <vector>
 
 #include "cp/cp_internal.h"
 #include "dpa/cp.h"
@@ -34,8 +35,9 @@ struct CpRun {
 };
 
 // Runs forward + backward under CP with `cp` in-process ranks and gathers the shards.
+// `tile_backends`: what the forward tiles choose from (default: the registry).
 CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int cp,
-             const cp::DebugOptions& debug = {}) {
+             const std::vector<const Backend*>& tile_backends = registered_backends()) {
   const Format format = spec.config.format;
   const bool thd = format == Format::kTHD;
   ThdCpPartition part;
@@ -81,8 +83,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
     fwd.o = o.view();
     fwd.lse = lse.view();
     const RngState rng{spec.config.seed, 7};
-    const ForwardResult forward_result =
-        cp::forward(spec.config, cp_config, comm, fwd, spec.config.dropout, rng, debug);
+    const ForwardResult forward_result = cp::forward(
+        spec.config, cp_config, comm, fwd, spec.config.dropout, rng, nullptr, tile_backends);
 
     HostTensor dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()), dv(spec.dtype, v.shape());
     HostTensor dalpha, dbias;
@@ -323,18 +325,41 @@ TEST(CpFeatures, SoftcapAndSinksMoveTheReference) {
             10 * kTolerance);
 }
 
-// The classic bug: every tile counts the sink. It must fail these tests, at cp = 4 with a
-// causal mask (at cp = 2 without a mask, errors cancelled in the reference system's history).
+// The classic bug, injected: a tile backend that counts the sink in every tile's partial (the
+// merge then adds it once more). Wraps the registry's backends, so the tiles run the real
+// kernels with the one field flipped.
+class SinkInEveryTile : public Backend {
+ public:
+  explicit SinkInEveryTile(const Backend& real) : real_(real) {}
+  const Capabilities& capabilities() const override { return real_.capabilities(); }
+  void forward(const AttentionProblem& problem) const override {
+    AttentionProblem broken = problem;
+    broken.cp.exclude_sink = false;
+    real_.forward(broken);
+  }
+  void backward(const AttentionProblem& problem) const override { real_.backward(problem); }
+
+ private:
+  const Backend& real_;
+};
+
+// It must fail these tests, at cp = 4 with a causal mask (at cp = 2 without a mask, errors
+// cancelled in the reference system's history).
 TEST(CpFeatures, SinkCountedOncePerTileFails) {
+  std::vector<SinkInEveryTile> wrapped;
+  wrapped.reserve(registered_backends().size());
+  std::vector<const Backend*> broken;
+  for (const Backend* backend : registered_backends()) {
+    wrapped.emplace_back(*backend);
+    broken.push_back(&wrapped.back());
+  }
   CaseSpec spec = softcap_sink_spec();
   const CaseTensors tensors = test::make_case(spec);
   const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
   for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
     CpConfig config;
     config.comm_type = type;
-    cp::DebugOptions wrong;
-    wrong.sink_per_tile = true;
-    CpRun bad = run_cp(spec, tensors, config, 4, wrong);
+    CpRun bad = run_cp(spec, tensors, config, 4, broken);
     CpRun good = run_cp(spec, tensors, config, 4);
     EXPECT_GT(test::relative_error(bad.out.o, reference.o), 100 * kTolerance) << to_string(type);
     EXPECT_GT(test::relative_error(bad.out.lse, reference.lse), 100 * kTolerance);
