@@ -40,7 +40,7 @@ struct FlashBackwardTraits {
   // dk/dv: 64 keys against query tiles of 32 (one query per lane for the dropout draws). Wide
   // heads accumulate dk and dv in two launches.
   static constexpr int kDkvBlockN = 64, kDkvBlockM = 32;
-  static constexpr bool kFusedDkDv = !kWide;
+  static constexpr bool kDkDvInOneLaunch = !kWide;
   static constexpr int kPad = 8;  // as the forward: conflict-free ldmatrix rows
   static constexpr int kQkStride = kHeadDimQK + kPad, kVStride = kHeadDimV + kPad;
   static constexpr int kStages = 2;

@@ -108,7 +108,7 @@ void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t st
   if (f.max_seqlen_kv > 0) {
     const dim3 dkdv_grid(unsigned((f.max_seqlen_kv + Traits::kDkvBlockN - 1) / Traits::kDkvBlockN),
                          unsigned(f.heads_kv), batch);
-    if constexpr (Traits::kFusedDkDv) {
+    if constexpr (Traits::kDkDvInOneLaunch) {
       launch_backward_kernel(flash_backward_dkdv_kernel<Traits, true, true>, dkdv_grid,
                              Traits::kThreads, Traits::kDkvSharedBytes, p, stream);
     } else {
