@@ -4,9 +4,6 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
-#include <string>
-
-#include "dpa/error.h"
 
 namespace dpa::cuda {
 namespace {
@@ -48,10 +45,9 @@ bool tensor_map_can_address(const RowTensor& t) {
          (t.dtype == DType::kBFloat16 || t.dtype == DType::kFloat16);
 }
 
-CUtensorMap encode_row_tensor_map(const RowTensor& t, int box_rows) {
+std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& t, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr)
-    throw Error(ErrorCode::kInternal, "", "the driver has no cuTensorMapEncodeTiled");
+  if (encode == nullptr) return std::nullopt;
   // Dimensions innermost first: columns, rows, heads, batch; strides of dims 1..3 in bytes.
   const cuuint64_t dims[4] = {cuuint64_t(t.dim), cuuint64_t(t.rows), cuuint64_t(t.heads),
                               cuuint64_t(t.batch)};
@@ -67,10 +63,7 @@ CUtensorMap encode_row_tensor_map(const RowTensor& t, int box_rows) {
              4, const_cast<void*>(t.base), dims, strides, box, element_strides,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    throw Error(
-        ErrorCode::kInternal, "",
-        "cuTensorMapEncodeTiled refused a tile map (CUresult " + std::to_string(int(result)) + ")");
+  if (result != CUDA_SUCCESS) return std::nullopt;
   return map;
 }
 

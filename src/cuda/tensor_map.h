@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "dpa/tensor.h"
 
@@ -25,8 +26,9 @@ struct RowTensor {
 // extents and strides within the encoder's limits.
 bool tensor_map_can_address(const RowTensor& tensor);
 
-// Encodes the map (2-byte elements; `box_rows` at most 256). Throws Error(kInternal) when the
-// driver refuses it; call tensor_map_can_address first.
-CUtensorMap encode_row_tensor_map(const RowTensor& tensor, int box_rows);
+// Encodes the map (2-byte elements; `box_rows` at most 256), or nullopt when the driver has no
+// encoder or refuses this layout: the caller then copies with cp.async, so a layout TMA cannot
+// take never fails a call the selector accepted. Call tensor_map_can_address first.
+std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& tensor, int box_rows);
 
 }  // namespace dpa::cuda

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "cuda/runtime.h"
 #include "cuda/tensor_map.h"
@@ -42,9 +43,13 @@ void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
       row_tensor(p.v, p.v_rows, p.dtype, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_v);
   if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
     return;
-  params.q_map = encode_row_tensor_map(q, shape.block_m);
-  params.k_map = encode_row_tensor_map(k, shape.block_n);
-  params.v_map = encode_row_tensor_map(v, shape.block_n);
+  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, shape.block_m);
+  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, shape.block_n);
+  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, shape.block_n);
+  if (!q_map || !k_map || !v_map) return;  // cp.async copies instead
+  params.q_map = *q_map;
+  params.k_map = *k_map;
+  params.v_map = *v_map;
   params.tma = true;
 }
 
