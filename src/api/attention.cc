@@ -97,7 +97,8 @@ Selection DotProductAttention::explain(const AttentionInputs& in, Pass pass, boo
                                        bool wants_dsoftmax_offset) const {
   AttentionProblem problem =
       build_explain_problem(config_, in, pass, wants_dbias, wants_dsoftmax_offset);
-  return select_for_problem(config_, problem, registered_backends());
+  return select_for_problem(config_, problem, registered_backends(), nullptr,
+                            /*with_plans=*/true);
 }
 
 }  // namespace dpa

@@ -90,8 +90,8 @@ struct Capabilities {
   // Further backend-specific requirements (e.g. which head-dim pairs have kernels), each a
   // reason or nullopt.
   std::vector<std::function<std::optional<std::string>(const FeatureRequest&)>> extra_rules;
-  // What the backend would run for an eligible request (kernel family, tiles), for explain()
-  // and DPA_LOG; unset: nothing to say beyond its name.
+  // What the backend would run for an eligible request (kernel family, tiles), for explain();
+  // unset: nothing to say beyond its name.
   std::function<std::string(const FeatureRequest&)> describe_plan;
 };
 

@@ -223,7 +223,6 @@ Selection select_backend(const FeatureRequest& request,
     } else {
       verdict.eligible = verdict.reasons.empty();
     }
-    if (verdict.eligible && caps->describe_plan) verdict.plan = caps->describe_plan(request);
     if (verdict.eligible && !selection.chosen) selection.chosen = caps->kind;
     selection.verdicts.push_back(std::move(verdict));
   }
@@ -285,11 +284,15 @@ std::string Selection::to_string() const {
 
 Selection select_for_problem(const AttentionConfig& config, const AttentionProblem& problem,
                              const std::vector<const Backend*>& backends,
-                             FeatureRequest* request_out) {
+                             FeatureRequest* request_out, bool with_plans) {
   FeatureRequest request = make_feature_request(problem);
   std::vector<const Capabilities*> candidates;
   for (const Backend* backend : backends) candidates.push_back(&backend->capabilities());
   Selection selection = select_backend(request, candidates, forced_backend(config.backend));
+  if (with_plans)
+    for (size_t n = 0; n < candidates.size(); ++n)
+      if (selection.verdicts[n].eligible && candidates[n]->describe_plan)
+        selection.verdicts[n].plan = candidates[n]->describe_plan(request);
   if (request_out) *request_out = request;
   return selection;
 }

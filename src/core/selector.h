@@ -31,10 +31,12 @@ void require_chosen(const Selection& selection);
 std::string describe_request(const FeatureRequest& request);
 
 // The selection for a validated problem among `backends` (fastest first): the request made
-// from the problem, the config's forced backend, every backend's verdict.
+// from the problem, the config's forced backend, every backend's verdict. `with_plans` adds
+// each eligible backend's plan (Capabilities::describe_plan) for explain(); calls skip it, so
+// no string is built on the call path.
 Selection select_for_problem(const AttentionConfig& config, const AttentionProblem& problem,
                              const std::vector<const Backend*>& backends,
-                             FeatureRequest* request_out = nullptr);
+                             FeatureRequest* request_out = nullptr, bool with_plans = false);
 
 // The backend a call runs: selects, logs the selection (DPA_LOG) and fails closed (throws
 // kNotSupported with every backend's reasons when none is eligible). The one choice that the

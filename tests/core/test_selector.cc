@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/environment.h"
+#include "core/problem_builder.h"
 #include "core/selector.h"
 #include "support/attention_case.h"
 
@@ -266,6 +267,53 @@ TEST(Selector, ExplainListsEveryRegisteredBackend) {
   EXPECT_EQ(selection.verdicts.size(), registered_backends().size());
   const std::string text = selection.to_string();
   EXPECT_NE(text.find("cpu_exact"), std::string::npos);
+}
+
+// A host backend that describes its plan: explain() shows it, a call's selection never builds it.
+class PlanningBackend : public Backend {
+ public:
+  explicit PlanningBackend(const Backend& real) : real_(real), caps_(real.capabilities()) {
+    caps_.describe_plan = [this](const FeatureRequest&) {
+      ++described_;
+      return std::string("plan of the test");
+    };
+  }
+  const Capabilities& capabilities() const override { return caps_; }
+  void forward(const AttentionProblem& p) const override { real_.forward(p); }
+  void backward(const AttentionProblem& p) const override { real_.backward(p); }
+  int described() const { return described_; }
+
+ private:
+  const Backend& real_;
+  Capabilities caps_;
+  mutable int described_ = 0;
+};
+
+TEST(Selector, PlansAreDescribedForExplainOnly) {
+  const Backend* cpu = nullptr;
+  for (const Backend* backend : registered_backends())
+    if (backend->capabilities().kind == BackendKind::kCpu) cpu = backend;
+  ASSERT_NE(cpu, nullptr);
+  const PlanningBackend planning(*cpu);
+  const std::vector<const Backend*> backends = {&planning};
+  test::CaseSpec spec;
+  test::CaseTensors t = test::make_case(spec);
+  ForwardArgs args;
+  args.in = t.inputs();
+  test::HostTensor o(spec.dtype, {spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim_v});
+  test::HostTensor lse(DType::kFloat32, {spec.batch, spec.heads_q, spec.seqlen_q});
+  args.o = o.view();
+  args.lse = lse.view();
+  const AttentionProblem problem = build_forward_problem(spec.config, args, 0.0, RngState{});
+  const Backend& chosen = choose_backend(spec.config, problem, backends);
+  EXPECT_EQ(&chosen, &planning);
+  EXPECT_EQ(planning.described(), 0);  // nothing built on the call path
+  const Selection explained =
+      select_for_problem(spec.config, problem, backends, nullptr, /*with_plans=*/true);
+  EXPECT_EQ(planning.described(), 1);
+  ASSERT_EQ(explained.verdicts.size(), 1u);
+  EXPECT_EQ(explained.verdicts[0].plan, "plan of the test");
+  EXPECT_NE(explained.to_string().find("runs: plan of the test"), std::string::npos);
 }
 
 }  // namespace
