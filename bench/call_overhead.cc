@@ -16,6 +16,8 @@
 
 #if defined(DPA_WITH_CUDA)
 #include <cuda_runtime_api.h>
+
+#include "cuda/runtime.h"
 #endif
 
 namespace {
@@ -23,32 +25,22 @@ namespace {
 constexpr int64_t kBatch = 1, kQueries = 1, kHeads = 8, kDim = 128;
 
 struct Buffers {
+  explicit Buffers(dpa::Device on) : device(on) {}
   dpa::Device device;
-  std::vector<void*> owned;
+  std::vector<std::vector<char>> host;
+#if defined(DPA_WITH_CUDA)
+  std::vector<dpa::cuda::DeviceMemory> on_device;
+#endif
   void* make(size_t bytes) {
-    void* data = nullptr;
 #if defined(DPA_WITH_CUDA)
     if (device == dpa::Device::kCUDA) {
-      cudaMalloc(&data, bytes);
-      cudaMemset(data, 0, bytes);
-      owned.push_back(data);
-      return data;
+      on_device.emplace_back(bytes, 0);
+      cudaMemset(on_device.back().get(), 0, bytes);
+      return on_device.back().get();
     }
 #endif
-    data = new char[bytes]();
-    owned.push_back(data);
-    return data;
-  }
-  ~Buffers() {
-    for (void* data : owned) {
-#if defined(DPA_WITH_CUDA)
-      if (device == dpa::Device::kCUDA) {
-        cudaFree(data);
-        continue;
-      }
-#endif
-      delete[] static_cast<char*>(data);
-    }
+    host.emplace_back(bytes);
+    return host.back().data();
   }
 };
 
@@ -86,7 +78,7 @@ int main(int argc, char** argv) {
   }
   const dpa::DType dtype =
       device == dpa::Device::kCUDA ? dpa::DType::kBFloat16 : dpa::DType::kFloat32;
-  Buffers buffers{device, {}};
+  Buffers buffers(device);
   auto tensor = [&](std::initializer_list<int64_t> shape, dpa::DType type) {
     int64_t count = 1;
     for (int64_t extent : shape) count *= extent;

@@ -26,6 +26,7 @@
 #include "cpu/cpu_backends.h"
 #include "cuda/cuda_backends.h"
 #include "cuda/cuda_check.h"
+#include "cuda/runtime.h"
 
 namespace {
 
@@ -46,23 +47,23 @@ struct Features {
 };
 
 struct DeviceTensor {
-  void* data = nullptr;
   size_t bytes = 0;
+  cuda::DeviceMemory memory;
   TensorView view;
   DeviceTensor(DType dtype, std::vector<int64_t> shape) {
     int64_t n = 1;
     for (auto s : shape) n *= s;
     bytes = size_t(n) * dtype_size(dtype);
-    DPA_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(bytes, 16)));
-    view = TensorView::contiguous(data, dtype, shape.data(), int(shape.size()), Device::kCUDA);
+    memory = cuda::DeviceMemory(std::max<size_t>(bytes, 16), 0);
+    view =
+        TensorView::contiguous(memory.get(), dtype, shape.data(), int(shape.size()), Device::kCUDA);
   }
-  ~DeviceTensor() { cudaFree(data); }
   void upload(const std::vector<unsigned char>& host) {
-    DPA_CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
+    DPA_CUDA_CHECK(cudaMemcpy(memory.get(), host.data(), bytes, cudaMemcpyHostToDevice));
   }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> host(bytes);
-    DPA_CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
+    DPA_CUDA_CHECK(cudaMemcpy(host.data(), memory.get(), bytes, cudaMemcpyDeviceToHost));
     return host;
   }
 };
@@ -137,9 +138,11 @@ double run_flash(const Shape& s, const Features& f, Run& run, int timing_iters, 
   q.upload(run.q);
   k.upload(run.k);
   v.upload(run.v);
-  DPA_CUDA_CHECK(cudaMemcpy(sink.data, run.sink.data(), sink.bytes, cudaMemcpyHostToDevice));
-  DPA_CUDA_CHECK(cudaMemcpy(slopes.data, run.slopes.data(), slopes.bytes, cudaMemcpyHostToDevice));
-  DPA_CUDA_CHECK(cudaMemset(o.data, 0xff, o.bytes));  // poison: NaN bf16
+  DPA_CUDA_CHECK(
+      cudaMemcpy(sink.memory.get(), run.sink.data(), sink.bytes, cudaMemcpyHostToDevice));
+  DPA_CUDA_CHECK(
+      cudaMemcpy(slopes.memory.get(), run.slopes.data(), slopes.bytes, cudaMemcpyHostToDevice));
+  DPA_CUDA_CHECK(cudaMemset(o.memory.get(), 0xff, o.bytes));  // poison: NaN bf16
 
   ForwardArgs args;
   args.in.q = q.view;
@@ -244,7 +247,7 @@ void time_backward(const Shape& s, const Features& f, const std::vector<std::str
   d_o.upload(random_bf16(no, rng, 1.0));
   std::vector<float> offsets(size_t(s.H));
   for (auto& x : offsets) x = float(std::normal_distribution<double>(0, 5)(rng));
-  DPA_CUDA_CHECK(cudaMemcpy(sink.data, offsets.data(), sink.bytes, cudaMemcpyHostToDevice));
+  DPA_CUDA_CHECK(cudaMemcpy(sink.memory.get(), offsets.data(), sink.bytes, cudaMemcpyHostToDevice));
 
   ForwardArgs fwd;
   fwd.in.q = q.view;

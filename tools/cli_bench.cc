@@ -23,6 +23,7 @@
 
 #include "core/attention_math.h"
 #include "core/float_convert.h"
+#include "cuda/runtime.h"
 #endif
 
 namespace dpa::cli {
@@ -324,21 +325,19 @@ void check(cudaError_t status, const char* what) {
                 std::string(what) + " failed: " + cudaGetErrorString(status));
 }
 
-// Device memory for one configuration.
-class DeviceMemory {
+// A random tensor in device memory for one configuration.
+class BenchTensor {
  public:
-  DeviceMemory(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  BenchTensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
     int64_t count = 1;
     for (int64_t extent : shape_) count *= extent;
     bytes_ = size_t(count) * dtype_size(dtype);
-    check(cudaMalloc(&data_, std::max<size_t>(bytes_, 16)), "cudaMalloc");
+    memory_ = cuda::DeviceMemory(std::max<size_t>(bytes_, 16), 0);
   }
-  ~DeviceMemory() { cudaFree(data_); }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
 
   TensorView view() const {
-    return TensorView::contiguous(data_, dtype_, shape_.data(), int(shape_.size()), Device::kCUDA);
+    return TensorView::contiguous(memory_.get(), dtype_, shape_.data(), int(shape_.size()),
+                                  Device::kCUDA);
   }
   size_t bytes() const { return bytes_; }
 
@@ -358,7 +357,7 @@ class DeviceMemory {
     if (dtype_ == DType::kFloat32) {
       std::vector<float> host(count);
       for (float& x : host) x = float(stddev * normal());
-      check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+      check(cudaMemcpy(memory_.get(), host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
       return;
     }
     std::vector<uint16_t> host(count);
@@ -366,14 +365,14 @@ class DeviceMemory {
       const float value = float(stddev * normal());
       x = dtype_ == DType::kBFloat16 ? float_to_bf16(value) : float_to_half(value);
     }
-    check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(memory_.get(), host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
 
  private:
   DType dtype_;
   std::vector<int64_t> shape_;
-  void* data_ = nullptr;
   size_t bytes_ = 0;
+  cuda::DeviceMemory memory_;
 };
 
 class Stream {
@@ -406,15 +405,15 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   BenchResult r;
   r.shape = s;
   const int64_t b = s.batch, sq = s.seqlen_q, skv = s.seqlen_kv;
-  DeviceMemory q(o.dtype, {b, sq, s.heads_q, s.head_dim_qk});
-  DeviceMemory k(o.dtype, {b, skv, s.heads_kv, s.head_dim_qk});
-  DeviceMemory v(o.dtype, {b, skv, s.heads_kv, s.head_dim_v});
-  DeviceMemory out(o.dtype, {b, sq, s.heads_q, s.head_dim_v});
-  DeviceMemory lse(DType::kFloat32, {b, s.heads_q, sq});
+  BenchTensor q(o.dtype, {b, sq, s.heads_q, s.head_dim_qk});
+  BenchTensor k(o.dtype, {b, skv, s.heads_kv, s.head_dim_qk});
+  BenchTensor v(o.dtype, {b, skv, s.heads_kv, s.head_dim_v});
+  BenchTensor out(o.dtype, {b, sq, s.heads_q, s.head_dim_v});
+  BenchTensor lse(DType::kFloat32, {b, s.heads_q, sq});
   q.fill_random(seed * 16 + 1, 1.0);
   k.fill_random(seed * 16 + 2, 1.0);
   v.fill_random(seed * 16 + 3, 1.0);
-  std::optional<DeviceMemory> offsets;
+  std::optional<BenchTensor> offsets;
   if (o.config.softmax_type == SoftmaxType::kLearnable) {
     offsets.emplace(DType::kFloat32, std::vector<int64_t>{s.heads_q});
     offsets->fill_random(seed * 16 + 4, 2.0);
@@ -432,7 +431,7 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   fwd.stream = stream.get();
 
   const bool needs_backward = o.pass != BenchPass::kForward;
-  std::optional<DeviceMemory> d_o, dq, dk, dv, d_offsets;
+  std::optional<BenchTensor> d_o, dq, dk, dv, d_offsets;
   BackwardArgs bwd;
   if (needs_backward) {
     d_o.emplace(o.dtype, std::vector<int64_t>{b, sq, s.heads_q, s.head_dim_v});

@@ -55,8 +55,9 @@ DeviceArray::DeviceArray(const npy::Array& host, Device device) : host_(host), d
   if (device_ == Device::kCPU) return;
 #if defined(DPA_WITH_CUDA)
   if (!host_.bytes.empty()) {
-    check(cudaMalloc(&device_data_, host_.bytes.size()), "cudaMalloc");
-    check(cudaMemcpy(device_data_, host_.bytes.data(), host_.bytes.size(), cudaMemcpyHostToDevice),
+    device_data_ = cuda::DeviceMemory(host_.bytes.size(), 0);
+    check(cudaMemcpy(device_data_.get(), host_.bytes.data(), host_.bytes.size(),
+                     cudaMemcpyHostToDevice),
           "cudaMemcpy");
   }
   // Keep shape and dtype; the device holds the data.
@@ -70,16 +71,13 @@ DeviceArray::DeviceArray(const npy::Array& host, Device device) : host_(host), d
 DeviceArray::DeviceArray(DType dtype, std::vector<int64_t> shape, Device device)
     : DeviceArray(npy::Array(dtype, std::move(shape)), device) {}
 
-DeviceArray::~DeviceArray() {
-#if defined(DPA_WITH_CUDA)
-  if (device_data_) cudaFree(device_data_);
-#endif
-}
-
 TensorView DeviceArray::view() const {
   if (device_ == Device::kCPU) return host_.view();
   static unsigned char empty_storage[8];  // a defined view of zero elements
-  void* data = device_data_ ? device_data_ : static_cast<void*>(empty_storage);
+  void* data = static_cast<void*>(empty_storage);
+#if defined(DPA_WITH_CUDA)
+  if (device_data_.get() != nullptr) data = device_data_.get();
+#endif
   return TensorView::contiguous(data, host_.dtype, host_.shape.data(), host_.ndim(), device_);
 }
 
@@ -88,8 +86,9 @@ npy::Array DeviceArray::to_host() const {
   npy::Array out(host_.dtype, host_.shape);
 #if defined(DPA_WITH_CUDA)
   if (!out.bytes.empty()) {
-    check(cudaMemcpy(out.bytes.data(), device_data_, out.bytes.size(), cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
+    check(
+        cudaMemcpy(out.bytes.data(), device_data_.get(), out.bytes.size(), cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
   }
 #endif
   return out;

@@ -7,6 +7,9 @@
 
 #include "dpa/tensor.h"
 #include "npy.h"
+#if defined(DPA_WITH_CUDA)
+#include "cuda/runtime.h"
+#endif
 
 namespace dpa::cli {
 
@@ -22,9 +25,6 @@ class DeviceArray {
  public:
   DeviceArray(const npy::Array& host, Device device);
   DeviceArray(DType dtype, std::vector<int64_t> shape, Device device);
-  ~DeviceArray();
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
 
   TensorView view() const;
   npy::Array to_host() const;
@@ -32,7 +32,9 @@ class DeviceArray {
  private:
   npy::Array host_;  // the storage itself on the host; shape and dtype only on a device
   Device device_;
-  void* device_data_ = nullptr;
+#if defined(DPA_WITH_CUDA)
+  cuda::DeviceMemory device_data_;  // empty for zero bytes
+#endif
 };
 
 }  // namespace dpa::cli

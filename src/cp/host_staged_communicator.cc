@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda/device_buffer.h"
 #include "dpa/error.h"
 #include "dpa/nccl.h"
 
@@ -27,30 +28,11 @@ void check(cudaError_t error, const std::string& what) {
   throw staging_error(what, error);
 }
 
-// Device memory ordered on the communicator's stream (allocated and freed there), so it is
-// never released while an operation that uses it may still run.
-class StreamBuffer {
- public:
-  StreamBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) check(cudaMallocAsync(&data_, bytes, stream), "cudaMallocAsync");
-  }
-  ~StreamBuffer() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
-  }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  void* get() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 // One staged operation: the inner handle, its device buffers, and where its output goes.
 class StagedRequest final : public CommRequest {
  public:
-  StagedRequest(CommHandle inner, std::unique_ptr<StreamBuffer> input,
-                std::unique_ptr<StreamBuffer> output, void* host_output, size_t output_bytes)
+  StagedRequest(CommHandle inner, std::unique_ptr<cuda::DeviceBuffer> input,
+                std::unique_ptr<cuda::DeviceBuffer> output, void* host_output, size_t output_bytes)
       : input_(std::move(input)),
         output_(std::move(output)),
         host_output_(host_output),
@@ -81,7 +63,7 @@ class StagedRequest final : public CommRequest {
   }
 
  private:
-  std::unique_ptr<StreamBuffer> input_, output_;
+  std::unique_ptr<cuda::DeviceBuffer> input_, output_;
   void* host_output_;
   size_t output_bytes_;
   bool done_ = false;
@@ -105,7 +87,7 @@ class HostStagedCommunicator final : public Communicator {
   }
 
   CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
-    auto output = std::make_unique<StreamBuffer>(bytes, stream_);
+    auto output = stream_buffer(bytes);
     CommHandle inner = inner_.recv(output->get(), bytes, peer, tag);
     return finish(std::move(inner), nullptr, std::move(output), data, bytes);
   }
@@ -122,7 +104,7 @@ class HostStagedCommunicator final : public Communicator {
   CommHandle all_gather(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
     auto input = upload(send_data, bytes_per_rank);
     const size_t total = bytes_per_rank * size_t(size());
-    auto output = std::make_unique<StreamBuffer>(total, stream_);
+    auto output = stream_buffer(total);
     CommHandle inner = inner_.all_gather(input->get(), output->get(), bytes_per_rank);
     return finish(std::move(inner), std::move(input), std::move(output), recv_data, total);
   }
@@ -133,7 +115,7 @@ class HostStagedCommunicator final : public Communicator {
             "must not be negative, got " + std::to_string(count_per_rank));
     const size_t block = size_t(count_per_rank) * dtype_size(dtype);
     auto input = upload(send_data, block * size_t(size()));
-    auto output = std::make_unique<StreamBuffer>(block, stream_);
+    auto output = stream_buffer(block);
     CommHandle inner = inner_.reduce_scatter(input->get(), output->get(), count_per_rank, dtype);
     return finish(std::move(inner), std::move(input), std::move(output), recv_data, block);
   }
@@ -141,26 +123,32 @@ class HostStagedCommunicator final : public Communicator {
   CommHandle all_to_all(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
     const size_t total = bytes_per_rank * size_t(size());
     auto input = upload(send_data, total);
-    auto output = std::make_unique<StreamBuffer>(total, stream_);
+    auto output = stream_buffer(total);
     CommHandle inner = inner_.all_to_all(input->get(), output->get(), bytes_per_rank);
     return finish(std::move(inner), std::move(input), std::move(output), recv_data, total);
   }
 
  private:
+  // Device memory ordered on the communicator's stream (allocated and freed there), so it is
+  // never released while an operation that uses it may still run.
+  std::unique_ptr<cuda::DeviceBuffer> stream_buffer(size_t bytes) const {
+    return std::make_unique<cuda::DeviceBuffer>(cuda::DeviceBuffer::stream_ordered(bytes, stream_));
+  }
+
   // A device copy of `bytes` host bytes, ordered on the stream before the operation that reads
   // it. From pageable memory the copy may run synchronously (the caller keeps inputs unchanged
   // until wait() anyway, as every communicator requires). cudaMemcpyDefault also takes a device
   // pointer.
-  std::unique_ptr<StreamBuffer> upload(const void* data, size_t bytes) {
-    auto buffer = std::make_unique<StreamBuffer>(bytes, stream_);
+  std::unique_ptr<cuda::DeviceBuffer> upload(const void* data, size_t bytes) {
+    auto buffer = stream_buffer(bytes);
     if (bytes > 0)
       check(cudaMemcpyAsync(buffer->get(), data, bytes, cudaMemcpyDefault, stream_),
             "copying the input to the device");
     return buffer;
   }
 
-  static CommHandle finish(CommHandle inner, std::unique_ptr<StreamBuffer> input,
-                           std::unique_ptr<StreamBuffer> output, void* host_output,
+  static CommHandle finish(CommHandle inner, std::unique_ptr<cuda::DeviceBuffer> input,
+                           std::unique_ptr<cuda::DeviceBuffer> output, void* host_output,
                            size_t output_bytes) {
     return std::make_unique<StagedRequest>(std::move(inner), std::move(input), std::move(output),
                                            host_output, output_bytes);

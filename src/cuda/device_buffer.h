@@ -18,11 +18,12 @@ namespace dpa::cuda {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(size_t bytes, cudaStream_t stream) : stream_(stream), bytes_(bytes) {
-    if (bytes == 0) return;
-    if (WorkspaceArena* arena = WorkspaceArena::current()) data_ = arena->take(bytes);
-    owned_ = data_ == nullptr;
-    if (owned_) DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+  DeviceBuffer(size_t bytes, cudaStream_t stream)
+      : DeviceBuffer(bytes, stream, WorkspaceArena::current()) {}
+  // Memory of its own even inside a WorkspaceScope, for buffers that the caller's workspace was
+  // not sized for (a communicator's staging).
+  static DeviceBuffer stream_ordered(size_t bytes, cudaStream_t stream) {
+    return DeviceBuffer(bytes, stream, nullptr);
   }
   ~DeviceBuffer() {
     if (data_ && owned_) cudaFreeAsync(data_, stream_);
@@ -45,6 +46,14 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
 
  private:
+  DeviceBuffer(size_t bytes, cudaStream_t stream, WorkspaceArena* arena)
+      : stream_(stream), bytes_(bytes) {
+    if (bytes == 0) return;
+    if (arena != nullptr) data_ = arena->take(bytes);
+    owned_ = data_ == nullptr;
+    if (owned_) DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+  }
+
   void* data_ = nullptr;
   cudaStream_t stream_ = nullptr;
   size_t bytes_ = 0;

@@ -39,8 +39,10 @@ class DeviceGuard {
   int current_ = -1;
 };
 
-// Device memory for host-staged work (context parallelism with virtual ranks on one GPU):
-// allocated on `device_index`, freed on destruction. Zero bytes allocate nothing.
+// Device memory allocated on `device_index` (cudaMalloc) and freed on destruction: the one owner
+// of synchronous allocations (host-staged CP, the CP ring's workspace, the CLI, the benches
+// and the GPU tests). Stream-ordered and caller-workspace buffers are DeviceBuffer
+// (device_buffer.h). Zero bytes allocate nothing.
 class DeviceMemory {
  public:
   DeviceMemory() = default;

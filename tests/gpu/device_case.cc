@@ -39,10 +39,6 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
-TensorView device_view(void* data, DType dtype, const std::vector<int64_t>& shape) {
-  return TensorView::contiguous(data, dtype, shape.data(), int(shape.size()), Device::kCUDA);
-}
-
 // The device inputs of one case; optional tensors stay undefined when the case has none.
 struct DeviceInputs {
   DeviceTensor q, k, v, d_o;
@@ -118,52 +114,6 @@ bool gpu_present(std::string* why) {
 bool reference_only_mode() {
   const char* value = std::getenv("DPA_GPU_TESTS_REFERENCE_ONLY");
   return value && *value && std::string(value) != "0";
-}
-
-DeviceTensor::DeviceTensor(DType dtype, std::vector<int64_t> shape) : shape_(std::move(shape)) {
-  int64_t count = 1;
-  for (int64_t extent : shape_) count *= extent;
-  bytes_ = size_t(count) * dtype_size(dtype);
-  // At least one allocation granule, so that a zero-element tensor has a real pointer.
-  check(cudaMalloc(&data_, bytes_ > 0 ? bytes_ : 16), "cudaMalloc");
-  view_ = device_view(data_, dtype, shape_);
-  poison();
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-}
-
-DeviceTensor::DeviceTensor(const HostTensor& host) : DeviceTensor(host.dtype(), host.shape()) {
-  if (bytes_ > 0)
-    check(cudaMemcpy(data_, host.view().data, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
-}
-
-DeviceTensor::~DeviceTensor() {
-  if (data_) cudaFree(data_);
-}
-
-DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept { *this = std::move(other); }
-
-DeviceTensor& DeviceTensor::operator=(DeviceTensor&& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(bytes_, other.bytes_);
-  std::swap(shape_, other.shape_);
-  std::swap(view_, other.view_);
-  return *this;
-}
-
-void DeviceTensor::poison(void* stream) {
-  if (bytes_ > 0)
-    check(cudaMemsetAsync(data_, 0xFF, bytes_, static_cast<cudaStream_t>(stream)),
-          "cudaMemsetAsync");
-}
-
-HostTensor DeviceTensor::download(void* stream) const {
-  HostTensor host(view_.dtype, shape_);
-  auto cuda_stream = static_cast<cudaStream_t>(stream);
-  if (bytes_ > 0)
-    check(cudaMemcpyAsync(host.view().data, data_, bytes_, cudaMemcpyDeviceToHost, cuda_stream),
-          "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(cuda_stream), "cudaStreamSynchronize");
-  return host;
 }
 
 CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendKind backend,

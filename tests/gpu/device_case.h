@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "support/attention_case.h"
+#include "support/device_tensor.h"
 #include "support/host_tensor.h"
 
 namespace dpa::test {
@@ -20,33 +21,6 @@ bool gpu_present(std::string* why);
 // checks and the reference itself), then skip. For tuning inputs and timing the oracle on a
 // machine without a GPU; the default is off.
 bool reference_only_mode();
-
-// An owning, contiguous device tensor. Zero-element tensors still get a (tiny) allocation so
-// that their view is defined.
-class DeviceTensor {
- public:
-  DeviceTensor() = default;
-  explicit DeviceTensor(const HostTensor& host);          // a copy of `host`
-  DeviceTensor(DType dtype, std::vector<int64_t> shape);  // poisoned (see poison())
-  ~DeviceTensor();
-  DeviceTensor(DeviceTensor&& other) noexcept;
-  DeviceTensor& operator=(DeviceTensor&& other) noexcept;
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-
-  bool defined() const { return data_ != nullptr; }
-  const TensorView& view() const { return view_; }
-  // Fills every byte with 0xFF: NaN in fp16, bf16 and fp32, so an element a backend forgets to
-  // write shows up as NaN after download.
-  void poison(void* stream = nullptr);
-  HostTensor download(void* stream = nullptr) const;
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  std::vector<int64_t> shape_;
-  TensorView view_;
-};
 
 // Runs forward (and backward when `backward`) of `spec` on `backend` with every tensor of the
 // case on the device (cu_seqlens, sink offsets, ALiBi slopes, bias and mask too), on a

@@ -21,12 +21,14 @@
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
+#include "support/device_tensor.h"
 
 namespace dpa::nccl_test {
 namespace {
 
 using test::CaseSpec;
 using test::CaseTensors;
+using test::DeviceTensor;
 using test::HostTensor;
 using Clock = std::chrono::steady_clock;
 
@@ -34,49 +36,6 @@ void cuda_ok(cudaError_t error, const char* what) {
   if (error != cudaSuccess)
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
 }
-
-// A tensor in this rank's GPU memory (poisoned with 0xFF: NaN, when not copied from the host).
-class DeviceCopy {
- public:
-  DeviceCopy() = default;
-  DeviceCopy(DType dtype, const std::vector<int64_t>& shape, int device) : shape_(shape) {
-    int64_t count = 1;
-    for (int64_t extent : shape) count *= extent;
-    bytes_ = size_t(count) * dtype_size(dtype);
-    cuda_ok(cudaMalloc(&data_, std::max<size_t>(bytes_, 1)), "cudaMalloc");
-    cuda_ok(cudaMemset(data_, 0xFF, std::max<size_t>(bytes_, 1)), "cudaMemset");
-    view_ = TensorView::contiguous(data_, dtype, shape.data(), int(shape.size()), Device::kCUDA);
-    view_.device_index = device;
-  }
-  DeviceCopy(const HostTensor& host, int device) : DeviceCopy(host.dtype(), host.shape(), device) {
-    cuda_ok(cudaMemcpy(data_, host.view().data, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  ~DeviceCopy() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  DeviceCopy(DeviceCopy&& other) noexcept { *this = std::move(other); }
-  DeviceCopy& operator=(DeviceCopy&& other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(bytes_, other.bytes_);
-    std::swap(shape_, other.shape_);
-    std::swap(view_, other.view_);
-    return *this;
-  }
-  bool defined() const { return data_ != nullptr; }
-  const TensorView& view() const { return view_; }
-  HostTensor download() const {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    HostTensor host(view_.dtype, shape_);
-    cuda_ok(cudaMemcpy(host.view().data, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    return host;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  std::vector<int64_t> shape_;
-  TensorView view_;
-};
 
 // The forward and backward outputs of one call; `lse_shape` as the backends store it.
 struct Outputs {
@@ -105,10 +64,10 @@ class DeviceCall {
         dk_(spec.dtype, k.shape(), device),
         dv_(spec.dtype, v.shape(), device) {
     if (t.softmax_offset.defined()) {
-      offsets_ = DeviceCopy(t.softmax_offset, device);
-      dalpha_ = DeviceCopy(DType::kFloat32, {spec.heads_q}, device);
+      offsets_ = DeviceTensor(t.softmax_offset, device);
+      dalpha_ = DeviceTensor(DType::kFloat32, {spec.heads_q}, device);
     }
-    if (t.alibi_slopes.defined()) slopes_ = DeviceCopy(t.alibi_slopes, device);
+    if (t.alibi_slopes.defined()) slopes_ = DeviceTensor(t.alibi_slopes, device);
     in_ = t.inputs();  // host sequence tables (unsharded lengths)
     in_.q = q_.view();
     in_.k = k_.view();
@@ -164,7 +123,7 @@ class DeviceCall {
   }
 
  private:
-  DeviceCopy q_, k_, v_, d_o_, o_, lse_, dq_, dk_, dv_, offsets_, dalpha_, slopes_;
+  DeviceTensor q_, k_, v_, d_o_, o_, lse_, dq_, dk_, dv_, offsets_, dalpha_, slopes_;
   AttentionInputs in_;
   uint64_t seed_ = 0;
 };
@@ -510,8 +469,8 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   const Times ring = run_cp(*nccl, 20);
   // One ring transfer of the backward's fp32 dK and dV (what the last step cannot hide).
   const size_t dkv_bytes = size_t(2 * per_gpu * together.heads_kv * together.head_dim_qk) * 4;
-  DeviceCopy send_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
-  DeviceCopy recv_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
+  DeviceTensor send_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
+  DeviceTensor recv_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
   const double transfer_s = median_seconds(10, [&] {
     const int next = (env.rank + 1) % cp, previous = (env.rank + cp - 1) % cp;
     CommHandle sent = nccl->send(send_buffer.view().data, dkv_bytes, next, 0);

@@ -29,6 +29,7 @@ extern char** environ;
 #include <thread>
 #include <vector>
 
+#include "cuda/runtime.h"
 #include "dpa/error.h"
 #include "dpa/nccl.h"
 #include "nccl/nccl_cp.h"
@@ -75,33 +76,33 @@ std::vector<uint8_t> pattern_bytes(int source, int destination, int what, size_t
   return out;
 }
 
+// Bytes on this process's GPU (owned by a dpa::cuda::DeviceMemory).
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    cuda_check(cudaMalloc(&data_, bytes ? bytes : 1), "cudaMalloc");
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    memory_ = dpa::cuda::DeviceMemory(bytes ? bytes : 1, device);
     // Poison: a receive that never lands reads as 0xA5, not as a stale right answer.
-    cuda_check(cudaMemset(data_, 0xA5, bytes ? bytes : 1), "cudaMemset");
+    cuda_check(cudaMemset(get(), 0xA5, bytes ? bytes : 1), "cudaMemset");
   }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return data_; }
+  void* get() const { return memory_.get(); }
   size_t bytes() const { return bytes_; }
   template <typename T>
   void upload(const std::vector<T>& host) {
     check(host.size() * sizeof(T) == bytes_, "upload size");
-    cuda_check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(get(), host.data(), bytes_, cudaMemcpyHostToDevice), "upload");
   }
   template <typename T>
   std::vector<T> download() const {
     std::vector<T> host(bytes_ / sizeof(T));
-    cuda_check(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost), "download");
+    cuda_check(cudaMemcpy(host.data(), get(), bytes_, cudaMemcpyDeviceToHost), "download");
     return host;
   }
 
  private:
-  void* data_ = nullptr;
   size_t bytes_ = 0;
+  dpa::cuda::DeviceMemory memory_;
 };
 
 void expect_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
