@@ -8,7 +8,10 @@ repository root after changing the instantiated N values.
 import pathlib
 
 WIDTHS = (32, 64, 96, 128, 192, 256)
-MN_MAJOR_WIDTHS = (32, 64)
+MN_MAJOR_WIDTHS = (32, 64, 128)
+# A K-major, B MN-major: the wide fused backward's dv += P^T dO and dk += dU^T Q with P^T and
+# dU^T in shared memory (flash_backward_sm90_fused_wide.cuh).
+B_MN_MAJOR_WIDTHS = (128,)
 ELEMENTS = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 
@@ -21,7 +24,7 @@ def constraints(n):
     return ", ".join(f'"+f"(d[{t}][{e}])' for t in range(tiles) for e in range(4))
 
 
-def wrapper(element, ptx_type, n, a_in_registers, mn_major=False):
+def wrapper(element, ptx_type, n, a_in_registers, mn_major=False, b_mn_major=False):
     count = n // 2
     if a_in_registers:
         a_operands = "{" + ", ".join(f"%{count + i}" for i in range(4)) + "}"
@@ -37,12 +40,13 @@ def wrapper(element, ptx_type, n, a_in_registers, mn_major=False):
         a_operands = f"%{count}"
         b_operand = f"%{count + 1}"
         scale = count + 2
-        # scale-a, scale-b, transpose-a, transpose-b: both K-major, or both MN-major
-        tail = "p, 1, 1, 1, 1" if mn_major else "p, 1, 1, 0, 0"
+        # scale-a, scale-b, transpose-a, transpose-b: both K-major, both MN-major, or B alone
+        tail = "p, 1, 1, 1, 1" if mn_major else ("p, 1, 1, 0, 1" if b_mn_major else "p, 1, 1, 0, 0")
         inputs = '"l"(a_descriptor), "l"(b_descriptor), "r"(int(accumulate))'
         signature = ("float (&d)[%d][4], uint64_t a_descriptor, uint64_t b_descriptor, "
                      "bool accumulate" % (n // 8))
-        name = "WgmmaSharedSharedMnMajor" if mn_major else "WgmmaSharedShared"
+        name = ("WgmmaSharedSharedMnMajor" if mn_major else
+                "WgmmaSharedSharedBMnMajor" if b_mn_major else "WgmmaSharedShared")
     return f"""template <>
 struct {name}<{element}, {n}> {{
   static __device__ __forceinline__ void run({signature}) {{
@@ -70,6 +74,9 @@ def main():
     for element, ptx_type in ELEMENTS:
         for n in MN_MAJOR_WIDTHS:
             parts.append(wrapper(element, ptx_type, n, False, mn_major=True))
+    for element, ptx_type in ELEMENTS:
+        for n in B_MN_MAJOR_WIDTHS:
+            parts.append(wrapper(element, ptx_type, n, False, b_mn_major=True))
     parts.append("// clang-format on\n")
     out = pathlib.Path("src/cuda/ptx/wgmma_ops.inc")
     out.write_text("\n".join(parts))

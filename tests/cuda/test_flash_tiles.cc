@@ -107,14 +107,21 @@ TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
     EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kFused);
     EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, requested), F::kWgmmaWs);
     EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kWgmmaWs);
-    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kMmaSync);
+    // Head dim 256: the fused kernel's wide form, never against determinism or dropout.
+    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kFused);
+    EXPECT_EQ(flash_backward_family(90, 256, 256, true, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(90, 256, 256, false, true, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(80, 256, 256, false, false, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(90, 192, 128, false, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(90, 192, 192, false, false, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
   }
   for (F requested : {F::kMmaSync, F::kWgmma, F::kWgmmaWs}) {
     EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), requested);
     EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), requested);
     EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
+    // The pairs have no wgmma form at head dim 256.
+    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kMmaSync);
   }
 }
 

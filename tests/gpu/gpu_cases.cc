@@ -171,6 +171,17 @@ std::vector<GpuCase> gpu_cases() {
       make("hdim192_bf16", all({head_dims(192, 192), sizes(2, 97, 160, 4, 2, 192)})),
       make("hdim256_bf16", all({sizes(2, 97, 160, 4, 2, 256)})),
       make("hdim256_fp16", all({sizes(2, 64, 200, 4, 2, 256), head_dims(256, 256, fp16)})),
+      // Head dim 256 with the features of the fused backward's wide form (Hopper).
+      make("hdim256_sink_softcap_causal",
+           all({sizes(2, 97, 160, 4, 2, 256), softmax(SoftmaxType::kLearnable), softcap(5),
+                qk(2.0), mask(MaskType::kCausal)}),
+           softmax(SoftmaxType::kVanilla)),
+      make("hdim256_window_gqa_fp16",
+           all({sizes(1, 200, 260, 8, 2, 256), head_dims(256, 256, fp16), window(40, 8)}),
+           no_window()),
+      make("hdim256_thd_alibi",
+           all({thd(true), head_dims(256, 256), mask(MaskType::kPaddingCausal), alibi(false)}),
+           no_alibi()),
       make("mla192x128_bf16", head_dims(192, 128)),
       make("mla192x128_causal_fp16", all({head_dims(192, 128, fp16), mask(MaskType::kCausal)})),
 

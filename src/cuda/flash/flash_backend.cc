@@ -26,7 +26,7 @@ std::string describe_flash_plan(const FeatureRequest& r) {
                                     cuda::requested_backward_family(r.flash_backward_kernel));
     switch (family) {
       case cuda::FlashBackwardFamily::kFused:
-        return "backward kernel family fused (one kernel per 128 keys, fp32 dq reductions)";
+        return "backward kernel family fused (one kernel per key block, fp32 dq reductions)";
       case cuda::FlashBackwardFamily::kWgmmaWs:
         return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)";
       case cuda::FlashBackwardFamily::kWgmma:

@@ -285,16 +285,19 @@ __device__ __forceinline__ bool tile_fully_visible(const FlashForwardParams& p, 
   return true;
 }
 
-// Writes a consumer's packed dU^T operands (its 64 keys from `key_row0`, 64 query columns) into
-// a 128-byte-swizzled key-major tile: operand word (kk, e) holds rows g + 8 (e & 1) of n8 tile
-// 2 kk + e / 2, columns 2q and 2q + 1.
-__device__ __forceinline__ void store_key_major_operands(uint32_t tile, const uint32_t (&a)[4][4],
-                                                         int row, int quad_col) {
+// Writes a consumer's packed operands (dU^T or P^T: its 64 keys from `key_row0`, kSteps * 16
+// query columns from 8 * first_chunk) into a 128-byte-swizzled key-major tile of 64 query
+// columns: operand word (kk, e) holds rows g + 8 (e & 1) of n8 tile 2 kk + e / 2, columns 2q and
+// 2q + 1.
+template <int kSteps>
+__device__ __forceinline__ void store_key_major_operands(uint32_t tile,
+                                                         const uint32_t (&a)[kSteps][4], int row,
+                                                         int quad_col, int first_chunk = 0) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
+  for (int kk = 0; kk < kSteps; ++kk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = row + 8 * (e & 1), t = 2 * kk + e / 2;
+      const int r = row + 8 * (e & 1), t = first_chunk + 2 * kk + e / 2;
       const uint32_t address = tile + r * 128 + ((t ^ (r % 8)) << 4) + 4 * quad_col;
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(a[kk][e]) : "memory");
     }

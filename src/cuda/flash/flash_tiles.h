@@ -135,6 +135,12 @@ constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
+// The wide form of the fused kernel (flash_backward_sm90_fused_wide.cuh) takes head dim 256: its
+// two consumers split the head dim between them.
+constexpr bool flash_backward_fused_wide_eligible(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk == 256 && head_dim_v == 256;
+}
+
 // The backward's kernel families (docs/cuda_flash.md): the atomic-free pairs on mma.sync,
 // wgmma and warp-specialised wgmma, and the single wgmma kernel whose dq goes through fp32
 // reductions (flash_backward_sm90_fused.cuh).
@@ -157,17 +163,25 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
   return FlashBackwardFamily::kAutomatic;
 }
 
-// The family that runs a backward. sm_90 with head dims 64 / 128 takes the fused kernel, or
-// the warp-specialised pair where the fused kernel cannot honour the request (deterministic
-// mode: its reductions' order varies; dropout: it has no keep masks); everything else takes
-// mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks another
+// The family that runs a backward. sm_90 with head dims 64 / 128 takes the fused kernel, or the
+// warp-specialised pair where the fused kernel cannot honour the request (deterministic mode: its
+// reductions' order varies; dropout: it has no keep masks); head dim 256 the fused kernel's wide
+// form, or mma.sync against those features; everything else takes mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks another
 // family where the hardware has it, never the fused one against those two features.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
                                                     bool deterministic, bool dropout,
                                                     FlashBackwardFamily requested) {
-  if (arch != 90 || !flash_backward_wgmma_eligible(head_dim_qk, head_dim_v))
-    return FlashBackwardFamily::kMmaSync;
+  if (arch != 90) return FlashBackwardFamily::kMmaSync;
   const bool fused_allowed = !deterministic && !dropout;
+  if (!flash_backward_wgmma_eligible(head_dim_qk, head_dim_v)) {
+    // Head dim 256 has the fused kernel alone on Hopper; the pairs stay on mma.sync.
+    const bool fused_requested = requested == FlashBackwardFamily::kAutomatic ||
+                                 requested == FlashBackwardFamily::kFused;
+    return flash_backward_fused_wide_eligible(head_dim_qk, head_dim_v) && fused_allowed &&
+                   fused_requested
+               ? FlashBackwardFamily::kFused
+               : FlashBackwardFamily::kMmaSync;
+  }
   switch (requested) {
     case FlashBackwardFamily::kMmaSync:
     case FlashBackwardFamily::kWgmma:

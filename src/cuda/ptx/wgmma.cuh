@@ -83,6 +83,8 @@ template <typename Element, int kN>
 struct WgmmaRegisterShared;
 template <typename Element, int kN>
 struct WgmmaSharedSharedMnMajor;
+template <typename Element, int kN>
+struct WgmmaSharedSharedBMnMajor;
 
 #include "cuda/ptx/wgmma_ops.inc"
 
@@ -99,6 +101,13 @@ template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss_mn_major(float (&d)[kN / 8][4], uint64_t a_descriptor,
                                                   uint64_t b_descriptor, bool accumulate) {
   WgmmaSharedSharedMnMajor<Element, kN>::run(d, a_descriptor, b_descriptor, accumulate);
+}
+
+// d (64 x kN) (+)= A B with A (64 x 16, K-major) and B (16 x kN, MN-major) in shared memory.
+template <typename Element, int kN>
+__device__ __forceinline__ void wgmma_ss_b_mn_major(float (&d)[kN / 8][4], uint64_t a_descriptor,
+                                                    uint64_t b_descriptor, bool accumulate) {
+  WgmmaSharedSharedBMnMajor<Element, kN>::run(d, a_descriptor, b_descriptor, accumulate);
 }
 
 // d (64 x kN) (+)= A B with A in registers and B (16 x kN, MN-major) in shared memory.
