@@ -223,8 +223,45 @@ INSTANTIATE_TEST_SUITE_P(
                      [](CaseSpec& s) { s.config.dropout = 0.2; }, no_tensor_change, true},
             BadInput{"dbias_without_bias", "dbias", no_change, no_tensor_change, true},
             BadInput{"dsoftmax_offset_vanilla", "dsoftmax_offset", no_change, no_tensor_change,
-                     true}),
+                     true},
+            // Enum values outside their name tables (e.g. from the C ABI or a cast).
+            BadInput{"unknown_softmax_type", "softmax_type",
+                     [](CaseSpec& s) { s.config.softmax_type = static_cast<SoftmaxType>(9); },
+                     no_tensor_change},
+            BadInput{"unknown_bias_type", "bias_type",
+                     [](CaseSpec& s) { s.config.bias_type = static_cast<BiasType>(9); },
+                     no_tensor_change},
+            BadInput{"unknown_flash_forward_kernel", "flash_forward_kernel",
+                     [](CaseSpec& s) {
+                       s.config.flash_forward_kernel = static_cast<FlashForwardKernel>(9);
+                     },
+                     no_tensor_change},
+            BadInput{"unknown_flash_backward_kernel", "flash_backward_kernel",
+                     [](CaseSpec& s) {
+                       s.config.flash_backward_kernel = static_cast<FlashBackwardKernel>(9);
+                     },
+                     no_tensor_change, true}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
+
+// Every named kernel family passes validation (the check reads the name tables, so a new
+// family cannot be refused by a stale bound).
+TEST(Validation, AcceptsEveryNamedKernelFamily) {
+  CaseSpec spec;
+  spec.heads_q = 4;
+  spec.heads_kv = 2;
+  const CaseTensors t = make_case(spec);
+  for (FlashForwardKernel forward : {FlashForwardKernel::kAuto, FlashForwardKernel::kMmaSync,
+                                     FlashForwardKernel::kWgmma, FlashForwardKernel::kWgmmaWs})
+    for (FlashBackwardKernel backward :
+         {FlashBackwardKernel::kAuto, FlashBackwardKernel::kMmaSync, FlashBackwardKernel::kWgmma,
+          FlashBackwardKernel::kWgmmaWs, FlashBackwardKernel::kFused}) {
+      CaseSpec named = spec;
+      named.config.flash_forward_kernel = forward;
+      named.config.flash_backward_kernel = backward;
+      EXPECT_NO_THROW(run_case(named, t, BackendKind::kCpuExact, true))
+          << to_string(forward) << " / " << to_string(backward);
+    }
+}
 
 }  // namespace
 }  // namespace dpa::test

@@ -88,6 +88,13 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
   r.flash_forward_kernel = FlashForwardKernel::kMmaSync;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
+  // Head dim 256: the plain form by default, the warp-specialised one when asked.
+  r.head_dim_qk = r.head_dim_v = 256;
+  r.flash_forward_kernel = FlashForwardKernel::kAuto;
+  EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
+  r.flash_forward_kernel = FlashForwardKernel::kWgmmaWs;
+  EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
+  r.head_dim_qk = r.head_dim_v = 128;
   r.device_arch = 80;
   r.flash_forward_kernel = FlashForwardKernel::kAuto;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);

@@ -33,12 +33,9 @@ void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t strea
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cudaStream_t stream) {
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
-    // The warp-specialised form is compiled only where the host picks it.
-    if constexpr (flash_forward_wgmma_prefers_warp_specialized(kHeadDimQK, kHeadDimV)) {
-      if (p.wgmma && p.warp_specialized) {
-        using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
-        return launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p, stream);
-      }
+    if (p.wgmma && p.warp_specialized) {
+      using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
+      return launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p, stream);
     }
     if (p.wgmma) {
       using Traits = FlashSm90Traits<Element, kHeadDimQK, kHeadDimV>;
