@@ -72,6 +72,7 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   // at d = 256).
   EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(64, 64));
   EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(128, 128));
+  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(192, 192));
   EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(192, 128));
   EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(256, 256));
 }
