@@ -9,8 +9,8 @@ import pathlib
 
 WIDTHS = (32, 64, 96, 128, 192, 256)
 MN_MAJOR_WIDTHS = (32, 64, 128)
-# A K-major, B MN-major: the wide fused backward's dv += P^T dO and dk += dU^T Q with P^T and
-# dU^T in shared memory (flash_backward_sm90_fused_wide.cuh).
+# A K-major, B MN-major: the wide one-kernel backward's dv += P^T dO and dk += dU^T Q with P^T and
+# dU^T in shared memory (flash_backward_sm90_one_kernel_wide.cuh).
 B_MN_MAJOR_WIDTHS = (128,)
 ELEMENTS = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
@@ -70,7 +70,7 @@ def main():
         for element, ptx_type in ELEMENTS:
             for n in WIDTHS:
                 parts.append(wrapper(element, ptx_type, n, a_in_registers))
-    # Both operands MN-major: the fused backward's dq = dU K (dU^T and K stored key-major).
+    # Both operands MN-major: the one-kernel backward's dq = dU K (dU^T and K stored key-major).
     for element, ptx_type in ELEMENTS:
         for n in MN_MAJOR_WIDTHS:
             parts.append(wrapper(element, ptx_type, n, False, mn_major=True))

@@ -177,7 +177,7 @@ step_test() {
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
   # The backward cases run once more on each atomic-free backward family
   # (DPA_FLASH_BACKWARD_KERNEL=mma_sync, =wgmma, =wgmma_ws; the default run above takes the
-  # fused kernel on Hopper wherever it can).
+  # one-kernel backward on Hopper wherever it can).
   local kernel filter
   for kernel in mma_sync wgmma mma_sync_backward wgmma_backward wgmma_ws_backward; do
     log="$out/gpu_tests_$kernel.log"
@@ -258,7 +258,7 @@ step_bench() {
     "bench.md, bench.png, bench.json; bench.log"
 }
 
-# The backward against the peers' backward (compare.py --pass bwd), with the fused backward
+# The backward against the peers' backward (compare.py --pass bwd), with the one-kernel backward
 # opted in; into OUTDIR/bwd/.
 step_bench_bwd() {
   local log="$out/bench_bwd.log" t0 rc limit

@@ -164,7 +164,7 @@ std::string summarize_rejections(const Selection& selection) {
 
 // Runs the forward on `forward_backend` and, when `backward`, the backward on
 // `backward_backend` (kAuto: the selector's choice). A backward that no backend can run is
-// skipped with its reasons rather than failing the demo (e.g. a GPU build whose fused backward
+// skipped with its reasons rather than failing the demo (e.g. a GPU build whose one-kernel backward
 // has not landed yet).
 Outputs execute(const Problem& p, BackendKind forward_backend, BackendKind backward_backend,
                 Device device, bool backward, int repeat) {

@@ -56,10 +56,10 @@ enum class FlashForwardKernel : int {
 };
 enum class FlashBackwardKernel : int {
   kAuto = 0,
-  kMmaSync = 1,  // the atomic-free mma.sync pair
-  kWgmma = 2,    // the atomic-free wgmma pair
-  kWgmmaWs = 3,  // the warp-specialised wgmma pair
-  kFused = 4,    // the single-kernel family (never against deterministic mode or dropout)
+  kMmaSync = 1,    // the atomic-free mma.sync pair
+  kWgmma = 2,      // the atomic-free wgmma pair
+  kWgmmaWs = 3,    // the warp-specialised wgmma pair
+  kOneKernel = 4,  // the single-kernel family (never against deterministic mode or dropout)
 };
 
 std::size_t dtype_size(DType dtype);

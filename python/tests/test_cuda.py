@@ -12,7 +12,7 @@ from conftest import requires_cuda
 pytestmark = requires_cuda
 
 # Relative-norm bounds (o, gradients): fp16 keeps 11 bits, bf16 8; P and dS are rounded to the
-# storage dtype before their GEMMs, as in every fused kernel.
+# storage dtype before their GEMMs, as in every one-kernel backward.
 BOUND = {torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 
 # The CPU cases at a head dim every CUDA kernel has (64), with tiling-breaking lengths.

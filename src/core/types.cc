@@ -49,7 +49,7 @@ constexpr NameTable<FlashBackwardKernel, 5> kFlashBackwardNames{
      {FlashBackwardKernel::kMmaSync, "mma_sync"},
      {FlashBackwardKernel::kWgmma, "wgmma"},
      {FlashBackwardKernel::kWgmmaWs, "wgmma_ws"},
-     {FlashBackwardKernel::kFused, "fused"}}};
+     {FlashBackwardKernel::kOneKernel, "one_kernel"}}};
 
 template <typename Enum, size_t N>
 std::string_view name_of(const NameTable<Enum, N>& table, Enum value) {

@@ -231,16 +231,16 @@ INSTANTIATE_TEST_SUITE_P(
             BadInput{"unknown_bias_type", "bias_type",
                      [](CaseSpec& s) { s.config.bias_type = static_cast<BiasType>(9); },
                      no_tensor_change},
-            BadInput{"unknown_flash_forward_kernel", "flash_forward_kernel",
-                     [](CaseSpec& s) {
-                       s.config.flash_forward_kernel = static_cast<FlashForwardKernel>(9);
-                     },
-                     no_tensor_change},
-            BadInput{"unknown_flash_backward_kernel", "flash_backward_kernel",
-                     [](CaseSpec& s) {
-                       s.config.flash_backward_kernel = static_cast<FlashBackwardKernel>(9);
-                     },
-                     no_tensor_change, true}),
+            BadInput{
+                "unknown_flash_forward_kernel", "flash_forward_kernel",
+                [](CaseSpec&
+                       s) { s.config.flash_forward_kernel = static_cast<FlashForwardKernel>(9); },
+                no_tensor_change},
+            BadInput{
+                "unknown_flash_backward_kernel", "flash_backward_kernel",
+                [](CaseSpec&
+                       s) { s.config.flash_backward_kernel = static_cast<FlashBackwardKernel>(9); },
+                no_tensor_change, true}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return info.param.name; });
 
 // Every named kernel family passes validation (the check reads the name tables, so a new
@@ -254,7 +254,7 @@ TEST(Validation, AcceptsEveryNamedKernelFamily) {
                                      FlashForwardKernel::kWgmma, FlashForwardKernel::kWgmmaWs})
     for (FlashBackwardKernel backward :
          {FlashBackwardKernel::kAuto, FlashBackwardKernel::kMmaSync, FlashBackwardKernel::kWgmma,
-          FlashBackwardKernel::kWgmmaWs, FlashBackwardKernel::kFused}) {
+          FlashBackwardKernel::kWgmmaWs, FlashBackwardKernel::kOneKernel}) {
       CaseSpec named = spec;
       named.config.flash_forward_kernel = forward;
       named.config.flash_backward_kernel = backward;

@@ -212,11 +212,11 @@ TEST(Selector, EnvironmentFillsOnlyWhatTheConfigLeavesAuto) {
   AttentionConfig explicit_config;
   explicit_config.backend = BackendKind::kCpu;
   explicit_config.flash_forward_kernel = FlashForwardKernel::kWgmma;
-  explicit_config.flash_backward_kernel = FlashBackwardKernel::kFused;
+  explicit_config.flash_backward_kernel = FlashBackwardKernel::kOneKernel;
   const AttentionConfig kept = config_with_environment(explicit_config, env);
   EXPECT_EQ(kept.backend, BackendKind::kCpu);
   EXPECT_EQ(kept.flash_forward_kernel, FlashForwardKernel::kWgmma);
-  EXPECT_EQ(kept.flash_backward_kernel, FlashBackwardKernel::kFused);
+  EXPECT_EQ(kept.flash_backward_kernel, FlashBackwardKernel::kOneKernel);
   // Empty counts as unset.
   EXPECT_EQ(config_with_environment(automatic, fake_environment({{"DPA_BACKEND", ""}})).backend,
             BackendKind::kAuto);

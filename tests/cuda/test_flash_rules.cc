@@ -1,5 +1,5 @@
 // What cuda_flash's selection rules promise beyond the CP ones (test_cuda_cp_rules.cc): rows
-// must be 16-byte aligned, and its fused backward runs only when opted in until validated.
+// must be 16-byte aligned, and its one-kernel backward runs only when opted in until validated.
 // Checked through the selector on the real capabilities; no GPU needed.
 #include <gtest/gtest.h>
 
@@ -100,8 +100,8 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
   r.pass = Pass::kBackward;
   r.device_arch = 90;
-  EXPECT_NE(caps.describe_plan(r).find("family fused"), std::string::npos);
-  r.deterministic = true;  // the fused family's reductions are unordered
+  EXPECT_NE(caps.describe_plan(r).find("family one_kernel"), std::string::npos);
+  r.deterministic = true;  // the one-kernel family's reductions are unordered
   EXPECT_NE(caps.describe_plan(r).find("wgmma_ws"), std::string::npos);
   r.deterministic = false;
   r.flash_backward_kernel = FlashBackwardKernel::kMmaSync;

@@ -98,18 +98,18 @@ TEST(FlashTiles, BackwardTilesFitSharedMemory) {
 
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the
 // rows that see some key of the block (DESIGN.md §3), for any window, alignment or CP diagonal.
-// The fused backward (dq through fp32 reductions) never runs in deterministic mode or with
+// The one-kernel backward (dq through fp32 reductions) never runs in deterministic mode or with
 // dropout, whatever config.flash_backward_kernel asks; off sm_90 or at other head dims every
 // request gets mma.sync.
 TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
   using F = FlashBackwardFamily;
-  for (F requested : {F::kAutomatic, F::kFused}) {
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), F::kFused);
-    EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kFused);
+  for (F requested : {F::kAutomatic, F::kOneKernel}) {
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kOneKernel);
     EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, requested), F::kWgmmaWs);
     EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kWgmmaWs);
-    // Head dim 256: the fused kernel's wide form, never against determinism or dropout.
-    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kFused);
+    // Head dim 256: the one-kernel backward's wide form, never against determinism or dropout.
+    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kOneKernel);
     EXPECT_EQ(flash_backward_family(90, 256, 256, true, false, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(90, 256, 256, false, true, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(80, 256, 256, false, false, requested), F::kMmaSync);

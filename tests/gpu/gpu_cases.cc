@@ -171,7 +171,7 @@ std::vector<GpuCase> gpu_cases() {
       make("hdim192_bf16", all({head_dims(192, 192), sizes(2, 97, 160, 4, 2, 192)})),
       make("hdim256_bf16", all({sizes(2, 97, 160, 4, 2, 256)})),
       make("hdim256_fp16", all({sizes(2, 64, 200, 4, 2, 256), head_dims(256, 256, fp16)})),
-      // Head dim 256 with the features of the fused backward's wide form (Hopper).
+      // Head dim 256 with the features of the one-kernel backward's wide form (Hopper).
       with_means(make("hdim256_sink_softcap_causal",
                       all({sizes(2, 97, 160, 4, 2, 256), softmax(SoftmaxType::kLearnable),
                            softcap(5), qk(2.0), mask(MaskType::kCausal)}),

@@ -1,6 +1,6 @@
 // Context parallelism with virtual ranks on one GPU (DESIGN.md §8): ranks are threads of this
 // process, every tensor of the call lives on the device, and the tiles run on the CUDA
-// backends (cuda_flash forward where it takes the tile, cuda_unfused backward unless the fused
+// backends (cuda_flash forward where it takes the tile, cuda_unfused backward unless the one-kernel
 // backward is opted in). Every output
 // and gradient (dbias as the sum of the ranks' partials) is compared with the unsharded
 // cpu_exact oracle on the same rounded inputs.
@@ -367,7 +367,7 @@ TEST_P(GpuCp, MatchesExact) {
   if (gpu_case.flash_forward) {
     EXPECT_EQ(run.forward_backend, BackendKind::kCudaFlash);
   }
-  // The fused backward takes the tiles the flash forward takes.
+  // The one-kernel backward takes the tiles the flash forward takes.
   EXPECT_EQ(run.backward_backend,
             gpu_case.flash_forward ? BackendKind::kCudaFlash : BackendKind::kCudaUnfused);
 }

@@ -119,7 +119,7 @@ TEST_F(FlashOnGpu, DecodeIsBitwiseDeterministic) {
 }
 
 // Deterministic mode takes the atomic-free kernel pair (kernels own the rows they write; GQA
-// groups and the sink gradient are summed in a fixed order) instead of the fused kernel's dq
+// groups and the sink gradient are summed in a fixed order) instead of the one-kernel backward's dq
 // reductions: two runs agree to the bit in every gradient.
 TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
   const GpuCase c = find_case("sink_learnable_softcap_causal");
@@ -135,7 +135,7 @@ TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
   EXPECT_TRUE(same_bytes(first.dsoftmax_offset, second.dsoftmax_offset));
 }
 
-// Automatic selection runs the whole step on cuda_flash, and its gradients (the fused
+// Automatic selection runs the whole step on cuda_flash, and its gradients (the one-kernel
 // backward's, on Hopper) match cpu_exact.
 TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndBackward) {
   const GpuCase c = find_case("sink_learnable_softcap_causal");

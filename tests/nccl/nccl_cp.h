@@ -26,7 +26,7 @@ void run_cp_correctness(const LaunchEnv& env, int device, const CpPhaseSettings&
 
 // Forward + backward throughput per GPU with `bench_seqlen_per_gpu` tokens per GPU (causal,
 // softcap 50, learnable sink, bf16, d = 128), for p2p at this world size against one GPU
-// alone (20 runs each, host clock; the fused backward opted in); rank 0 prints TFLOP/s per GPU
+// alone (20 runs each, host clock; the one-kernel backward opted in); rank 0 prints TFLOP/s per GPU
 // and the efficiency against ideal scaling.
 void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& settings);
 

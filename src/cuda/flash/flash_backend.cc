@@ -25,8 +25,8 @@ std::string describe_flash_plan(const FeatureRequest& r) {
         cuda::flash_backward_family(r.device_arch, dqk, dv, r.deterministic, r.dropout,
                                     cuda::requested_backward_family(r.flash_backward_kernel));
     switch (family) {
-      case cuda::FlashBackwardFamily::kFused:
-        return "backward kernel family fused (one kernel per key block, fp32 dq reductions)";
+      case cuda::FlashBackwardFamily::kOneKernel:
+        return "backward kernel family one_kernel (one kernel per key block, fp32 dq reductions)";
       case cuda::FlashBackwardFamily::kWgmmaWs:
         return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)";
       case cuda::FlashBackwardFamily::kWgmma:

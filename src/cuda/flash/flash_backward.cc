@@ -49,7 +49,7 @@ FlashBackwardFamily backward_family(const AttentionProblem& p) {
 
 // The backward's own buffers, by family.
 struct FlashBackwardBuffers {
-  size_t dq_accum = 0;    // fp32 [b, H, sq, dqk], fused family only
+  size_t dq_accum = 0;    // fp32 [b, H, sq, dqk], one-kernel family only
   size_t row_delta = 0;   // fp32 [b, H, sq] D_i
   size_t row_dalpha = 0;  // fp32 [b, H, sq] per-row sink gradient terms
 };
@@ -57,7 +57,7 @@ struct FlashBackwardBuffers {
 FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBackwardFamily family) {
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
   FlashBackwardBuffers sizes;
-  if (family == FlashBackwardFamily::kFused)
+  if (family == FlashBackwardFamily::kOneKernel)
     sizes.dq_accum = rows * size_t(p.head_dim_qk) * sizeof(float);
   sizes.row_delta = rows * sizeof(float);
   if (p.wants_dsoftmax_offset) sizes.row_dalpha = rows * sizeof(float);
@@ -92,11 +92,11 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   const FlashBackwardFamily family = backward_family(p);
   bp.wgmma = family != FlashBackwardFamily::kMmaSync;
   bp.warp_specialized = family == FlashBackwardFamily::kWgmmaWs;
-  bp.fused = family == FlashBackwardFamily::kFused;
+  bp.one_kernel = family == FlashBackwardFamily::kOneKernel;
 
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);
   DeviceBuffer dq_accum(sizes.dq_accum, stream);
-  if (bp.fused) {
+  if (bp.one_kernel) {
     bp.dq_accum = dq_accum.get<float>();
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, dq_accum.bytes(), stream));
   }

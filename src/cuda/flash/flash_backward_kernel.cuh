@@ -1,6 +1,6 @@
 // The flash backward kernels (mma.sync, sm_80+): DESIGN.md §4 without O(s^2) memory and
 // without atomics, so every run gives the same bits (what deterministic mode runs; on Hopper
-// the default is the single fused kernel, flash_backward_sm90_fused.cuh).
+// the default is the single one-kernel backward, flash_backward_sm90_one_kernel.cuh).
 //
 // Two kernels recompute P from Q, K and the saved LSE, each owning the rows it writes:
 // - dq: a block owns 64 query rows of one (batch, head), walks the visible key tiles and

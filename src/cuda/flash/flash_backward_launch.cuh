@@ -8,8 +8,8 @@
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_backward_sm90.cuh"
-#include "cuda/flash/flash_backward_sm90_fused.cuh"
-#include "cuda/flash/flash_backward_sm90_fused_wide.cuh"
+#include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
+#include "cuda/flash/flash_backward_sm90_one_kernel_wide.cuh"
 #include "cuda/flash/flash_backward_sm90_ws.cuh"
 #include "dpa/error.h"
 
@@ -25,28 +25,29 @@ void launch_backward_kernel(Kernel kernel, dim3 grid, int threads, int shared_by
   DPA_CUDA_CHECK_LAUNCH();
 }
 
-// The fused kernel (its wide form at head dim 256), then the conversion of its dq workspace.
+// The one-kernel backward (its wide form at head dim 256), then the conversion of its dq workspace.
 template <typename Element, int kHeadDimQK, int kHeadDimV>
-void launch_flash_backward_fused_sm90(const FlashBackwardParams& p, cudaStream_t stream) {
+void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStream_t stream) {
   const FlashForwardParams& f = p.fwd;
   const unsigned batch = unsigned(f.batch);
-  if constexpr (flash_backward_fused_wide_eligible(kHeadDimQK, kHeadDimV)) {
-    using Wide = FlashBackwardSm90FusedWideTraits<Element, kHeadDimQK, kHeadDimV>;
+  if constexpr (flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV)) {
+    using Wide = FlashBackwardSm90OneKernelWideTraits<Element, kHeadDimQK, kHeadDimV>;
     const dim3 grid(unsigned((f.max_seqlen_kv + Wide::kBlockN - 1) / Wide::kBlockN),
                     unsigned(f.heads_kv), batch);
     if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(flash_backward_fused_wide_sm90_kernel<Wide>, grid, Wide::kThreads,
+      launch_backward_kernel(flash_backward_one_kernel_wide_sm90_kernel<Wide>, grid, Wide::kThreads,
                              Wide::kSharedBytes, p, stream);
   } else if constexpr (flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
-    using Fused = FlashBackwardSm90FusedTraits<Element, kHeadDimQK, kHeadDimV>;
-    const dim3 grid(unsigned((f.max_seqlen_kv + Fused::kBlockN - 1) / Fused::kBlockN),
+    using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV>;
+    const dim3 grid(unsigned((f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN),
                     unsigned(f.heads_kv), batch);
     if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(flash_backward_fused_sm90_kernel<Fused>, grid, Fused::kThreads,
-                             Fused::kSharedBytes, p, stream);
+      launch_backward_kernel(flash_backward_one_kernel_sm90_kernel<OneKernel>, grid,
+                             OneKernel::kThreads, OneKernel::kSharedBytes, p, stream);
   } else {
-    // The host sets p.fused only where flash_backward_family allows it.
-    throw Error(ErrorCode::kInternal, "", "fused backward asked for head dims it does not take");
+    // The host sets p.one_kernel only where flash_backward_family allows it.
+    throw Error(ErrorCode::kInternal, "",
+                "one-kernel backward asked for head dims it does not take");
   }
   if (f.max_seqlen_q > 0) {
     constexpr int kRowsPerBlock = 4;  // one warp per row
@@ -58,11 +59,12 @@ void launch_flash_backward_fused_sm90(const FlashBackwardParams& p, cudaStream_t
   }
 }
 
-// The wgmma kernels (flash_backward_sm90.cuh; head dims 64 and 128, and the fused kernel's wide
-// form at 256), after the prepare kernel.
+// The wgmma kernels (flash_backward_sm90.cuh; head dims 64 and 128, and the one-kernel backward's
+// wide form at 256), after the prepare kernel.
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_backward_sm90(const FlashBackwardParams& p, cudaStream_t stream) {
-  if (p.fused) return launch_flash_backward_fused_sm90<Element, kHeadDimQK, kHeadDimV>(p, stream);
+  if (p.one_kernel)
+    return launch_flash_backward_one_kernel_sm90<Element, kHeadDimQK, kHeadDimV>(p, stream);
   if constexpr (flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     using Traits = FlashBackwardSm90Traits<Element, kHeadDimQK, kHeadDimV>;
     const FlashForwardParams& f = p.fwd;

@@ -24,9 +24,9 @@ struct FlashBackwardParams {
   float scale = 1.f;   // the softmax scale (natural units): dq and dk carry it
   bool wgmma = false;  // the sm_90a kernels (flash_backward_sm90.cuh) instead of mma.sync
   bool warp_specialized = false;  // their producer / ping-pong form (flash_backward_sm90_ws.cuh)
-  // The single-kernel form (flash_backward_sm90_fused.cuh): dq summed in `dq_accum`,
+  // The single-kernel form (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`,
   // [b, H, max_sq, head_dim_qk] fp32 zeroed by the host, then converted; not deterministic.
-  bool fused = false;
+  bool one_kernel = false;
   float* dq_accum = nullptr;
 
   // Workspace [b, H, max_sq] fp32: D = rowsum(dO * o) per row, and each row's share of the

@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 // ---- Producer steps shared by the key-owning kernels (the warp-specialised dk/dv kernel and
-// the fused kernel, flash_backward_sm90_fused.cuh) ----
+// the one-kernel backward, flash_backward_sm90_one_kernel.cuh) ----
 
 // The block's K and V into their swizzled tiles; `kv_barrier` (128 arrivals) completes when
 // both have landed. Run by the 128 producer threads.

@@ -105,7 +105,7 @@ constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_
   return shape;
 }
 
-// The fused backward's tiles (flash_backward_kernel.cuh reads these): a dq block of 64 query
+// The one-kernel backward's tiles (flash_backward_kernel.cuh reads these): a dq block of 64 query
 // rows against key tiles of 64 (32 for head dims above 128), a dk/dv block of 64 keys against
 // query tiles of 32; rows padded by 8 elements; two stages of the streamed operand.
 constexpr bool flash_backward_wide(int head_dim_qk, int head_dim_v) {
@@ -136,16 +136,16 @@ constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
-// The wide form of the fused kernel (flash_backward_sm90_fused_wide.cuh) takes head dim 256: its
-// two consumers split the head dim between them.
-constexpr bool flash_backward_fused_wide_eligible(int head_dim_qk, int head_dim_v) {
+// The wide form of the one-kernel backward (flash_backward_sm90_one_kernel_wide.cuh) takes head dim
+// 256: its two consumers split the head dim between them.
+constexpr bool flash_backward_one_kernel_wide_eligible(int head_dim_qk, int head_dim_v) {
   return head_dim_qk == 256 && head_dim_v == 256;
 }
 
 // The backward's kernel families (docs/cuda_flash.md): the atomic-free pairs on mma.sync,
 // wgmma and warp-specialised wgmma, and the single wgmma kernel whose dq goes through fp32
-// reductions (flash_backward_sm90_fused.cuh).
-enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kFused };
+// reductions (flash_backward_sm90_one_kernel.cuh).
+enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kOneKernel };
 
 // The config's backward kernel family (tests and benches; kAuto: chosen by device and shape).
 constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kernel) {
@@ -156,31 +156,32 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
       return FlashBackwardFamily::kWgmma;
     case FlashBackwardKernel::kWgmmaWs:
       return FlashBackwardFamily::kWgmmaWs;
-    case FlashBackwardKernel::kFused:
-      return FlashBackwardFamily::kFused;
+    case FlashBackwardKernel::kOneKernel:
+      return FlashBackwardFamily::kOneKernel;
     case FlashBackwardKernel::kAuto:
       break;
   }
   return FlashBackwardFamily::kAutomatic;
 }
 
-// The family that runs a backward. sm_90 with head dims 64 / 128 takes the fused kernel, or the
-// warp-specialised pair where the fused kernel cannot honour the request (deterministic mode: its
-// reductions' order varies; dropout: it has no keep masks); head dim 256 the fused kernel's wide
-// form, or mma.sync against those features; everything else takes mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks another
-// family where the hardware has it, never the fused one against those two features.
+// The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward, or
+// the warp-specialised pair where the one-kernel backward cannot honour the request (deterministic
+// mode: its reductions' order varies; dropout: it has no keep masks); head dim 256 the one-kernel
+// backward's wide form, or mma.sync against those features; everything else takes mma.sync.
+// `requested` (config.flash_backward_kernel, for tests and benches) picks another family where the
+// hardware has it, never the one-kernel one against those two features.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
                                                     bool deterministic, bool dropout,
                                                     FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
-  const bool fused_allowed = !deterministic && !dropout;
+  const bool one_kernel_allowed = !deterministic && !dropout;
   if (!flash_backward_wgmma_eligible(head_dim_qk, head_dim_v)) {
-    // Head dim 256 has the fused kernel alone on Hopper; the pairs stay on mma.sync.
-    const bool fused_requested = requested == FlashBackwardFamily::kAutomatic ||
-                                 requested == FlashBackwardFamily::kFused;
-    return flash_backward_fused_wide_eligible(head_dim_qk, head_dim_v) && fused_allowed &&
-                   fused_requested
-               ? FlashBackwardFamily::kFused
+    // Head dim 256 has the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
+    const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
+                                      requested == FlashBackwardFamily::kOneKernel;
+    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && one_kernel_allowed &&
+                   one_kernel_requested
+               ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
   }
   switch (requested) {
@@ -188,11 +189,11 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
     case FlashBackwardFamily::kWgmma:
     case FlashBackwardFamily::kWgmmaWs:
       return requested;
-    case FlashBackwardFamily::kFused:
+    case FlashBackwardFamily::kOneKernel:
     case FlashBackwardFamily::kAutomatic:
       break;
   }
-  return fused_allowed ? FlashBackwardFamily::kFused : FlashBackwardFamily::kWgmmaWs;
+  return one_kernel_allowed ? FlashBackwardFamily::kOneKernel : FlashBackwardFamily::kWgmmaWs;
 }
 
 // The query rows [first, last] (empty when last < first) that see at least one key of

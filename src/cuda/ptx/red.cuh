@@ -1,4 +1,4 @@
-// Thin wrapper over the vector reduction into global memory (sm_90): the fused backward's dq
+// Thin wrapper over the vector reduction into global memory (sm_90): the one-kernel backward's dq
 // accumulation in fp32. Only compiled into sm_90a code.
 #pragma once
 

@@ -1,6 +1,6 @@
-// The single-kernel wgmma backward for head dim 256 (sm_90a): the fused kernel's five GEMMs per
-// tile (flash_backward_sm90_fused.cuh) with the work split so that the accumulators fit. At
-// d = 256 one warpgroup cannot hold dk and dv of 64 keys (256 fp32 registers per thread), so
+// The single-kernel wgmma backward for head dim 256 (sm_90a): the one-kernel backward's five GEMMs
+// per tile (flash_backward_sm90_one_kernel.cuh) with the work split so that the accumulators fit.
+// At d = 256 one warpgroup cannot hold dk and dv of 64 keys (256 fp32 registers per thread), so
 // both consumer warpgroups own the same 64 keys and split the head dim: consumer c keeps
 // columns [128c, 128c + 128) of dk and dv (128 registers).
 //
@@ -8,7 +8,7 @@
 // (query head, 64-row query tile), Q, dO and the rows' LSE and D into two stages (cp.async). Per
 // tile, consumer c
 //   - computes its 32 query columns of S^T = K Q^T and dP^T = V dO^T (shared x shared, K-major,
-//     N = 32), then P^T and dU^T in registers, as the fused kernel does;
+//     N = 32), then P^T and dU^T in registers, as the one-kernel backward does;
 //   - writes those columns of P^T and dU^T (key-major, 128-byte swizzle, double-buffered) to
 //     shared memory; a named barrier of both consumers makes the whole 64 x 64 tiles visible;
 //   - issues dv[:, c] += P^T dO[:, c] and dk[:, c] += dU^T Q[:, c] (A K-major and B MN-major,
@@ -17,17 +17,17 @@
 //     (red.global.add.v4.f32, two lanes of a quad trading a pair so each holds four adjacent
 //     columns of one row).
 // The shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
-// buffers), so dq is not staged there as the narrow fused kernel stages it.
+// buffers), so dq is not staged there as the narrow one-kernel backward stages it.
 // launch_flash_backward_sm90 then converts the workspace to dq (times scale). Deterministic mode
 // and dropout keep the mma.sync pair at this head dim (flash_backward_family).
 #pragma once
 
-#include "cuda/flash/flash_backward_sm90_fused.cuh"
+#include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
 
 namespace dpa::cuda {
 
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
-struct FlashBackwardSm90FusedWideTraits {
+struct FlashBackwardSm90OneKernelWideTraits {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
@@ -43,23 +43,23 @@ struct FlashBackwardSm90FusedWideTraits {
   static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
                                       kStages * 2 * kBlockM * 4 + 4 * kOperandTileBytes +
                                       kBarrierBytes + 1024;
-  static_assert(flash_backward_fused_wide_eligible(kHeadDimQK, kHeadDimV), "head dim 256");
+  static_assert(flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV), "head dim 256");
   static_assert(kColumns % 64 == 0, "a consumer's columns are whole 64-column swizzle blocks");
   static_assert(kBlockM * 2 == 128, "P^T and dU^T rows are one 128-byte swizzle block");
   static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
 };
 
-// Shared-memory addresses of a wide fused-backward block.
+// Shared-memory addresses of a wide one-kernel backward block.
 template <typename Traits>
-struct FusedWideBackwardLayout {
+struct OneKernelWideBackwardLayout {
   static constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
   static constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, operands, barriers;
   float *lse, *delta;  // kStages x kBlockM each
 
-  __device__ explicit FusedWideBackwardLayout(unsigned char* storage) {
+  __device__ explicit OneKernelWideBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
     k = base;
     v = k + kBlockN * kDimQK * 2;
@@ -85,8 +85,9 @@ struct FusedWideBackwardLayout {
 };
 
 // Adds a consumer's dq tile (iteration it's 64 query rows; `row` the thread's first, columns
-// [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK. Lanes q and q ^ 1 of a quad trade one pair per n8 tile: the even lane then
-// holds four adjacent columns of row g, the odd one of row g + 8.
+// [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK. Lanes q and q ^ 1 of a quad
+// trade one pair per n8 tile: the even lane then holds four adjacent columns of row g, the odd one
+// of row g + 8.
 template <int kDimQK, int kN>
 __device__ __forceinline__ void add_dq_tile(const FlashBackwardParams& bp, const KeyBlock& kb,
                                             int it, const float (&dq_tile)[kN / 8][4], int row,
@@ -96,9 +97,8 @@ __device__ __forceinline__ void add_dq_tile(const FlashBackwardParams& bp, const
   const int i = kb.first_query(it) + row + (odd ? 8 : 0);
   const int column = column0 + 2 * (quad_col & ~1);
   const bool inside = i < kb.seqlen_q;
-  float* accum = bp.dq_accum +
-                 row_workspace_index(p, kb.batch, kb.head(it), inside ? i : 0) * kDimQK +
-                 column;
+  float* accum =
+      bp.dq_accum + row_workspace_index(p, kb.batch, kb.head(it), inside ? i : 0) * kDimQK + column;
 #pragma unroll
   for (int t = 0; t < kN / 8; ++t) {
     const float send0 = odd ? dq_tile[t][0] : dq_tile[t][2];
@@ -137,7 +137,7 @@ __device__ __forceinline__ void wgmma_keys_by_queries(float (&acc)[kN / 8][4], u
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    flash_backward_fused_wide_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
+    flash_backward_one_kernel_wide_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Traits::Element;
   const FlashForwardParams& p = bp.fwd;
@@ -148,36 +148,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kMTiles = kQueryColumns / 8;
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
-  const FusedWideBackwardLayout<Traits> l(shared_storage);
+  const OneKernelWideBackwardLayout<Traits> l(shared_storage);
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      // 128 cp.async arrivals + 2 kBlockM plain ones per stage (produce_query_tile).
-      ptx::mbarrier_init(l.full(s), 128 + 2 * kBlockM);
-      ptx::mbarrier_init(l.empty(s), kConsumerThreads);
-    }
-    ptx::mbarrier_init(l.kv(), 128);
-  }
+  init_key_block_barriers<Traits>(l);
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0) {
-      produce_key_block<Element, kBlockN, kDimQK, kDimV>(p, kb, l.k, l.v, l.kv());
-#pragma unroll 1
-      for (int it = 0; it < kb.iterations; ++it) {
-        const int stage = it % kStages;
-        if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
-        produce_query_tile<Element, kBlockM, kDimQK, kDimV>(
-            bp, kb, it, l.q(stage), l.d_o(stage), l.lse + stage * kBlockM,
-            l.delta + stage * kBlockM, l.full(stage));
-      }
-      ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
-      ptx::cp_async_wait<0>();
-    }
+    if (kb.iterations > 0) produce_key_block_iterations<Traits>(bp, kb, l, [](int) {});
     return;
   }
 
@@ -218,8 +199,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       const KeyTile key_tile = key_tile_of(p, kb, it);
       const int i0 = kb.first_query(it) + query_column0, warp_key0 = key0 - quad_row;
-      const bool fully_visible = tile_fully_visible(p, key_tile, i0, i0 + kQueryColumns - 1,
-                                                    warp_key0, warp_key0 + 15);
+      const bool fully_visible =
+          tile_fully_visible(p, key_tile, i0, i0 + kQueryColumns - 1, warp_key0, warp_key0 + 15);
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
       key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,

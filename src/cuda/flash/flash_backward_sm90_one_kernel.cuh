@@ -15,7 +15,7 @@
 // operands MN-major) and stores it to shared memory (fp32); the producer warpgroup, otherwise
 // idle between its copies, adds that tile to the workspace (coalesced 16-byte reductions), so
 // the consumers issue no global reductions.
-// launch_flash_backward_sm90_fused then converts the workspace to dq (times scale).
+// launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_ws.cuh"
@@ -24,11 +24,11 @@
 
 namespace dpa::cuda {
 
-// The fused kernel's block: 128 keys, 64-row query tiles, a producer warpgroup and two
+// The one-kernel backward's block: 128 keys, 64-row query tiles, a producer warpgroup and two
 // consumers; two dU^T buffers of the block's 128 keys (double-buffered) and one fp32 dq tile
-// in shared memory (FusedBackwardLayout).
+// in shared memory (OneKernelBackwardLayout).
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
-struct FlashBackwardSm90FusedTraits {
+struct FlashBackwardSm90OneKernelTraits {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
@@ -57,17 +57,18 @@ struct FlashBackwardSm90FusedTraits {
                 "a consumer's dq columns lie inside one 64-column swizzle block of K");
 };
 
-// Shared-memory addresses of a fused-backward block (FlashBackwardSm90FusedTraits): swizzled
-// tiles as shared-window addresses, the rows' statistics and the dq tile as generic pointers.
+// Shared-memory addresses of a one-kernel backward block (FlashBackwardSm90OneKernelTraits):
+// swizzled tiles as shared-window addresses, the rows' statistics and the dq tile as generic
+// pointers.
 template <typename Traits>
-struct FusedBackwardLayout {
+struct OneKernelBackwardLayout {
   static constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
   static constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, du, barriers;
   float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kBlockM rows
 
-  __device__ explicit FusedBackwardLayout(unsigned char* storage) {
+  __device__ explicit OneKernelBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
     k = base;
     v = k + kBlockN * kDimQK * 2;
@@ -91,9 +92,10 @@ struct FusedBackwardLayout {
   __device__ uint32_t dq_empty() const { return kv() + 16u; }
 };
 
-// Thread 0 initialises the block's mbarriers (the caller synchronises the block after).
-template <typename Traits>
-__device__ __forceinline__ void init_fused_backward_barriers(const FusedBackwardLayout<Traits>& l) {
+// Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
+// form (`Layout` has full, empty and kv; the caller synchronises the block after).
+template <typename Traits, typename Layout>
+__device__ __forceinline__ void init_key_block_barriers(const Layout& l) {
   if (threadIdx.x != 0) return;
   for (int s = 0; s < Traits::kStages; ++s) {
     // 128 cp.async arrivals + 2 kBlockM plain ones per stage (produce_query_tile).
@@ -101,25 +103,43 @@ __device__ __forceinline__ void init_fused_backward_barriers(const FusedBackward
     ptx::mbarrier_init(l.empty(s), Traits::kConsumerThreads);
   }
   ptx::mbarrier_init(l.kv(), 128);
-  ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
-  ptx::mbarrier_init(l.dq_empty(), 128);
 }
 
-// The producer warpgroup of a fused-backward block: K and V once; per iteration Q, dO and the
-// rows' LSE and D into the next free stage; and, once the consumers have stored iteration j's
-// dq tiles, their sum (rows inside the sequence) added to the workspace, a warp per row and
-// pass, 16 bytes per lane. The consumers finish iteration it - kStages's dq soon after
-// releasing its stage, so that tile is added right after iteration it's copies are issued.
-template <typename Traits>
-__device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardParams& bp,
-                                                            const KeyBlock& kb,
-                                                            const FusedBackwardLayout<Traits>& l) {
+// The producer warpgroup's copies of a one-kernel backward block, either form: K and V once;
+// per iteration Q, dO and the rows' LSE and D into the next free stage, then
+// `after_copies(it)`. Leaves no copy of its threads in flight when it returns.
+template <typename Traits, typename Layout, typename AfterCopies>
+__device__ __forceinline__ void produce_key_block_iterations(const FlashBackwardParams& bp,
+                                                             const KeyBlock& kb, const Layout& l,
+                                                             AfterCopies after_copies) {
   using Element = typename Traits::Element;
-  constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
-  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kBlockM = Traits::kBlockM, kStages = Traits::kStages;
+  produce_key_block<Element, Traits::kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
+      bp.fwd, kb, l.k, l.v, l.kv());
+#pragma unroll 1
+  for (int it = 0; it < kb.iterations; ++it) {
+    const int stage = it % kStages;
+    if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
+    produce_query_tile<Element, kBlockM, Traits::kHeadDimQK, Traits::kHeadDimV>(
+        bp, kb, it, l.q(stage), l.d_o(stage), l.lse + stage * kBlockM, l.delta + stage * kBlockM,
+        l.full(stage));
+    after_copies(it);
+  }
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+}
+
+// The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
+// and, once the consumers have stored iteration j's dq tiles, their sum (rows inside the
+// sequence) added to the workspace, a warp per row and pass, 16 bytes per lane. The consumers
+// finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
+// right after iteration it's copies are issued.
+template <typename Traits>
+__device__ __forceinline__ void run_one_kernel_backward_producer(
+    const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
+  constexpr int kBlockM = Traits::kBlockM, kDimQK = Traits::kHeadDimQK;
   constexpr int kStages = Traits::kStages, kDqStride = Traits::kDqStride;
   const FlashForwardParams& p = bp.fwd;
-  produce_key_block<Element, kBlockN, kDimQK, kDimV>(p, kb, l.k, l.v, l.kv());
   auto add_dq_tile = [&](int j) {
     ptx::mbarrier_wait(l.dq_full(), j & 1);
     const int head = kb.head(j), i0 = kb.first_query(j);
@@ -134,19 +154,11 @@ __device__ __forceinline__ void run_fused_backward_producer(const FlashBackwardP
     }
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
   };
-#pragma unroll 1
-  for (int it = 0; it < kb.iterations; ++it) {
-    const int stage = it % kStages;
-    if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
-    produce_query_tile<Element, kBlockM, kDimQK, kDimV>(bp, kb, it, l.q(stage), l.d_o(stage),
-                                                        l.lse + stage * kBlockM,
-                                                        l.delta + stage * kBlockM, l.full(stage));
+  produce_key_block_iterations<Traits>(bp, kb, l, [&](int it) {
     if (it >= kStages) add_dq_tile(it - kStages);
-  }
+  });
 #pragma unroll 1
   for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
-  ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
-  ptx::cp_async_wait<0>();
 }
 
 // A slab's four raw scores become the cap's r (softcap_ratio; the logit is c' - 2c' r,
@@ -305,7 +317,7 @@ __device__ __forceinline__ void store_key_major_operands(uint32_t tile,
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    flash_backward_fused_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
+    flash_backward_one_kernel_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Traits::Element;
   const FlashForwardParams& p = bp.fwd;
@@ -316,18 +328,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kDqStride = Traits::kDqStride;
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
-  const FusedBackwardLayout<Traits> l(shared_storage);
+  const OneKernelBackwardLayout<Traits> l(shared_storage);
   auto du_shared = [&](int buffer) { return l.du + uint32_t(buffer) * kBlockN * kBlockM * 2; };
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
-  init_fused_backward_barriers(l);
+  init_key_block_barriers<Traits>(l);
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
+    ptx::mbarrier_init(l.dq_empty(), 128);
+  }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0) run_fused_backward_producer(bp, kb, l);
+    if (kb.iterations > 0) run_one_kernel_backward_producer(bp, kb, l);
     return;
   }
 
@@ -433,7 +449,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-// dq = scale * the fp32 workspace of the fused kernel, for every row of every sequence: one
+// dq = scale * the fp32 workspace of the one-kernel backward, for every row of every sequence: one
 // warp per row.
 template <typename Element>
 __global__ void flash_backward_convert_dq_kernel(const __grid_constant__ FlashBackwardParams bp,
