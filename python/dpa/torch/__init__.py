@@ -2,5 +2,16 @@
 
 from .context_parallel import dual_chunk_positions, shard_sequence
 from .dot_product_attention import DotProductAttention
+from .multihead_attention import MultiheadAttention
+from .rotary import RotaryPositionEmbedding, apply_rotary_pos_emb
+from .transformer_layer import TransformerLayer
 
-__all__ = ["DotProductAttention", "dual_chunk_positions", "shard_sequence"]
+__all__ = [
+    "DotProductAttention",
+    "MultiheadAttention",
+    "RotaryPositionEmbedding",
+    "TransformerLayer",
+    "apply_rotary_pos_emb",
+    "dual_chunk_positions",
+    "shard_sequence",
+]

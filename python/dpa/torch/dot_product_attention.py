@@ -82,18 +82,31 @@ class DotProductAttention(nn.Module):
         # Fail at construction, not at the first call: resolving checks every name.
         self._resolve(qkv_format, attn_mask_type, window_size, "no_bias", None)
 
-    def _resolve(self, qkv_format, attn_mask_type, window_size, bias_type, bias):
+    def _resolve(self, qkv_format, attn_mask_type, window_size, bias_type, bias, softcap=None,
+                 softmax_type=None):
         if window_size is None:
             causal = "causal" in attn_mask_type
             window_size = (-1, 0) if causal else (-1, -1)
+        softmax_type, sinks = self._softmax(softmax_type)
         return resolve(
             qkv_format=qkv_format, causal=False, mask_type=attn_mask_type,
             window_size=window_size, bottom_right_diagonal=self.bottom_right_diagonal,
-            softcap=self.softcap, softmax_scale=self.softmax_scale,
-            softmax_type=self.softmax_type, sinks=self.softmax_offset, bias=bias,
+            softcap=self.softcap if softcap is None else softcap,
+            softmax_scale=self.softmax_scale, softmax_type=softmax_type, sinks=sinks, bias=bias,
             bias_type=bias_type, dropout_p=self.attention_dropout if self.training else 0.0,
             layer_number=self.layer_number, deterministic=self.deterministic,
             backend=self.backend, padded=False)
+
+    def _softmax(self, softmax_type):
+        """The call's softmax type and sink tensor: the constructor's, or a per-call override
+        between the parameter-free types ("vanilla", "off-by-one"). "learnable" needs the
+        layer's softmax_offset parameter, so only a layer built with it can use it."""
+        if softmax_type is None or softmax_type == self.softmax_type:
+            return self.softmax_type, self.softmax_offset
+        if softmax_type == "learnable":
+            raise errors.invalid("softmax_type", "is 'learnable' but the layer was built with "
+                                 f"{self.softmax_type!r} (it has no softmax_offset parameter)")
+        return softmax_type, None
 
     def forward(
         self,
@@ -113,7 +126,11 @@ class DotProductAttention(nn.Module):
         core_attention_bias_type: str = "no_bias",
         core_attention_bias: Optional[torch.Tensor] = None,
         alibi_slopes: Optional[torch.Tensor] = None,
+        softcap: Optional[float] = None,
+        softmax_type: Optional[str] = None,
     ) -> torch.Tensor:
+        """TE's forward; ``softcap`` and ``softmax_type`` (dpa's additions, last so that
+        positional callers are not broken) override the constructor's for this call."""
         qkv_format = qkv_format or self.qkv_format
         self._check_sizes(query_layer, key_layer, value_layer)
         attn_mask_type = attn_mask_type or self.attn_mask_type
@@ -140,16 +157,18 @@ class DotProductAttention(nn.Module):
         self._check_max_seqlen(key_layer, qkv_format, max_seqlen_kv, cu_seqlens_kv,
                                "max_seqlen_kv")
         config = self._resolve(qkv_format, attn_mask_type, window_size,
-                               _BIAS_TYPES[core_attention_bias_type], core_attention_bias)
+                               _BIAS_TYPES[core_attention_bias_type], core_attention_bias,
+                               softcap, softmax_type)
+        sinks = self._softmax(softmax_type)[1]
         if self.cp is not None and self.cp.size > 1:
             return self._context_parallel(query_layer, key_layer, value_layer, config,
                                           cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
                                           cu_seqlens_kv_padded, core_attention_bias,
-                                          alibi_slopes, attention_mask)
+                                          alibi_slopes, attention_mask, sinks)
         o = _run(query_layer, key_layer, value_layer, config, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
                  cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=core_attention_bias,
-                 alibi_slopes=alibi_slopes, sinks=self.softmax_offset, attn_mask=attention_mask)
+                 alibi_slopes=alibi_slopes, sinks=sinks, attn_mask=attention_mask)
         return o.flatten(-2)
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream=None,
@@ -171,7 +190,7 @@ class DotProductAttention(nn.Module):
 
     def _context_parallel(self, q, k, v, config, cu_seqlens_q, cu_seqlens_kv,
                           cu_seqlens_q_padded, cu_seqlens_kv_padded, bias, alibi_slopes,
-                          attn_mask):
+                          attn_mask, sinks):
         _require_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                          cu_seqlens_q_padded=cu_seqlens_q_padded,
                          cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=bias,
@@ -185,7 +204,7 @@ class DotProductAttention(nn.Module):
         else:
             rng = None
         inputs = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                  cu_seqlens_kv_padded, bias, alibi_slopes, self.softmax_offset, attn_mask, rng,
+                  cu_seqlens_kv_padded, bias, alibi_slopes, sinks, attn_mask, rng,
                   *config)
         o, _ = cp_attention(self.cp, inputs)
         return o.flatten(-2)

@@ -1,0 +1,1 @@
+"""Integrations of dpa with model libraries: ``dpa.integrations.transformers`` (Hugging Face)."""
