@@ -2,6 +2,7 @@
 
 from .context_parallel import dual_chunk_positions, shard_sequence
 from .dot_product_attention import DotProductAttention
+from .megatron import attention_from_config
 from .multihead_attention import MultiheadAttention
 from .rotary import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .transformer_layer import TransformerLayer
@@ -12,6 +13,7 @@ __all__ = [
     "RotaryPositionEmbedding",
     "TransformerLayer",
     "apply_rotary_pos_emb",
+    "attention_from_config",
     "dual_chunk_positions",
     "shard_sequence",
 ]
