@@ -12,7 +12,8 @@ fi
 # The build requirements are installed once, so `pip install .` builds without isolation (a
 # fresh isolated environment per build would fetch them again).
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "scikit-build-core>=0.10" "nanobind>=2.4" torch numpy pytest transformers megatron-core
+  "scikit-build-core>=0.10" "nanobind>=2.4" torch numpy pytest transformers megatron-core \
+  onnx onnxruntime onnxscript
 CMAKE_BUILD_PARALLEL_LEVEL="${DPA_JOBS:-$(nproc)}" \
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-build-isolation "$root"

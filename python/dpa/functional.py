@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _dpa, errors, ops
+from . import _dpa, errors, export_graph, ops
 from ._views import view
 
 _MASK_TYPES = (
@@ -184,6 +184,15 @@ def _run(q, k, v, config: Resolved, *, cu_seqlens_q=None, cu_seqlens_kv=None,
     if alibi_slopes is not None and alibi_slopes.requires_grad:
         raise errors.invalid("alibi_slopes", "requires grad, but dpa computes no gradient for "
                              "the slopes (detach them)", errors.NotSupportedError)
+    if export_graph.exporting():
+        # ONNX export: standard operators instead of the custom op (dpa/export_graph.py).
+        if return_lse:
+            raise errors.invalid("return_lse", "is True while exporting to ONNX (the graph "
+                                 "computes o only)", errors.NotSupportedError)
+        return export_graph.attention_graph(
+            q, k, v, config, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, attn_mask=attn_mask)
     rng = _dropout_rng(config.dropout_p, generator, seed, offset)
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
               bias, alibi_slopes, sinks, attn_mask, rng, *config)

@@ -171,19 +171,57 @@ def test_decode_with_a_cache_matches_eager():
     assert torch.equal(got, want)
 
 
+# On the GPU: head dim 64 and a longer batch, so that dpa's flash kernels run (head dim 16
+# would fall to cuda_unfused); a window of 48 < 96 tokens keeps the sliding layer sliding.
+GPU_SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 sliding_window=48)
+GPU_CONFIGS = {"gemma2": lambda: gemma2_config(query_pre_attn_scalar=64, **GPU_SHAPE),
+               "gpt_oss": lambda: gpt_oss_config(**GPU_SHAPE)}
+
+
+def flat(grads):
+    return torch.cat([grads[name].double().flatten() for name in sorted(grads)])
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("family", list(GPU_CONFIGS))
 def test_model_bf16_on_gpu(family):
-    eager64, _ = build_pair(CONFIGS[family], torch.float64, "cuda")
-    eager, ours = build_pair(CONFIGS[family], torch.bfloat16, "cuda")
-    ids, mask = batch("right", device="cuda")
-    with torch.no_grad():
-        exact = eager64(input_ids=ids, attention_mask=mask).logits
-        eager_error = rel(valid(eager(input_ids=ids, attention_mask=mask).logits, mask),
-                          valid(exact, mask))
-        our_error = rel(valid(ours(input_ids=ids, attention_mask=mask).logits, mask),
-                        valid(exact, mask))
+    """bf16 logits and gradients within 2x eager-bf16's own error against an fp64 eager run
+    (on the CPU: gpt-oss's grouped expert GEMM has no fp64 CUDA kernel)."""
+    eager64, _ = build_pair(GPU_CONFIGS[family], torch.float64, "cpu")
+    eager, ours = build_pair(GPU_CONFIGS[family], torch.bfloat16, "cuda")
+    ids, mask = batch(s=96)
+    # Right padding. Every row keeps a visible key inside the window of 48 (a row with none
+    # makes eager's fp64 mask -inf in its fp32 softmax: NaN, which then spreads).
+    mask[1, 70:] = 0
+    mask[2, 60:] = 0
+    exact_logits, exact_grads = run(eager64, ids, mask)
+
+    def on_gpu(model):
+        logits, grads = run(model, ids.cuda(), mask.cuda())
+        return logits.cpu(), {name: grad.cpu() for name, grad in grads.items()}
+
+    eager_logits, eager_grads = on_gpu(eager)
+    our_logits, our_grads = on_gpu(ours)
+    exact = valid(exact_logits, mask)
+    eager_error = rel(valid(eager_logits, mask), exact)
+    our_error = rel(valid(our_logits, mask), exact)
     assert our_error <= 2 * eager_error, (our_error, eager_error)
+    assert set(our_grads) == set(exact_grads)
+    eager_grad_error = rel(flat(eager_grads), flat(exact_grads))
+    our_grad_error = rel(flat(our_grads), flat(exact_grads))
+    assert our_grad_error <= 2 * eager_grad_error, (our_grad_error, eager_grad_error)
+    # The shape and features run on dpa's flash kernels, forward and backward.
+    q = torch.empty(3, 96, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(3, 96, 2, 64, device="cuda", dtype=torch.bfloat16)
+    features = (dict(softcap=3.0) if family == "gemma2"
+                else dict(sinks=torch.zeros(4, device="cuda", requires_grad=True)))
+    for backward in (False, True):
+        chosen = dpa.explain(q, k, k, causal=True, window_size=(47, 0), backward=backward,
+                             **features).chosen
+        assert chosen == "cuda_flash", (backward, chosen)
+    print(f"{family}: logits {our_error:.3g} (eager bf16 {eager_error:.3g}), gradients "
+          f"{our_grad_error:.3g} (eager bf16 {eager_grad_error:.3g})")
 
 
 def test_every_attention_layer_runs_on_dpa():

@@ -12,7 +12,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .. import errors
+from .. import errors, export_graph
 from ..functional import _require_tensors, _run, resolve
 from .context_parallel import context_parallel_group, cp_attention
 
@@ -161,6 +161,10 @@ class DotProductAttention(nn.Module):
                                softcap, softmax_type)
         sinks = self._softmax(softmax_type)[1]
         if self.cp is not None and self.cp.size > 1:
+            if export_graph.exporting():
+                raise errors.invalid("cp_group", "is set while exporting to ONNX: a graph of "
+                                     "one device cannot express the ranks' exchange",
+                                     errors.NotSupportedError)
             return self._context_parallel(query_layer, key_layer, value_layer, config,
                                           cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
                                           cu_seqlens_kv_padded, core_attention_bias,
