@@ -1,0 +1,41 @@
+// A KV-cache call (dpa/kvcache.h) validated and resolved on the host: every sequence's cached,
+// appended and query lengths, and where each of its cache positions lives. Built before
+// anything is written, so that a bad call fails with nothing touched.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dpa/kvcache.h"
+
+namespace dpa {
+
+struct KvCachePlan {
+  int64_t batch = 0;
+  int64_t heads_q = 0, heads_kv = 0, head_dim_qk = 0, head_dim_v = 0;
+  bool packed_q = false;    // q is [tq, H, d] with cu_seqlens_q
+  bool packed_new = false;  // k_new / v_new are [t_new, G, d] with cu_seqlens_k_new
+  bool paged = false;
+  int64_t page_size = 0;           // paged only
+  int64_t max_pages = 0;           // paged only: block_table's second dimension
+  int64_t capacity = 0;            // positions a sequence can hold: s_max, or max_pages * page_size
+  std::vector<int64_t> cached;     // [b] cache_seqlens
+  std::vector<int64_t> added;      // [b] new tokens this call appends
+  std::vector<int64_t> new_start;  // [b] first row of sequence i in k_new (packed: its t row)
+  std::vector<int64_t> q_len;      // [b] queries
+  std::vector<int64_t> q_start;    // [b] first row of sequence i in a packed q
+  std::vector<int64_t> pages;      // [b * max_pages] block_table, paged only
+
+  int64_t keys(int64_t i) const { return cached[size_t(i)] + added[size_t(i)]; }
+  int64_t max_keys() const;
+  // Cache position `pos` of sequence i as (index along dim 0, index along dim 1) of k_cache /
+  // v_cache: (page, row in page) when paged, (i, pos) otherwise.
+  void slot(int64_t i, int64_t pos, int64_t* dim0, int64_t* dim1) const;
+};
+
+// Validates the arguments (DESIGN.md §7: each error names its argument) and reads the host
+// tables. Host tensors only: device caches are refused (kNotSupported) until the serving
+// kernels exist.
+KvCachePlan plan_kvcache(const KvCacheArgs& args);
+
+}  // namespace dpa
