@@ -37,11 +37,13 @@ __version__ = "0.1.0"
 if _torch is not None:
     from . import ops
     from .functional import Explanation, Verdict, attention, attention_varlen, explain
+    from .kvcache import attention_with_kvcache
     from . import direct, torch  # noqa: F811  (dpa.torch: the nn.Module layer)
 
 __all__ = [
     "attention",
     "attention_varlen",
+    "attention_with_kvcache",
     "explain",
     "Explanation",
     "Verdict",

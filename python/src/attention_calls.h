@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "dpa/attention.h"
@@ -20,6 +21,15 @@
 namespace dpa::python {
 
 using RngTuple = std::optional<std::tuple<uint64_t, uint64_t>>;
+
+// A name -> enum parse (dpa/types.h's parsers) that raises naming `argument` when unknown.
+template <typename T>
+T parse_enum(std::optional<T> (*parse)(std::string_view), const std::string& name,
+             const char* argument) {
+  std::optional<T> value = parse(name);
+  require(value.has_value(), argument, "has an unknown value '" + name + "'");
+  return *value;
+}
 
 // The optional inputs, in the order every binding takes them after q, k, v.
 AttentionInputs make_inputs(nanobind::handle q, nanobind::handle k, nanobind::handle v,

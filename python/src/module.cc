@@ -18,20 +18,13 @@
 #include "core/workspace.h"
 #include "dpa/attention.h"
 #include "errors.h"
+#include "kvcache.h"
 #include "tensor_views.h"
 
 namespace nb = nanobind;
 
 namespace dpa::python {
 namespace {
-
-template <typename T>
-T parse_enum(std::optional<T> (*parse)(std::string_view), const std::string& name,
-             const char* argument) {
-  std::optional<T> value = parse(name);
-  require(value.has_value(), argument, "has an unknown value '" + name + "'");
-  return *value;
-}
 
 AttentionConfig make_config(const std::string& format, const std::string& mask_type,
                             int64_t window_left, int64_t window_right, bool bottom_right_diagonal,
@@ -136,6 +129,7 @@ NB_MODULE(_dpa, m) {
   m.def("workspace_shortfall_bytes", &dpa::workspace_shortfall_bytes,
         "Bytes that calls wanted beyond the workspace they were given (a sizing bug if not 0)");
   bind_context_parallel(m);
+  bind_kvcache(m);
   m.def("cuda_built", []() {
 #if defined(DPA_WITH_CUDA)
     return true;

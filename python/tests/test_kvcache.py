@@ -1,0 +1,161 @@
+"""dpa.attention_with_kvcache (issue 20) against the pure-PyTorch reference (reference.py): each
+sequence's keys are the cache's first cache_seqlens[i] rows plus the new ones, attended as one
+ordinary call. Contiguous and paged caches, packed (chunked-prefill) queries and appends,
+features, the cache written in place, and the errors."""
+
+import pytest
+import torch
+
+import dpa
+import reference
+
+H, G, D = 4, 2, 8
+
+
+def make_cache(cached, page_size, capacity, generator):
+    """Sequence i's cached keys and values, and a cache holding them: contiguous [b, capacity,
+    G, D], or paged [pool, page_size, G, D] with a shuffled block table (unused pages garbage)."""
+    b = len(cached)
+    keys = [torch.randn(n, G, D, dtype=torch.float64, generator=generator) for n in cached]
+    values = [torch.randn(n, G, D, dtype=torch.float64, generator=generator) for n in cached]
+    if page_size is None:
+        k_cache = 100 * torch.randn(b, capacity, G, D, dtype=torch.float64, generator=generator)
+        v_cache = 100 * torch.randn(b, capacity, G, D, dtype=torch.float64, generator=generator)
+        for i, n in enumerate(cached):
+            k_cache[i, :n], v_cache[i, :n] = keys[i], values[i]
+        return keys, values, k_cache, v_cache, None
+    pages = capacity // page_size
+    pool = b * pages + 2
+    order = torch.randperm(pool, generator=generator)[: b * pages].view(b, pages)
+    k_cache = 100 * torch.randn(pool, page_size, G, D, dtype=torch.float64, generator=generator)
+    v_cache = 100 * torch.randn(pool, page_size, G, D, dtype=torch.float64, generator=generator)
+    for i, n in enumerate(cached):
+        for pos in range(n):
+            page, row = order[i, pos // page_size], pos % page_size
+            k_cache[page, row], v_cache[page, row] = keys[i][pos], values[i][pos]
+    return keys, values, k_cache, v_cache, order.to(torch.int32)
+
+
+def expected(q_rows, keys, values, *, causal, window, softcap, sinks, alibi=None):
+    """Per sequence: the reference over all its keys, bottom-right aligned."""
+    outs, lses = [], []
+    for q, k, v in zip(q_rows, keys, values):
+        if k.shape[0] == 0:
+            outs.append(torch.zeros(q.shape[0], H, D, dtype=torch.float64))
+            sink = (torch.full((H,), float("-inf"), dtype=torch.float64) if sinks is None
+                    else sinks.double())
+            lses.append(sink.view(H, 1).expand(H, q.shape[0]))
+            continue
+        left, right = window
+        if causal:
+            right = 0
+        o, lse = reference.attention(q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None],
+                                     v.permute(1, 0, 2)[None], softcap=softcap,
+                                     window=(left, right), sink=sinks, alibi=alibi)
+        outs.append(o[0].permute(1, 0, 2))
+        lses.append(lse[0])
+    return outs, lses
+
+
+# cpu_exact computes in fp64; the auto choice (the tiled cpu backend) in fp32.
+TOLERANCE = {"cpu_exact": 1e-10, None: 1e-5}
+
+
+@pytest.mark.parametrize("backend", list(TOLERANCE))
+@pytest.mark.parametrize("page_size", [None, 1, 16, 64, 256])
+@pytest.mark.parametrize("features", ["plain", "softcap_sink_window", "alibi"])
+def test_decode_matches_reference(page_size, features, backend):
+    generator = torch.Generator().manual_seed(3)
+    cached = [37, 0, 300, 5]
+    capacity = 512
+    keys, values, k_cache, v_cache, table = make_cache(cached, page_size, capacity, generator)
+    b = len(cached)
+    q = torch.randn(b, 1, H, D, dtype=torch.float64, generator=generator) * 2
+    k_new = torch.randn(b, 1, G, D, dtype=torch.float64, generator=generator)
+    v_new = torch.randn(b, 1, G, D, dtype=torch.float64, generator=generator)
+    options = {}
+    softcap, window, sinks, alibi = 0.0, (-1, -1), None, None
+    if features == "softcap_sink_window":
+        softcap, window = 3.0, (15, 0)
+        sinks = torch.randn(H, generator=generator) * 2
+        options = dict(softcap=softcap, window_size=window, sinks=sinks)
+    elif features == "alibi":
+        alibi = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+        options = dict(alibi_slopes=alibi)
+    seqlens = torch.tensor(cached, dtype=torch.int32)
+    o, lse = dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                        block_table=table, causal=True, return_lse=True,
+                                        backend=backend, **options)
+    all_keys = [torch.cat([k, k_new[i]]) for i, k in enumerate(keys)]
+    all_values = [torch.cat([v, v_new[i]]) for i, v in enumerate(values)]
+    want_o, want_lse = expected(list(q), all_keys, all_values, causal=True, window=window,
+                                softcap=softcap, sinks=sinks, alibi=alibi)
+    tol = TOLERANCE[backend]
+    torch.testing.assert_close(o, torch.stack(want_o), rtol=tol, atol=tol)
+    torch.testing.assert_close(lse, torch.stack(want_lse).float(), rtol=1e-5, atol=1e-5)
+    # The new tokens are in the cache, at position cache_seqlens[i].
+    for i, n in enumerate(cached):
+        if table is None:
+            got = k_cache[i, n]
+        else:
+            got = k_cache[table[i, n // page_size], n % page_size]
+        assert torch.equal(got, k_new[i, 0])
+    if features != "plain":  # the features move the result
+        plain, _ = expected(list(q), all_keys, all_values, causal=True, window=(-1, -1),
+                            softcap=0.0, sinks=None)
+        assert (torch.stack(plain) - o).abs().max() > 1e-2
+
+
+def test_chunked_prefill_mixed_batch():
+    """One packed call: a decode, a first prefill chunk, a later chunk over a cache."""
+    generator = torch.Generator().manual_seed(5)
+    cached, added = [40, 0, 9], [1, 12, 5]
+    keys, values, k_cache, v_cache, table = make_cache(cached, 16, 64, generator)
+    cu = torch.tensor([0, 1, 13, 18], dtype=torch.int32)
+    q = torch.randn(18, H, D, dtype=torch.float64, generator=generator)
+    k_new = torch.randn(18, G, D, dtype=torch.float64, generator=generator)
+    v_new = torch.randn(18, G, D, dtype=torch.float64, generator=generator)
+    sinks = torch.randn(H, generator=generator)
+    o = dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                   cache_seqlens=torch.tensor(cached, dtype=torch.int32),
+                                   block_table=table, cu_seqlens_q=cu, cu_seqlens_k_new=cu,
+                                   causal=True, softcap=4.0, sinks=sinks,
+                                   backend="cpu_exact")
+    bounds = cu.tolist()
+    rows = [slice(bounds[i], bounds[i + 1]) for i in range(3)]
+    want, _ = expected([q[r] for r in rows],
+                       [torch.cat([keys[i], k_new[r]]) for i, r in enumerate(rows)],
+                       [torch.cat([values[i], v_new[r]]) for i, r in enumerate(rows)],
+                       causal=True, window=(-1, -1), softcap=4.0, sinks=sinks)
+    torch.testing.assert_close(o, torch.cat(want), rtol=1e-10, atol=1e-10)
+
+
+def test_an_int_cache_seqlens_and_no_append():
+    generator = torch.Generator().manual_seed(7)
+    keys, values, k_cache, v_cache, _ = make_cache([6, 6], None, 8, generator)
+    q = torch.randn(2, 3, H, D, dtype=torch.float64, generator=generator)
+    o = dpa.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=6, backend="cpu_exact")
+    want, _ = expected(list(q), keys, values, causal=False, window=(-1, -1), softcap=0.0,
+                       sinks=None)
+    torch.testing.assert_close(o, torch.stack(want), rtol=1e-10, atol=1e-10)
+
+
+def test_refusals_name_the_argument_and_leave_the_cache():
+    generator = torch.Generator().manual_seed(9)
+    _, _, k_cache, v_cache, table = make_cache([5, 3], 4, 8, generator)
+    q = torch.randn(2, 1, H, D, dtype=torch.float64)
+    k_new = torch.randn(2, 1, G, D, dtype=torch.float64)
+    before = k_cache.clone()
+    bad = table.clone()
+    bad[0, 1] = 99
+    with pytest.raises(dpa.InvalidArgumentError, match="block_table"):
+        dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new.clone(),
+                                   cache_seqlens=torch.tensor([5, 3], dtype=torch.int32),
+                                   block_table=bad)
+    with pytest.raises(dpa.InvalidArgumentError, match="cache_seqlens"):
+        dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new.clone(), cache_seqlens=8,
+                                   block_table=table)
+    with pytest.raises(dpa.NotSupportedError, match="q"):
+        dpa.attention_with_kvcache(q.requires_grad_(), k_cache, v_cache, cache_seqlens=3,
+                                   block_table=table)
+    assert torch.equal(k_cache, before)
