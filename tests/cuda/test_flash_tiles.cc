@@ -96,6 +96,40 @@ TEST(FlashTiles, BackwardTilesFitSharedMemory) {
   EXPECT_GT(flash_backward_shared_bytes(128, 128), 99 * 1024);
 }
 
+// The plan carries the bytes of the family that runs (the selector's rule checks them), and they
+// fit sm_90: the traits assert the same sizes against their layouts at compile time.
+TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
+  using F = FlashBackwardFamily;
+  struct Expected {
+    int arch, dqk, dv;
+    bool deterministic;
+    F family;
+    int bytes;
+  };
+  const Expected cases[] = {
+      {90, 128, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128)},
+      {90, 64, 64, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(64, 64)},
+      {90, 256, 256, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(256, 256)},
+      {90, 128, 128, true, F::kWgmmaWs, flash_backward_wgmma_ws_shared_bytes(128, 128)},
+      {90, 256, 256, true, F::kMmaSync, flash_backward_shared_bytes(256, 256)},
+      {80, 128, 128, false, F::kMmaSync, flash_backward_shared_bytes(128, 128)},
+  };
+  for (const Expected& e : cases) {
+    const FlashBackwardPlan plan =
+        flash_backward_plan(e.arch, e.dqk, e.dv, e.deterministic, false, F::kAutomatic);
+    EXPECT_EQ(plan.family, e.family) << e.arch << " " << e.dqk;
+    EXPECT_EQ(plan.shared_bytes, e.bytes) << e.arch << " " << e.dqk;
+    EXPECT_LE(plan.shared_bytes, 227 * 1024);
+  }
+  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, false, F::kWgmma).shared_bytes,
+            flash_backward_wgmma_shared_bytes(128, 128));
+  // The families' sizes differ: a rule that checked one family's bytes for another would be
+  // checking the wrong number.
+  EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128),
+            flash_backward_shared_bytes(128, 128));
+  EXPECT_NE(flash_backward_wgmma_ws_shared_bytes(128, 128), flash_backward_shared_bytes(128, 128));
+}
+
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the
 // rows that see some key of the block (DESIGN.md §3), for any window, alignment or CP diagonal.
 // The one-kernel backward (dq through fp32 reductions) never runs in deterministic mode or with

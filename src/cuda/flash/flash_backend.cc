@@ -16,23 +16,31 @@
 namespace dpa {
 namespace {
 
+// The backward a request would run (the launch takes the same plan: flash_backward.cc).
+cuda::FlashBackwardPlan backward_plan(const FeatureRequest& r) {
+  return cuda::flash_backward_plan(r.device_arch, int(r.head_dim_qk), int(r.head_dim_v),
+                                   r.deterministic, r.dropout,
+                                   cuda::requested_backward_family(r.flash_backward_kernel));
+}
+
 // The kernel family and tiles a request would run on, from the same functions the launch uses
-// (flash_forward_shape, flash_backward_family), for explain().
+// (flash_forward_shape, flash_backward_plan), for explain().
 std::string describe_flash_plan(const FeatureRequest& r) {
   const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
   if (r.pass == Pass::kBackward) {
-    const cuda::FlashBackwardFamily family =
-        cuda::flash_backward_family(r.device_arch, dqk, dv, r.deterministic, r.dropout,
-                                    cuda::requested_backward_family(r.flash_backward_kernel));
-    switch (family) {
+    const cuda::FlashBackwardPlan plan = backward_plan(r);
+    const std::string shared = ", " + std::to_string(plan.shared_bytes) + " bytes of shared memory";
+    switch (plan.family) {
       case cuda::FlashBackwardFamily::kOneKernel:
-        return "backward kernel family one_kernel (one kernel per key block, fp32 dq reductions)";
+        return "backward kernel family one_kernel (one kernel per key block, fp32 dq "
+               "reductions)" +
+               shared;
       case cuda::FlashBackwardFamily::kWgmmaWs:
-        return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)";
+        return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)" + shared;
       case cuda::FlashBackwardFamily::kWgmma:
-        return "backward kernel family wgmma (atomic-free pair)";
+        return "backward kernel family wgmma (atomic-free pair)" + shared;
       default:
-        return "backward kernel family mma_sync (atomic-free pair)";
+        return "backward kernel family mma_sync (atomic-free pair)" + shared;
     }
   }
   const cuda::FlashTileShape shape =
@@ -106,7 +114,7 @@ class CudaFlashBackend final : public Backend {
       if (!device.present) return std::nullopt;  // unavailable anyway, with its own reason
       const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
       const int need = r.pass == Pass::kBackward
-                           ? cuda::flash_backward_shared_bytes(dqk, dv)
+                           ? backward_plan(r).shared_bytes
                            : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, device.arch,
                                                        r.flash_forward_kernel)
                                  .shared_bytes;

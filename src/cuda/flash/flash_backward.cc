@@ -41,10 +41,12 @@ void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_d
 
 namespace {
 
+// The plan the selector's rule checked (flash_backend.cc), from the same inputs.
 FlashBackwardFamily backward_family(const AttentionProblem& p) {
-  return flash_backward_family(device_info(p.device_index).arch, int(p.head_dim_qk),
-                               int(p.head_dim_v), p.deterministic, p.dropout_threshold != 0,
-                               requested_backward_family(p.flash_backward_kernel));
+  return flash_backward_plan(p.device_arch, int(p.head_dim_qk), int(p.head_dim_v), p.deterministic,
+                             p.dropout_threshold != 0,
+                             requested_backward_family(p.flash_backward_kernel))
+      .family;
 }
 
 // The backward's own buffers, by family.

@@ -36,6 +36,9 @@ struct FlashBackwardSm90Traits {
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
   static_assert(kDqSharedBytes <= 227 * 1024 && kDkvSharedBytes <= 227 * 1024,
                 "tiles must fit sm_90 shared memory");
+  static_assert(flash_backward_max(kDqSharedBytes, kDkvSharedBytes) ==
+                    flash_backward_wgmma_shared_bytes(kHeadDimQK, kHeadDimV),
+                "flash_tiles.h's size (the selector's rule) matches this layout");
 };
 
 // Descriptor of a K-major operand: rows `row0..` of a swizzled tile of `rows` rows, 16 columns

@@ -53,6 +53,8 @@ struct FlashBackwardSm90OneKernelTraits {
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
   static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
+  static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
+                "flash_tiles.h's size (the selector's rule) matches this layout");
   static_assert(kDqColumns == 32 || kDqColumns == 64,
                 "a consumer's dq columns lie inside one 64-column swizzle block of K");
 };

@@ -48,6 +48,8 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static_assert(kBlockM * 2 == 128, "P^T and dU^T rows are one 128-byte swizzle block");
   static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
+  static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
+                "flash_tiles.h's size (the selector's rule) matches this layout");
 };
 
 // Shared-memory addresses of a wide one-kernel backward block.

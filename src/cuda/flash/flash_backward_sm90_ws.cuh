@@ -44,6 +44,9 @@ struct FlashBackwardSm90WsTraits {
   static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kDqSharedBytes <= 227 * 1024 && kDkvSharedBytes <= 227 * 1024,
                 "tiles must fit sm_90 shared memory");
+  static_assert(flash_backward_max(kDqSharedBytes, kDkvSharedBytes) ==
+                    flash_backward_wgmma_ws_shared_bytes(kHeadDimQK, kHeadDimV),
+                "flash_tiles.h's size (the selector's rule) matches this layout");
 };
 
 template <typename Traits>

@@ -196,6 +196,58 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
   return one_kernel_allowed ? FlashBackwardFamily::kOneKernel : FlashBackwardFamily::kWgmmaWs;
 }
 
+// Shared memory per block of each sm_90 backward family, the larger kernel's for the pairs. The
+// traits in flash_backward_sm90*.cuh assert these against their own layouts, so the selector's
+// rule (through flash_backward_plan) checks the bytes the launch asks for.
+constexpr int flash_backward_max(int a, int b) { return a > b ? a : b; }
+constexpr int flash_backward_wgmma_shared_bytes(int head_dim_qk, int head_dim_v) {
+  const int dims = head_dim_qk + head_dim_v;
+  return flash_backward_max(2 * (128 + 2 * 64) * dims + 1024,
+                            2 * (128 + 2 * 32) * dims + 2 * 2 * 32 * 4 + 8 * 2 * 32 + 1024);
+}
+constexpr int flash_backward_wgmma_ws_shared_bytes(int head_dim_qk, int head_dim_v) {
+  const int dims = head_dim_qk + head_dim_v, stages = 3, barriers = 64;
+  return flash_backward_max(
+      2 * (128 + stages * 64) * dims + barriers + 1024,
+      2 * (128 + stages * 32) * dims + stages * 2 * 32 * 4 + 8 * 2 * 32 + barriers + 1024);
+}
+constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
+  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64, block_m = 64;
+  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)) {
+    const int block_n = 64, operand_tile = block_n * block_m * 2;
+    return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
+           barriers + 1024;
+  }
+  const int block_n = 128, du = 2 * block_n * block_m * 2;
+  return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
+         block_m * (head_dim_qk + 4) * 4 + barriers + 1024;
+}
+
+// What a backward runs: its family and that family's shared memory per block. The selector's
+// rule and the launch both take it, so what the rule accepts is what runs.
+struct FlashBackwardPlan {
+  FlashBackwardFamily family;
+  int shared_bytes;
+};
+constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int head_dim_v,
+                                                bool deterministic, bool dropout,
+                                                FlashBackwardFamily requested) {
+  const FlashBackwardFamily family =
+      flash_backward_family(arch, head_dim_qk, head_dim_v, deterministic, dropout, requested);
+  switch (family) {
+    case FlashBackwardFamily::kWgmma:
+      return {family, flash_backward_wgmma_shared_bytes(head_dim_qk, head_dim_v)};
+    case FlashBackwardFamily::kWgmmaWs:
+      return {family, flash_backward_wgmma_ws_shared_bytes(head_dim_qk, head_dim_v)};
+    case FlashBackwardFamily::kOneKernel:
+      return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v)};
+    case FlashBackwardFamily::kMmaSync:
+    case FlashBackwardFamily::kAutomatic:
+      break;
+  }
+  return {FlashBackwardFamily::kMmaSync, flash_backward_shared_bytes(head_dim_qk, head_dim_v)};
+}
+
 // The query rows [first, last] (empty when last < first) that see at least one key of
 // [first_key, last_key] (DESIGN.md §3: i + delta - l <= j <= i + delta + r, -1 unbounded), for
 // the backward's dk/dv kernels, which walk only those query tiles. Host and device.
