@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -36,9 +38,17 @@ TensorView int32_view(std::vector<int32_t>& values) {
   return TensorView::contiguous(values.data(), DType::kInt32, {int64_t(values.size())});
 }
 
-std::vector<int32_t> boundaries(const std::vector<int64_t>& lengths) {
+// The sequence tables the attention takes are int32, as the caller's are.
+int32_t table_entry(int64_t value, const char* argument) {
+  require(value <= std::numeric_limits<int32_t>::max(), argument,
+          "gives " + std::to_string(value) + " rows in all, beyond the int32 sequence tables");
+  return int32_t(value);
+}
+
+std::vector<int32_t> boundaries(const std::vector<int64_t>& lengths, const char* argument) {
   std::vector<int32_t> cu(lengths.size() + 1, 0);
-  for (size_t i = 0; i < lengths.size(); ++i) cu[i + 1] = int32_t(cu[i] + lengths[i]);
+  for (size_t i = 0; i < lengths.size(); ++i)
+    cu[i + 1] = table_entry(int64_t(cu[i]) + lengths[i], argument);
   return cu;
 }
 
@@ -64,7 +74,7 @@ KeySource key_source(const KvCachePlan& plan, const KvCacheArgs& a) {
   KeySource keys;
   std::vector<int64_t> lengths(size_t(plan.batch));
   for (int64_t i = 0; i < plan.batch; ++i) lengths[size_t(i)] = plan.keys(i);
-  keys.cu_seqlens = boundaries(lengths);
+  keys.cu_seqlens = boundaries(lengths, "cache_seqlens");
   const int64_t G = plan.heads_kv, esize = int64_t(dtype_size(a.q.dtype));
   if (!plan.paged && !plan.packed_q) {  // bshd over the cache itself
     keys.k = a.k_cache;
@@ -83,7 +93,7 @@ KeySource key_source(const KvCachePlan& plan, const KvCacheArgs& a) {
     }
     keys.cu_seqlens_padded.resize(size_t(plan.batch + 1));
     for (int64_t i = 0; i <= plan.batch; ++i)
-      keys.cu_seqlens_padded[size_t(i)] = int32_t(i * s_max);
+      keys.cu_seqlens_padded[size_t(i)] = table_entry(i * s_max, "k_cache");
     return keys;
   }
   // A gathered copy: [b, max keys, G, d] for a 4-D q, packed [sum of keys, G, d] for a packed one
@@ -167,7 +177,7 @@ BackendKind KvCacheAttention::forward(const KvCacheArgs& a) {
 
   AttentionConfig config = attention_config(config_);
   config.format = plan.packed_q ? Format::kTHD : Format::kBSHD;
-  std::vector<int32_t> cu_q = boundaries(plan.q_len);
+  std::vector<int32_t> cu_q = boundaries(plan.q_len, "q");
   std::vector<float> lse_storage;
   ForwardArgs args;
   args.in.q = a.q;
