@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/backend.h"
@@ -66,8 +68,12 @@ struct KeySource {
   bool gathered = false;
 };
 
-bool packs_in_place(const TensorView& cache) {
-  return cache.shape[1] == 1 || cache.strides[0] == cache.shape[1] * cache.strides[1];
+// The row stride of a contiguous cache read as packed rows [b * s_max, G, d] (row i * s_max + pos
+// is position pos of sequence i), when its strides allow that view.
+std::optional<int64_t> packed_row_stride(const TensorView& cache) {
+  if (cache.shape[1] <= 1) return cache.strides[0];  // a size-1 dim's stride is arbitrary
+  if (cache.strides[0] == cache.shape[1] * cache.strides[1]) return cache.strides[1];
+  return std::nullopt;
 }
 
 KeySource key_source(const KvCachePlan& plan, const KvCacheArgs& a) {
@@ -81,15 +87,17 @@ KeySource key_source(const KvCachePlan& plan, const KvCacheArgs& a) {
     keys.v = a.v_cache;
     return keys;
   }
-  if (!plan.paged && packs_in_place(a.k_cache) && packs_in_place(a.v_cache)) {
+  const std::optional<int64_t> k_rows = packed_row_stride(a.k_cache);
+  const std::optional<int64_t> v_rows = packed_row_stride(a.v_cache);
+  if (!plan.paged && k_rows && v_rows) {
     // thd over the cache itself: sequence i's slot starts at row i * s_max.
     const int64_t s_max = a.k_cache.shape[1];
-    for (const auto& [view, cache] :
-         {std::make_pair(&keys.k, &a.k_cache), std::make_pair(&keys.v, &a.v_cache)}) {
+    for (const auto& [view, cache, row_stride] : {std::make_tuple(&keys.k, &a.k_cache, *k_rows),
+                                                  std::make_tuple(&keys.v, &a.v_cache, *v_rows)}) {
       *view = *cache;
       view->ndim = 3;
       view->shape = {plan.batch * s_max, cache->shape[2], cache->shape[3], 0, 0};
-      view->strides = {cache->strides[1], cache->strides[2], cache->strides[3], 0, 0};
+      view->strides = {row_stride, cache->strides[2], cache->strides[3], 0, 0};
     }
     keys.cu_seqlens_padded.resize(size_t(plan.batch + 1));
     for (int64_t i = 0; i <= plan.batch; ++i)
@@ -101,9 +109,9 @@ KeySource key_source(const KvCachePlan& plan, const KvCacheArgs& a) {
   keys.gathered = true;
   const int64_t rows = plan.packed_q ? keys.cu_seqlens.back() : plan.max_keys();
   const int64_t alloc_rows = std::max<int64_t>(rows, 1);
-  const int64_t per_batch = plan.packed_q ? alloc_rows : alloc_rows * plan.batch;
-  keys.k_storage.resize(size_t(per_batch * G * plan.head_dim_qk * esize));
-  keys.v_storage.resize(size_t(per_batch * G * plan.head_dim_v * esize));
+  const int64_t total_rows = plan.packed_q ? alloc_rows : alloc_rows * plan.batch;
+  keys.k_storage.resize(size_t(total_rows * G * plan.head_dim_qk * esize));
+  keys.v_storage.resize(size_t(total_rows * G * plan.head_dim_v * esize));
   keys.gathered_rows = plan.packed_q ? 0 : alloc_rows;
   if (plan.packed_q) {
     keys.k =

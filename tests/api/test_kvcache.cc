@@ -136,6 +136,18 @@ const KvCase kCases[] = {
        c.k_cache.view().shape[1] -= 1;
        c.v_cache.view().shape[1] -= 1;
      }},
+    {"packed_queries_one_slot_cache",  // s_max = 1: that dim's stride says nothing
+     [](KvCacheCaseSpec& s) {
+       s.cached = {0, 0, 0};
+       s.added = {1, 1, 1};
+       s.queries = {1, 1, 1};
+       s.packed_q = true;
+     },
+     {},
+     [](KvCacheCaseSpec&, KvCacheCase& c) {
+       c.k_cache.view().strides[1] = 7;
+       c.v_cache.view().strides[1] = 5;
+     }},
     {"window_inside_one_page",
      [](KvCacheCaseSpec& s) {
        decode(s, {100, 70}, 64);
