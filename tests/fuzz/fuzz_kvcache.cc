@@ -59,7 +59,8 @@ Tensor boundaries(int64_t batch, Bytes& bytes, int64_t* total) {
   const bool arbitrary = bytes.below(4) == 0;
   int32_t sum = 0;
   t.ints.push_back(arbitrary ? bytes.signed_byte() : 0);
-  for (int64_t i = 0; i < batch; ++i) t.ints.push_back(arbitrary ? bytes.signed_byte() : (sum += int32_t(bytes.below(6))));
+  for (int64_t i = 0; i < batch; ++i)
+    t.ints.push_back(arbitrary ? bytes.signed_byte() : (sum += int32_t(bytes.below(6))));
   *total = arbitrary ? int64_t(bytes.below(24)) : sum;
   t.view = dpa::TensorView::contiguous(t.ints.data(), dpa::DType::kInt32, {batch + 1});
   return t;
@@ -69,8 +70,8 @@ Tensor boundaries(int64_t batch, Bytes& bytes, int64_t* total) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes bytes(data, size);
-  const int64_t b = bytes.below(4), G = 1 + bytes.below(2), H = G * (1 + bytes.below(2)) +
-                                                               (bytes.below(8) == 0 ? 1 : 0);
+  const int64_t b = bytes.below(4), G = 1 + bytes.below(2),
+                H = G * (1 + bytes.below(2)) + (bytes.below(8) == 0 ? 1 : 0);
   const int64_t d = 1 + bytes.below(4), dv = 1 + bytes.below(4);
   const bool paged = bytes.below(2), packed_q = bytes.below(2), append = bytes.below(2);
   const bool packed_new = append && bytes.below(2);
@@ -95,7 +96,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   args.q = keep.back().view;
   if (paged) {
-    const int64_t page_size = 1 + bytes.below(4), pages = bytes.below(8), max_pages = bytes.below(4);
+    const int64_t page_size = 1 + bytes.below(4), pages = bytes.below(8),
+                  max_pages = bytes.below(4);
     keep.push_back(floats({pages, page_size, G, d}, 1.0f));
     args.k_cache = keep.back().view;
     keep.push_back(floats({pages, page_size, G, dv}, 1.0f));
@@ -130,13 +132,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     keep.push_back(floats({H}, 0.25f));
     args.softmax_offset = keep.back().view;
   }
-  keep.push_back(floats(packed_q ? std::vector<int64_t>{tq, H, dv}
-                                 : std::vector<int64_t>{b, sq, H, dv},
-                        0.0f));
+  keep.push_back(floats(
+      packed_q ? std::vector<int64_t>{tq, H, dv} : std::vector<int64_t>{b, sq, H, dv}, 0.0f));
   args.o = keep.back().view;
   if (bytes.below(2)) {
-    keep.push_back(floats(packed_q ? std::vector<int64_t>{H, tq} : std::vector<int64_t>{b, H, sq},
-                          0.0f));
+    keep.push_back(
+        floats(packed_q ? std::vector<int64_t>{H, tq} : std::vector<int64_t>{b, H, sq}, 0.0f));
     args.lse = keep.back().view;
   }
   try {
