@@ -167,6 +167,47 @@ dpa_status_t dpa_attention_backward_workspace_size(
     dpa_tensor_t d_o, dpa_tensor_t dq, dpa_tensor_t dk, dpa_tensor_t dv, dpa_tensor_t dbias,
     dpa_tensor_t dsoftmax_offset, const dpa_rng_state_t* rng, size_t* bytes);
 
+/* Attention over a KV cache (docs/kvcache.md, dpa/kvcache.h): decode and chunked prefill over a
+ * contiguous or paged cache, appending k_new / v_new first. Host tensors only for now. */
+#define DPA_KVCACHE_CONFIG_VERSION 1
+
+typedef struct {
+  size_t size;          /* sizeof(dpa_kvcache_config_t) */
+  uint32_t version;     /* DPA_KVCACHE_CONFIG_VERSION */
+  int32_t causal;       /* bottom-right aligned */
+  int64_t window_left;  /* -1 unbounded */
+  int64_t window_right; /* -1 unbounded */
+  double softcap;       /* 0 disables */
+  double scale;         /* 0 means 1/sqrt(d) */
+  int32_t softmax_type;
+  int32_t backend; /* dpa_backend_t */
+} dpa_kvcache_config_t;
+
+/* Field by field: size, version, causal (0), window_left (-1), window_right (-1), softcap (0:
+ * off), scale (0: 1/sqrt(d)), softmax_type, backend (auto). */
+#define DPA_KVCACHE_CONFIG_INITIALIZER                                             \
+  {                                                                                \
+    sizeof(dpa_kvcache_config_t), DPA_KVCACHE_CONFIG_VERSION, 0, -1, -1, 0.0, 0.0, \
+        DPA_SOFTMAX_VANILLA, DPA_BACKEND_AUTO                                      \
+  }
+
+/* The shapes of dpa::KvCacheArgs; unused tensors have ndim 0. */
+typedef struct {
+  dpa_tensor_t q, cu_seqlens_q;
+  dpa_tensor_t k_cache, v_cache, block_table, cache_seqlens;
+  dpa_tensor_t k_new, v_new, cu_seqlens_k_new;
+  dpa_tensor_t alibi_slopes, softmax_offset;
+} dpa_kvcache_inputs_t;
+
+typedef struct dpa_kvcache_s* dpa_kvcache_t;
+
+dpa_status_t dpa_kvcache_create(const dpa_kvcache_config_t* config, dpa_kvcache_t* out);
+dpa_status_t dpa_kvcache_destroy(dpa_kvcache_t kvcache);
+/* Appends into the cache, then writes o (and lse, unless its ndim is 0). On failure neither the
+ * cache nor the outputs have been written. */
+dpa_status_t dpa_kvcache_forward(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
+                                 dpa_tensor_t o, dpa_tensor_t lse);
+
 /* The message of the last failed call on this thread ("" if none). */
 const char* dpa_last_error(void);
 const char* dpa_status_string(dpa_status_t status);

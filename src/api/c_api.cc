@@ -1,10 +1,11 @@
-// The C ABI over DotProductAttention: translate structs, catch every exception.
+// The C ABI over DotProductAttention: translate structs, catch every exception (the KV-cache
+// call's functions: c_api_kvcache.cc).
 #include "dpa/c_api.h"
 
-#include <exception>
 #include <memory>
 #include <string>
 
+#include "api/c_api_support.h"
 #include "dpa/attention.h"
 
 struct dpa_attention_s {
@@ -43,58 +44,8 @@ static_assert(DPA_BACKEND_AUTO == int(dpa::BackendKind::kAuto) &&
 
 namespace {
 
-thread_local std::string last_error;
-
-dpa_status_t status_of(dpa::ErrorCode code) {
-  switch (code) {
-    case dpa::ErrorCode::kInvalidArgument:
-      return DPA_INVALID_ARGUMENT;
-    case dpa::ErrorCode::kNotSupported:
-      return DPA_NOT_SUPPORTED;
-    case dpa::ErrorCode::kBackendFailure:
-      return DPA_BACKEND_FAILURE;
-    case dpa::ErrorCode::kInternal:
-      return DPA_INTERNAL_ERROR;
-    case dpa::ErrorCode::kIo:
-      return DPA_IO_ERROR;
-  }
-  return DPA_INTERNAL_ERROR;
-}
-
-template <typename Fn>
-dpa_status_t guarded(Fn&& fn) {
-  try {
-    fn();
-    return DPA_SUCCESS;  // the last error stays until the next failure, as with errno
-  } catch (const dpa::Error& error) {
-    last_error = error.what();
-    return status_of(error.code());
-  } catch (const std::exception& error) {
-    last_error = std::string("dpa internal error: ") + error.what();
-    return DPA_INTERNAL_ERROR;
-  } catch (...) {
-    last_error = "dpa internal error: unknown exception";
-    return DPA_INTERNAL_ERROR;
-  }
-}
-
-dpa::TensorView to_view(const dpa_tensor_t& t, const char* name) {
-  dpa::TensorView view;
-  if (t.ndim == 0 && t.data == nullptr) return view;
-  dpa::require(t.ndim > 0 && t.ndim <= dpa::kMaxDims, name, "must have 1 to 5 dimensions");
-  dpa::require(t.dtype >= 0 && t.dtype <= 5, name, "has an unknown dtype");
-  dpa::require(t.device == 0 || t.device == 1, name, "has an unknown device");
-  view.data = t.data;
-  view.dtype = static_cast<dpa::DType>(t.dtype);
-  view.device = static_cast<dpa::Device>(t.device);
-  view.device_index = t.device_index;
-  view.ndim = t.ndim;
-  for (int d = 0; d < t.ndim; ++d) {
-    view.shape[d] = t.shape[d];
-    view.strides[d] = t.strides[d];
-  }
-  return view;
-}
+using dpa::c_api::guarded;
+using dpa::c_api::to_view;
 
 dpa::AttentionInputs to_inputs(const dpa_inputs_t* in) {
   dpa::require(in != nullptr, "inputs", "must not be NULL");
@@ -277,7 +228,7 @@ dpa_status_t dpa_attention_backward_workspace_size(
   });
 }
 
-const char* dpa_last_error(void) { return last_error.c_str(); }
+const char* dpa_last_error(void) { return dpa::c_api::last_error().c_str(); }
 
 const char* dpa_status_string(dpa_status_t status) {
   switch (status) {

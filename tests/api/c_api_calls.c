@@ -82,3 +82,42 @@ int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_f
   dpa_attention_destroy(attention);
   return status;
 }
+
+/* One decode step over a paged cache (pages of 2 rows, a pool of 3, G = 1, H = 2, d = 4):
+ * three cached tokens on pages 2 and 0 (block_table {2, 0}), one appended (position 3: page 0,
+ * row 1), causal, with a cap. first_page: the table's first entry (3 is outside the pool).
+ * Returns the status; o receives the 8 outputs and appended the 4 cache values at position 3. */
+int dpa_c_kvcache_decode(int32_t first_page, float* o, float* appended) {
+  float q[2 * 4], k_cache[3 * 2 * 4], v_cache[3 * 2 * 4], k_new[4], v_new[4];
+  int32_t table[2], seqlens[1] = {3};
+  for (int i = 0; i < 8; ++i) q[i] = (float)sin(0.9 * i), o[i] = 777.0f;
+  for (int i = 0; i < 24; ++i) k_cache[i] = (float)cos(0.4 * i), v_cache[i] = (float)(0.05 * i);
+  for (int i = 0; i < 4; ++i) k_new[i] = (float)(0.5 - 0.2 * i), v_new[i] = (float)(1.0 + i);
+  table[0] = first_page;
+  table[1] = 0;
+  int64_t q_shape[4] = {1, 1, 2, 4}, cache_shape[4] = {3, 2, 1, 4}, new_shape[4] = {1, 1, 1, 4};
+  int64_t table_shape[2] = {1, 2}, seqlens_shape[1] = {1};
+  dpa_kvcache_config_t config = DPA_KVCACHE_CONFIG_INITIALIZER;
+  config.causal = 1;
+  config.softcap = 2.0;
+  config.backend = DPA_BACKEND_CPU_EXACT;
+  dpa_kvcache_t kvcache = NULL;
+  dpa_status_t status = dpa_kvcache_create(&config, &kvcache);
+  if (status != DPA_SUCCESS) return status;
+  dpa_kvcache_inputs_t inputs;
+  memset(&inputs, 0, sizeof(inputs));
+  inputs.q = dpa_tensor_contiguous(q, DPA_FLOAT32, 4, q_shape);
+  inputs.k_cache = dpa_tensor_contiguous(k_cache, DPA_FLOAT32, 4, cache_shape);
+  inputs.v_cache = dpa_tensor_contiguous(v_cache, DPA_FLOAT32, 4, cache_shape);
+  inputs.block_table = dpa_tensor_contiguous(table, DPA_INT32, 2, table_shape);
+  inputs.cache_seqlens = dpa_tensor_contiguous(seqlens, DPA_INT32, 1, seqlens_shape);
+  inputs.k_new = dpa_tensor_contiguous(k_new, DPA_FLOAT32, 4, new_shape);
+  inputs.v_new = dpa_tensor_contiguous(v_new, DPA_FLOAT32, 4, new_shape);
+  dpa_tensor_t none;
+  memset(&none, 0, sizeof(none));
+  status = dpa_kvcache_forward(kvcache, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape),
+                               none);
+  for (int i = 0; i < 4; ++i) appended[i] = k_cache[(0 * 2 + 1) * 4 + i];
+  dpa_kvcache_destroy(kvcache);
+  return status;
+}

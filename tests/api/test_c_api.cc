@@ -5,11 +5,14 @@
 #include <string>
 
 #include "dpa/c_api.h"
+#include "dpa/kvcache.h"
+#include "support/host_tensor.h"
 
 extern "C" int dpa_c_forward_small(double softcap, int softmax_type, float* o_first,
                                    float* lse_first);
 extern "C" int dpa_c_forward_bad_offset(float* o_first);
 extern "C" int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_first);
+extern "C" int dpa_c_kvcache_decode(int32_t first_page, float* o, float* appended);
 
 namespace {
 
@@ -55,6 +58,52 @@ TEST(CApi, ForwardExChecksTheCallStructAndWritesNothing) {
             DPA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dpa_last_error()).find("call"), std::string::npos) << dpa_last_error();
   EXPECT_EQ(o, 777.0f);
+}
+
+// The C call's decode equals the C++ one over the same cache, taken as contiguous sequences:
+// the cached rows in table order (page 2, then page 0) and the appended token.
+TEST(CApi, KvCacheDecodeFromC) {
+  float o[8], appended[4];
+  ASSERT_EQ(dpa_c_kvcache_decode(2, o, appended), DPA_SUCCESS) << dpa_last_error();
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(appended[i], float(0.5 - 0.2 * i));
+
+  using dpa::test::HostTensor;
+  HostTensor q(dpa::DType::kFloat32, {1, 1, 2, 4}), k(dpa::DType::kFloat32, {1, 4, 1, 4}),
+      v(dpa::DType::kFloat32, {1, 4, 1, 4}), out(dpa::DType::kFloat32, {1, 1, 2, 4});
+  HostTensor lengths(dpa::DType::kInt32, {1});
+  lengths.set(0, 4);
+  for (int i = 0; i < 8; ++i) q.set(i, float(std::sin(0.9 * i)));
+  const int rows[3] = {4, 5, 0};  // positions 0, 1, 2: page 2 rows 0, 1; page 0 row 0
+  for (int pos = 0; pos < 3; ++pos)
+    for (int e = 0; e < 4; ++e) {
+      k.set(pos * 4 + e, float(std::cos(0.4 * (rows[pos] * 4 + e))));
+      v.set(pos * 4 + e, float(0.05 * (rows[pos] * 4 + e)));
+    }
+  for (int e = 0; e < 4; ++e) {
+    k.set(12 + e, float(0.5 - 0.2 * e));
+    v.set(12 + e, float(1.0 + e));
+  }
+  dpa::KvCacheConfig config;
+  config.causal = true;
+  config.softcap = 2.0;
+  config.backend = dpa::BackendKind::kCpuExact;
+  dpa::KvCacheArgs args;
+  args.q = q.view();
+  args.k_cache = k.view();
+  args.v_cache = v.view();
+  args.cache_seqlens = lengths.view();
+  args.o = out.view();
+  dpa::KvCacheAttention(config).forward(args);
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(o[i], float(out.get(i))) << i;
+}
+
+TEST(CApi, KvCacheBadTableNamesItAndWritesNothing) {
+  float o[8], appended[4];
+  EXPECT_EQ(dpa_c_kvcache_decode(3, o, appended), DPA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dpa_last_error()).find("block_table"), std::string::npos)
+      << dpa_last_error();
+  for (float value : o) EXPECT_EQ(value, 777.0f);
+  EXPECT_FLOAT_EQ(appended[0], float(std::cos(0.4 * 4)));  // page 0 row 1 as it was
 }
 
 TEST(CApi, NullArgumentsAreErrors) {
