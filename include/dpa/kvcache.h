@@ -73,6 +73,9 @@ class KvCacheAttention {
 
  private:
   KvCacheConfig config_;
+  // config_ as the attention's own config, with the environment applied at construction (the
+  // format is set per call).
+  AttentionConfig attention_;
 };
 
 }  // namespace dpa

@@ -56,6 +56,12 @@ def attention_graph(q, k, v, config, *, cu_seqlens_q=None, cu_seqlens_kv=None,
                               "dropout mask comes from its Philox stream)")
     if cu_seqlens_q_padded is not None or cu_seqlens_kv_padded is not None:
         raise _not_exportable("cu_seqlens_q_padded", "gives padded offsets")
+    if config.bias_type not in ("no_bias", "pre_scale", "post_scale"):
+        raise errors.invalid("bias_type", f"is {config.bias_type!r}, a name the export graph "
+                             "does not know")
+    if config.softmax_type not in ("vanilla", "off-by-one", "learnable"):
+        raise errors.invalid("softmax_type", f"is {config.softmax_type!r}, a name the export "
+                             "graph does not know")
     sbhd = config.qkv_format == "sbhd"
     # [b, H, s, d], in fp32 as the kernels accumulate.
     q4, k4, v4 = (t.permute(1, 2, 0, 3) if sbhd else t.permute(0, 2, 1, 3) for t in (q, k, v))

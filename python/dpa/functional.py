@@ -106,7 +106,13 @@ def _dropout(dropout_p):
     return p
 
 
+# The library's aliases (core/types.cc parse_*), mapped to the names every Python path matches.
+_SOFTMAX_ALIASES = {"off_by_one": "off-by-one"}
+_BIAS_ALIASES = {"pre_scale_bias": "pre_scale", "post_scale_bias": "post_scale", "none": "no_bias"}
+
+
 def _softmax_type(softmax_type, sinks):
+    softmax_type = _SOFTMAX_ALIASES.get(softmax_type, softmax_type)
     if softmax_type is None:
         return "learnable" if sinks is not None else "vanilla"
     if softmax_type == "learnable" and sinks is None:
@@ -117,6 +123,7 @@ def _softmax_type(softmax_type, sinks):
 
 
 def _bias_type(bias_type, bias):
+    bias_type = _BIAS_ALIASES.get(bias_type, bias_type)
     if bias is None:
         if bias_type not in (None, "no_bias"):
             raise errors.invalid("bias", f"is required with bias_type {bias_type!r}")

@@ -134,3 +134,18 @@ def test_features_the_graph_cannot_express_fail_the_export():
         chain.append(str(error))
         error = error.__cause__ or error.__context__
     assert any("dropout_p" in text and "ONNX" in text for text in chain), chain
+
+
+def test_alias_names_reach_the_graph():
+    """The library's aliases (off_by_one, post_scale_bias) export the feature they name."""
+    class Aliased(torch.nn.Module):
+        def forward(self, q, k, v, bias):
+            return dpa.attention(q, k, v, causal=True, softmax_type="off_by_one", bias=bias,
+                                 bias_type="post_scale_bias")
+
+    q, k, v = qkv(s=6)
+    bias = torch.randn(1, 4, 6, 6) * 3
+    want = check(Aliased(), (q, k, v, bias))
+    with torch.no_grad():
+        plain = dpa.attention(q, k, v, causal=True)
+    assert rel(plain, want) > 100 * TOL

@@ -54,6 +54,15 @@ std::vector<int32_t> boundaries(const std::vector<int64_t>& lengths, const char*
   return cu;
 }
 
+// The bytes of a gathered copy, refused (naming `argument`) where the product would not fit.
+size_t buffer_bytes(std::initializer_list<int64_t> factors, const char* argument) {
+  int64_t product = 1;
+  for (int64_t factor : factors)
+    require(!__builtin_mul_overflow(product, factor, &product), argument,
+            "makes a gathered copy too large to address");
+  return size_t(product);
+}
+
 char* element(const TensorView& t, int64_t offset) {
   return static_cast<char*>(t.data) + offset * int64_t(dtype_size(t.dtype));
 }
@@ -109,9 +118,10 @@ KeySource key_source(const KvCachePlan& plan, const KvCacheArgs& a) {
   keys.gathered = true;
   const int64_t rows = plan.packed_q ? keys.cu_seqlens.back() : plan.max_keys();
   const int64_t alloc_rows = std::max<int64_t>(rows, 1);
-  const int64_t total_rows = plan.packed_q ? alloc_rows : alloc_rows * plan.batch;
-  keys.k_storage.resize(size_t(total_rows * G * plan.head_dim_qk * esize));
-  keys.v_storage.resize(size_t(total_rows * G * plan.head_dim_v * esize));
+  const int64_t total_rows =
+      plan.packed_q ? alloc_rows : int64_t(buffer_bytes({alloc_rows, plan.batch}, "cache_seqlens"));
+  keys.k_storage.resize(buffer_bytes({total_rows, G, plan.head_dim_qk, esize}, "cache_seqlens"));
+  keys.v_storage.resize(buffer_bytes({total_rows, G, plan.head_dim_v, esize}, "cache_seqlens"));
   keys.gathered_rows = plan.packed_q ? 0 : alloc_rows;
   if (plan.packed_q) {
     keys.k =
@@ -172,18 +182,18 @@ void gather(const KvCachePlan& plan, const KvCacheArgs& a, const KeySource& keys
 
 }  // namespace
 
-KvCacheAttention::KvCacheAttention(const KvCacheConfig& config) : config_(config) {
-  const AttentionConfig resolved =
-      config_with_environment(attention_config(config_), process_environment());
-  validate_config(resolved);
-  config_.backend = resolved.backend;
+KvCacheAttention::KvCacheAttention(const KvCacheConfig& config)
+    : config_(config),
+      attention_(config_with_environment(attention_config(config), process_environment())) {
+  validate_config(attention_);
+  config_.backend = attention_.backend;
 }
 
 BackendKind KvCacheAttention::forward(const KvCacheArgs& a) {
   const KvCachePlan plan = plan_kvcache(a);
   KeySource keys = key_source(plan, a);
 
-  AttentionConfig config = attention_config(config_);
+  AttentionConfig config = attention_;
   config.format = plan.packed_q ? Format::kTHD : Format::kBSHD;
   std::vector<int32_t> cu_q = boundaries(plan.q_len, "q");
   std::vector<float> lse_storage;

@@ -2,6 +2,7 @@
 #include "core/kvcache_plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <unordered_map>
 
@@ -153,7 +154,7 @@ void KvCachePlan::slot(int64_t i, int64_t pos, int64_t* dim0, int64_t* dim1) con
     *dim1 = pos;
     return;
   }
-  *dim0 = pages[size_t(i * max_pages + pos / page_size)];
+  *dim0 = pages[size_t(first_page[size_t(i)] + pos / page_size)];
   *dim1 = pos % page_size;
 }
 
@@ -172,7 +173,11 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
       {&a.softmax_offset, "softmax_offset"},
       {&a.o, "o"},
       {&a.lse, "lse"}};
-  for (const auto& [t, name] : tensors) require_host(*t, name);
+  for (const auto& [t, name] : tensors) {
+    require_host(*t, name);
+    require(!t->defined() || t->data != nullptr || t->numel() == 0, name,
+            "has elements but no data pointer");
+  }
 
   KvCachePlan plan;
   require(a.q.defined(), "q", "is required");
@@ -233,8 +238,10 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
     require(is_power_of_two(plan.page_size) && plan.page_size <= 256, "k_cache",
             "has page size " + str(plan.page_size) +
                 " (dimension 1 of a paged cache), which must be a power of two from 1 to 256");
-    plan.max_pages = a.block_table.shape[1];
-    plan.capacity = plan.max_pages * plan.page_size;
+    // Positions are int32 (cache_seqlens): a longer table adds no capacity.
+    const int64_t max_pages = a.block_table.shape[1];
+    plan.capacity =
+        std::min<int64_t>(max_pages, std::numeric_limits<int32_t>::max()) * plan.page_size;
   } else {
     require(a.k_cache.shape[0] == b, "k_cache",
             "has batch size " + str(a.k_cache.shape[0]) + ", q " + str(b) +
@@ -286,6 +293,18 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
        {std::make_pair(&a.k_cache, "k_cache"), std::make_pair(&a.v_cache, "v_cache"),
         std::make_pair(&a.k_new, "k_new"), std::make_pair(&a.v_new, "v_new")})
     require_disjoint(a.o, "o", *t, name);
+  // What the call reads after the append, or writes, must not be the cache. (k_cache and
+  // v_cache may interleave, as halves of one [.., 2, G, d] tensor, but not be one tensor when
+  // the append writes both.)
+  for (const auto& [t, name] : {std::make_pair(&a.q, "q"), std::make_pair(&a.lse, "lse"),
+                                std::make_pair(&a.alibi_slopes, "alibi_slopes"),
+                                std::make_pair(&a.softmax_offset, "softmax_offset")}) {
+    require_disjoint(*t, name, a.k_cache, "k_cache");
+    require_disjoint(*t, name, a.v_cache, "v_cache");
+  }
+  require(!a.k_new.defined() || a.k_cache.data != a.v_cache.data ||
+              a.k_cache.strides != a.v_cache.strides,
+          "v_cache", "is k_cache itself: the append of v_new would overwrite k_new's");
 
   // The tables' contents.
   plan.cached = read_vector(a.cache_seqlens);
@@ -299,17 +318,20 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
                 str(plan.capacity) + " positions per sequence");
   }
   if (plan.paged) {
+    // Only the pages that hold keys are read, and only they are kept (a table may be far larger
+    // than what the sequences use).
     const int64_t num_pages = a.k_cache.shape[0];
-    plan.pages.assign(size_t(b * plan.max_pages), 0);
     const int32_t* table = static_cast<const int32_t*>(a.block_table.data);
+    plan.first_page.assign(size_t(b), 0);
     for (int64_t i = 0; i < b; ++i) {
+      plan.first_page[size_t(i)] = int64_t(plan.pages.size());
       const int64_t used = (plan.keys(i) + plan.page_size - 1) / plan.page_size;
       for (int64_t p = 0; p < used; ++p) {
         const int64_t page = table[i * a.block_table.strides[0] + p * a.block_table.strides[1]];
         require(page >= 0 && page < num_pages, "block_table",
                 "entry [" + str(i) + ", " + str(p) + "] is page " + str(page) +
                     ", outside the pool of " + str(num_pages) + " pages");
-        plan.pages[size_t(i * plan.max_pages + p)] = page;
+        plan.pages.push_back(page);
       }
     }
     check_slots(plan);

@@ -17,14 +17,16 @@ struct KvCachePlan {
   bool packed_new = false;  // k_new / v_new are [t_new, G, d] with cu_seqlens_k_new
   bool paged = false;
   int64_t page_size = 0;           // paged only
-  int64_t max_pages = 0;           // paged only: block_table's second dimension
   int64_t capacity = 0;            // positions a sequence can hold: s_max, or max_pages * page_size
   std::vector<int64_t> cached;     // [b] cache_seqlens
   std::vector<int64_t> added;      // [b] new tokens this call appends
   std::vector<int64_t> new_start;  // [b] first row of sequence i in k_new (packed: its t row)
   std::vector<int64_t> q_len;      // [b] queries
   std::vector<int64_t> q_start;    // [b] first row of sequence i in a packed q
-  std::vector<int64_t> pages;      // [b * max_pages] block_table, paged only
+  // Paged only: the pages that hold each sequence's keys, in order; sequence i's begin at
+  // pages[first_page[i]].
+  std::vector<int64_t> pages;
+  std::vector<int64_t> first_page;  // [b]
 
   int64_t keys(int64_t i) const { return cached[size_t(i)] + added[size_t(i)]; }
   int64_t max_keys() const;

@@ -148,6 +148,23 @@ const KvCase kCases[] = {
        c.k_cache.view().strides[1] = 7;
        c.v_cache.view().strides[1] = 5;
      }},
+    {"causal_rows_before_the_first_key",  // 5 queries over 2 keys: 3 rows see nothing
+     [](KvCacheCaseSpec& s) {
+       s.cached = {2, 0};
+       s.added = {0, 0};
+       s.queries = {5, 5};
+       s.page_size = 2;
+       s.config.causal = true;
+       s.config.softmax_type = SoftmaxType::kOffByOne;
+     },
+     {},
+     {}},
+    {"paged_table_far_longer_than_used",  // only the used entries are read or kept
+     [](KvCacheCaseSpec& s) {
+       decode(s, {9, 2}, 4);
+     },
+     {},
+     [](KvCacheCaseSpec&, KvCacheCase& c) { c.block_table.view().shape[1] = int64_t(1) << 40; }},
     {"window_inside_one_page",
      [](KvCacheCaseSpec& s) {
        decode(s, {100, 70}, 64);

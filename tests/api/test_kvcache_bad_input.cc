@@ -125,6 +125,20 @@ const BadKvInput kBad[] = {
     {"learnable_without_offsets", "softmax_offset",
      [](KvCacheCaseSpec& s) { s.config.softmax_type = SoftmaxType::kLearnable; },
      [](KvCacheCase&, KvCacheArgs& a) { a.softmax_offset = TensorView(); }},
+    {"v_cache_is_k_cache", "v_cache", none,
+     [](KvCacheCase&, KvCacheArgs& a) {
+       a.v_cache = a.k_cache;
+       a.v_new.shape[3] = a.k_new.shape[3];
+     }},
+    {"q_inside_the_cache", "q", none,
+     [](KvCacheCase&, KvCacheArgs& a) { a.q.data = a.k_cache.data; }},
+    {"lse_inside_the_cache", "lse", none,
+     [](KvCacheCase&, KvCacheArgs& a) { a.lse.data = a.v_cache.data; }},
+    {"k_new_without_data", "k_new", none,
+     [](KvCacheCase&, KvCacheArgs& a) { a.k_new.data = nullptr; }},
+    {"forced_device_backend", "backend",
+     [](KvCacheCaseSpec& s) { s.config.backend = BackendKind::kCudaFlash; },
+     [](KvCacheCase&, KvCacheArgs&) {}, ErrorCode::kNotSupported},
     {"device_tensor", "k_cache", none,
      [](KvCacheCase&, KvCacheArgs& a) { a.k_cache.device = Device::kCUDA; },
      ErrorCode::kNotSupported},
