@@ -1,7 +1,9 @@
 // cuda_flash: capabilities and the forward orchestration (validated problem -> kernel params);
 // the backward's is flash_backward.cc.
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/workspace.h"
 #include "cuda/cuda_backends.h"
@@ -10,11 +12,16 @@
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_forward_launch.h"
 #include "cuda/flash/flash_forward_plan.h"
+#include "cuda/flash/flash_head_dim_pairs.h"
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/runtime.h"
 
 namespace dpa {
 namespace {
+
+void add_once(std::vector<int64_t>& values, int64_t value) {
+  if (std::find(values.begin(), values.end(), value) == values.end()) values.push_back(value);
+}
 
 // The backward a request would run (the launch takes the same plan: flash_backward.cc).
 cuda::FlashBackwardPlan backward_plan(const FeatureRequest& r) {
@@ -66,11 +73,11 @@ class CudaFlashBackend final : public Backend {
     caps_.unavailable_reason = device.present ? "needs sm_80 or newer" : "no CUDA device";
     caps_.min_arch = 80;
     caps_.dtypes = {DType::kFloat16, DType::kBFloat16};
-    caps_.head_dims_qk = {64, 96, 128, 192, 256};
-    caps_.head_dims_v = {64, 96, 128, 192, 256};
-#if defined(DPA_MINIMAL_CUDA)
-    caps_.head_dims_qk = caps_.head_dims_v = {128};
-#endif
+    // Every head dim of some compiled pair; the rule below checks the pair itself.
+    for (const cuda::FlashHeadDimPair& pair : cuda::kFlashHeadDimPairs) {
+      add_once(caps_.head_dims_qk, pair.qk);
+      add_once(caps_.head_dims_v, pair.v);
+    }
     caps_.extra_rules.push_back([](const FeatureRequest& r) -> std::optional<std::string> {
       if (cuda::flash_forward_has_head_dims(r.head_dim_qk, r.head_dim_v)) return std::nullopt;
       return "no kernel for the head dim pair " + std::to_string(r.head_dim_qk) + "/" +

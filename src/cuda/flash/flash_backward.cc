@@ -16,27 +16,14 @@ namespace dpa::cuda {
 
 void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_dim_qk,
                            int head_dim_v, cudaStream_t stream) {
-  if (!flash_forward_has_head_dims(head_dim_qk, head_dim_v))
-    throw Error(ErrorCode::kInternal, "",
-                "flash backward selected for head dims without kernels (the selector must "
-                "reject these)");
-  if (head_dim_qk == 192 && head_dim_v == 128)
-    return launch_flash_backward_hdim192x128(p, dtype, stream);
-  switch (head_dim_qk) {
-    case 64:
-      return launch_flash_backward_hdim64(p, dtype, stream);
-    case 96:
-      return launch_flash_backward_hdim96(p, dtype, stream);
-    case 128:
-      return launch_flash_backward_hdim128(p, dtype, stream);
-    case 192:
-      return launch_flash_backward_hdim192(p, dtype, stream);
-    case 256:
-      return launch_flash_backward_hdim256(p, dtype, stream);
-    default:
-      break;
-  }
-  throw Error(ErrorCode::kInternal, "", "unreachable head dim dispatch");
+#define DPA_FLASH_BACKWARD_PAIR(QK, V)      \
+  if (head_dim_qk == QK && head_dim_v == V) \
+    return launch_flash_backward_dims<QK, V>(p, dtype, stream);
+  DPA_FLASH_HEAD_DIM_PAIRS(DPA_FLASH_BACKWARD_PAIR)
+#undef DPA_FLASH_BACKWARD_PAIR
+  throw Error(ErrorCode::kInternal, "",
+              "flash backward selected for head dims without kernels (the selector must reject "
+              "these)");
 }
 
 namespace {

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/flash/flash_head_dims.h"
 #include "cuda/flash/flash_params.h"
 #include "dpa/types.h"
 
@@ -12,13 +13,14 @@ namespace dpa::cuda {
 void launch_flash_forward(const FlashForwardParams& p, DType dtype, int head_dim_qk, int head_dim_v,
                           cudaStream_t stream);
 
-// One declaration per compiled head-dim pair (flash_forward_hdim*.cu).
-void launch_flash_forward_hdim64(const FlashForwardParams& p, DType dtype, cudaStream_t stream);
-void launch_flash_forward_hdim96(const FlashForwardParams& p, DType dtype, cudaStream_t stream);
-void launch_flash_forward_hdim128(const FlashForwardParams& p, DType dtype, cudaStream_t stream);
-void launch_flash_forward_hdim192(const FlashForwardParams& p, DType dtype, cudaStream_t stream);
-void launch_flash_forward_hdim256(const FlashForwardParams& p, DType dtype, cudaStream_t stream);
-void launch_flash_forward_hdim192x128(const FlashForwardParams& p, DType dtype,
-                                      cudaStream_t stream);
+// The kernels of one head-dim pair (flash_forward_launch.cuh), instantiated for each pair of
+// DPA_FLASH_HEAD_DIM_PAIRS in its generated translation unit (flash_pass_pair.cu.in).
+template <int kHeadDimQK, int kHeadDimV>
+void launch_flash_forward_dims(const FlashForwardParams& p, DType dtype, cudaStream_t stream);
+#define DPA_FLASH_FORWARD_EXTERN(QK, V)                                                   \
+  extern template void launch_flash_forward_dims<QK, V>(const FlashForwardParams&, DType, \
+                                                        cudaStream_t);
+DPA_FLASH_HEAD_DIM_PAIRS(DPA_FLASH_FORWARD_EXTERN)
+#undef DPA_FLASH_FORWARD_EXTERN
 
 }  // namespace dpa::cuda

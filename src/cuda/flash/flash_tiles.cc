@@ -2,17 +2,14 @@
 
 #include <algorithm>
 
+#include "cuda/flash/flash_head_dim_pairs.h"
+
 namespace dpa::cuda {
 
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v) {
-#if defined(DPA_MINIMAL_CUDA)
-  return head_dim_qk == 128 && head_dim_v == 128;
-#else
-  if (head_dim_qk == 192 && head_dim_v == 128) return true;  // MLA
-  if (head_dim_qk != head_dim_v) return false;
-  return head_dim_qk == 64 || head_dim_qk == 96 || head_dim_qk == 128 || head_dim_qk == 192 ||
-         head_dim_qk == 256;
-#endif
+  for (const FlashHeadDimPair& pair : kFlashHeadDimPairs)
+    if (pair.qk == head_dim_qk && pair.v == head_dim_v) return true;
+  return false;
 }
 
 int choose_num_splits(int64_t batch, int64_t heads, int64_t query_blocks, int64_t kv_blocks,
