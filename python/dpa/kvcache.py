@@ -10,9 +10,10 @@ The cache is written in place, so the call has no backward: it refuses inputs th
 while grad mode is on (run it under ``torch.no_grad()`` or ``torch.inference_mode()``).
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from . import _dpa, errors
 from ._views import view
@@ -21,15 +22,65 @@ from .functional import _require_tensors, _scale, _softcap, _softmax_type, _wind
 _KVCACHES = {}
 
 
-def _engine(causal, window, softcap, scale, softmax_type, backend):
-    key = (causal, window, softcap, scale, softmax_type, backend)
+def _engine(causal, window_left, window_right, softcap, scale, softmax_type, backend):
+    key = (causal, window_left, window_right, softcap, scale, softmax_type, backend)
     engine = _KVCACHES.get(key)
     if engine is None:
         engine = _dpa.KvCache(_dpa.make_kvcache_config(
-            causal=causal, window_left=window[0], window_right=window[1], softcap=softcap,
+            causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
             softmax_scale=scale, softmax_type=softmax_type, backend=backend))
         _KVCACHES[key] = engine
     return engine
+
+
+def _outputs(q, v_cache):
+    """o like q with v's head dim; the LSE fp32 [b, H, sq], or [H, tq] for a packed q."""
+    o = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+    heads = q.shape[-2]
+    shape = (heads, q.shape[0]) if q.dim() == 3 else (q.shape[0], heads, q.shape[1])
+    return o, torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
+# A custom op that writes the caches in place (mutates_args), so that torch.compile traces the
+# call whole, with the append ordered against the caches' other uses.
+@torch.library.custom_op("dpa::kvcache_forward", mutates_args=("k_cache", "v_cache"))
+def _kvcache_forward(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k_new: Optional[Tensor],
+    v_new: Optional[Tensor],
+    cache_seqlens: Tensor,
+    block_table: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k_new: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    sinks: Optional[Tensor],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    softmax_scale: Optional[float],
+    softmax_type: str,
+    backend: str,
+) -> Tuple[Tensor, Tensor]:
+    o, lse = _outputs(q, v_cache)
+    _engine(causal, window_left, window_right, softcap, softmax_scale, softmax_type,
+            backend).forward(
+        view(q, "q"), view(cu_seqlens_q, "cu_seqlens_q"), view(k_cache, "k_cache"),
+        view(v_cache, "v_cache"), view(block_table, "block_table"),
+        view(cache_seqlens, "cache_seqlens"), view(k_new, "k_new"), view(v_new, "v_new"),
+        view(cu_seqlens_k_new, "cu_seqlens_k_new"), view(alibi_slopes, "alibi_slopes"),
+        view(sinks, "sinks"), view(o, "o"), view(lse, "lse"))
+    return o, lse
+
+
+@_kvcache_forward.register_fake
+def _kvcache_forward_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
+                          cu_seqlens_q, cu_seqlens_k_new, alibi_slopes, sinks, causal,
+                          window_left, window_right, softcap, softmax_scale, softmax_type,
+                          backend):
+    return _outputs(q, v_cache)
 
 
 def _seqlens(cache_seqlens, batch, device):
@@ -78,25 +129,15 @@ def attention_with_kvcache(
                                      "backward (it writes the cache in place): call it under "
                                      "torch.no_grad() or torch.inference_mode()",
                                      errors.NotSupportedError)
-    window = _window(window_size)
+    left, right = _window(window_size)
     softmax_type = _softmax_type(softmax_type, sinks)
-    engine = _engine(bool(causal), window, _softcap(softcap), _scale(softmax_scale),
-                     softmax_type, backend or "auto")
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     cache_seqlens = _seqlens(cache_seqlens, batch, q.device)
     _require_tensors(cache_seqlens=cache_seqlens)
-    o = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
-    lse = None
-    if return_lse:
-        heads = q.shape[-2]
-        shape = (heads, q.shape[0]) if q.dim() == 3 else (q.shape[0], heads, q.shape[1])
-        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-    engine.forward(view(q, "q"), view(cu_seqlens_q, "cu_seqlens_q"), view(k_cache, "k_cache"),
-                   view(v_cache, "v_cache"), view(block_table, "block_table"),
-                   view(cache_seqlens, "cache_seqlens"), view(k_new, "k_new"),
-                   view(v_new, "v_new"), view(cu_seqlens_k_new, "cu_seqlens_k_new"),
-                   view(alibi_slopes, "alibi_slopes"), view(sinks, "sinks"), view(o, "o"),
-                   view(lse, "lse"))
+    o, lse = _kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
+                              cu_seqlens_q, cu_seqlens_k_new, alibi_slopes, sinks, bool(causal),
+                              left, right, _softcap(softcap), _scale(softmax_scale),
+                              softmax_type, backend or "auto")
     return (o, lse) if return_lse else o
 
 

@@ -159,3 +159,30 @@ def test_refusals_name_the_argument_and_leave_the_cache():
         dpa.attention_with_kvcache(q.requires_grad_(), k_cache, v_cache, cache_seqlens=3,
                                    block_table=table)
     assert torch.equal(k_cache, before)
+
+
+def test_compiles_whole_and_appends_like_eager():
+    """torch.compile(fullgraph=True) traces the call (a custom op that mutates the caches): the
+    same outputs and the same caches as eager mode, two decode steps in one graph."""
+    generator = torch.Generator().manual_seed(11)
+    _, _, k_cache, v_cache, table = make_cache([5, 2], 4, 8, generator)
+    q = torch.randn(2, 1, H, D, dtype=torch.float64, generator=generator)
+    new = [torch.randn(2, 1, G, D, dtype=torch.float64, generator=generator) for _ in range(4)]
+
+    def two_steps(q, k_cache, v_cache, table):
+        lens = torch.tensor([5, 2], dtype=torch.int32)
+        first = dpa.attention_with_kvcache(q, k_cache, v_cache, new[0], new[1],
+                                           cache_seqlens=lens, block_table=table, causal=True,
+                                           softcap=3.0)
+        second = dpa.attention_with_kvcache(first * 0.5, k_cache, v_cache, new[2], new[3],
+                                            cache_seqlens=lens + 1, block_table=table,
+                                            causal=True, softcap=3.0)
+        return second
+
+    eager_caches = (k_cache.clone(), v_cache.clone())
+    want = two_steps(q, *eager_caches, table)
+    torch._dynamo.reset()
+    compiled = torch.compile(two_steps, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k_cache, v_cache, table)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(k_cache, eager_caches[0]) and torch.equal(v_cache, eager_caches[1])
