@@ -184,10 +184,7 @@ def _run(q, k, v, config: Resolved, *, cu_seqlens_q=None, cu_seqlens_kv=None,
                      cu_seqlens_q_padded=cu_seqlens_q_padded,
                      cu_seqlens_kv_padded=cu_seqlens_kv_padded, bias=bias,
                      alibi_slopes=alibi_slopes, sinks=sinks, attn_mask=attn_mask)
-    if sinks is not None and (sinks.dtype != torch.float32 or sinks.dim() != 1
-                              or sinks.shape[0] != q.shape[-2] or sinks.stride(0) != 1):
-        raise errors.invalid("sinks", f"must be a contiguous fp32 [H] = [{q.shape[-2]}] tensor, "
-                             f"got {sinks.dtype} {list(sinks.shape)}")
+    _check_sinks(sinks, q)
     if alibi_slopes is not None and alibi_slopes.requires_grad:
         raise errors.invalid("alibi_slopes", "requires grad, but dpa computes no gradient for "
                              "the slopes (detach them)", errors.NotSupportedError)
@@ -213,6 +210,15 @@ def _run(q, k, v, config: Resolved, *, cu_seqlens_q=None, cu_seqlens_kv=None,
     else:
         o, lse = ops.forward_impl(*inputs)
     return (o, lse) if return_lse else o
+
+
+def _check_sinks(sinks, q):
+    """Here rather than in the library, so that the error names ``sinks`` (the library's
+    ``softmax_offset``)."""
+    if sinks is not None and (sinks.dtype != torch.float32 or sinks.dim() != 1
+                              or sinks.shape[0] != q.shape[-2] or sinks.stride(0) != 1):
+        raise errors.invalid("sinks", f"must be a contiguous fp32 [H] = [{q.shape[-2]}] tensor, "
+                             f"got {sinks.dtype} {list(sinks.shape)}")
 
 
 def _require_tensors(**named):

@@ -17,7 +17,8 @@ from torch import Tensor
 
 from . import _dpa, errors
 from ._views import view
-from .functional import _require_tensors, _scale, _softcap, _softmax_type, _window
+from .functional import (_check_sinks, _require_tensors, _scale, _softcap, _softmax_type,
+                         _window)
 
 _KVCACHES = {}
 
@@ -131,6 +132,7 @@ def attention_with_kvcache(
                                      errors.NotSupportedError)
     left, right = _window(window_size)
     softmax_type = _softmax_type(softmax_type, sinks)
+    _check_sinks(sinks, q)
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     cache_seqlens = _seqlens(cache_seqlens, batch, q.device)
     _require_tensors(cache_seqlens=cache_seqlens)

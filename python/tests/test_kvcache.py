@@ -155,6 +155,9 @@ def test_refusals_name_the_argument_and_leave_the_cache():
     with pytest.raises(dpa.InvalidArgumentError, match="cache_seqlens"):
         dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new.clone(), cache_seqlens=8,
                                    block_table=table)
+    with pytest.raises(dpa.InvalidArgumentError, match="sinks"):
+        dpa.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=3, block_table=table,
+                                   sinks=torch.zeros(H + 1))
     with pytest.raises(dpa.NotSupportedError, match="q"):
         dpa.attention_with_kvcache(q.requires_grad_(), k_cache, v_cache, cache_seqlens=3,
                                    block_table=table)
