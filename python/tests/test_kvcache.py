@@ -189,3 +189,20 @@ def test_compiles_whole_and_appends_like_eager():
     got = compiled(q, k_cache, v_cache, table)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert torch.equal(k_cache, eager_caches[0]) and torch.equal(v_cache, eager_caches[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_caches_are_refused_until_their_kernels_exist():
+    """Fail closed: CUDA tensors get NotSupportedError naming q, and the cache is untouched."""
+    generator = torch.Generator().manual_seed(13)
+    _, _, k_cache, v_cache, table = make_cache([5, 3], 4, 8, generator)
+    k_cache, v_cache, table = k_cache.cuda().bfloat16(), v_cache.cuda().bfloat16(), table.cuda()
+    q = torch.randn(2, 1, H, D, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(2, 1, G, D, device="cuda", dtype=torch.bfloat16)
+    before = k_cache.clone()
+    with pytest.raises(dpa.NotSupportedError, match="q"):
+        dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new.clone(),
+                                   cache_seqlens=torch.tensor([5, 3], dtype=torch.int32,
+                                                              device="cuda"),
+                                   block_table=table)
+    assert torch.equal(k_cache, before)
