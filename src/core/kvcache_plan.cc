@@ -6,6 +6,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/int32_tables.h"
+
 namespace dpa {
 namespace {
 
@@ -27,13 +29,6 @@ void require_int32(const TensorView& t, const char* name, int ndim) {
     require(t.shape[size_t(d)] >= 0, name, "has a negative extent in " + t.shape_string());
 }
 
-std::vector<int64_t> read_vector(const TensorView& t) {
-  std::vector<int64_t> values(size_t(t.shape[0]));
-  const int32_t* data = static_cast<const int32_t*>(t.data);
-  for (int64_t i = 0; i < t.shape[0]; ++i) values[size_t(i)] = data[i * t.strides[0]];
-  return values;
-}
-
 // A sequence table [b + 1]: starts at 0, non-decreasing, ends within `rows`; returns lengths.
 std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int64_t batch,
                                      int64_t rows, const char* rows_name,
@@ -41,17 +36,9 @@ std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int6
   require_int32(t, name, 1);
   require(t.shape[0] == batch + 1, name,
           "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]));
-  const std::vector<int64_t> cu = read_vector(t);
-  require(cu[0] == 0, name, "must start at 0, got " + str(cu[0]));
-  std::vector<int64_t> lengths(static_cast<size_t>(batch));
-  starts->assign(size_t(batch), 0);
-  for (int64_t i = 0; i < batch; ++i) {
-    require(cu[size_t(i + 1)] >= cu[size_t(i)], name,
-            "must be non-decreasing (entry " + str(i + 1) + " is " + str(cu[size_t(i + 1)]) +
-                " < " + str(cu[size_t(i)]) + ")");
-    lengths[size_t(i)] = cu[size_t(i + 1)] - cu[size_t(i)];
-    (*starts)[size_t(i)] = cu[size_t(i)];
-  }
+  const std::vector<int64_t> cu = read_int32_vector(t, nullptr);  // host tensors only
+  std::vector<int64_t> lengths = lengths_from_cu(cu, name);
+  starts->assign(cu.begin(), cu.end() - 1);
   require(cu.back() <= rows, name,
           "ends at row " + str(cu.back()) + " beyond the " + str(rows) + " rows of " + rows_name);
   return lengths;
@@ -307,7 +294,7 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
           "v_cache", "is k_cache itself: the append of v_new would overwrite k_new's");
 
   // The tables' contents.
-  plan.cached = read_vector(a.cache_seqlens);
+  plan.cached = read_int32_vector(a.cache_seqlens, nullptr);
   for (int64_t i = 0; i < b; ++i) {
     const int64_t cached = plan.cached[size_t(i)];
     require(cached >= 0, "cache_seqlens",

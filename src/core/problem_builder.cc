@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/device_access.h"
+#include "core/int32_tables.h"
 #include "core/philox.h"
 
 namespace dpa {
@@ -121,25 +122,6 @@ std::string number(double value) {
   return text;
 }
 
-// Reads a 1-D int32 tensor (b + 1 entries) on the host; device tensors are copied first.
-std::vector<int64_t> read_int32_vector(const TensorView& t, void* stream) {
-  std::vector<int32_t> host;
-  const int32_t* data = static_cast<const int32_t*>(t.data);
-  int64_t stride = t.strides[0];
-  if (t.device == Device::kCUDA) {
-    const DeviceAccess* device = device_access();
-    if (device == nullptr)
-      throw Error(ErrorCode::kNotSupported, "cu_seqlens", "this build has no CUDA support");
-    require(stride == 1, "cu_seqlens", "device-resident sequence tables must be contiguous");
-    host.resize(size_t(t.numel()));
-    device->copy_to_host(host.data(), t.data, host.size() * sizeof(int32_t), stream);
-    data = host.data();
-  }
-  std::vector<int64_t> values(size_t(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) values[size_t(i)] = data[i * stride];
-  return values;
-}
-
 void check_cu_seqlens_tensor(const TensorView& t, const char* name, int64_t batch, Device device) {
   require(t.ndim == 1, name, "must be a 1-D int32 tensor [b + 1], got " + t.shape_string());
   require_dtype(t, name, DType::kInt32);
@@ -150,19 +132,6 @@ void check_cu_seqlens_tensor(const TensorView& t, const char* name, int64_t batc
   // Contents are validated on the host: device-resident tables (b + 1 integers) are copied.
   require(t.device == Device::kCPU || t.device == device, name,
           "must be on the host or on the device of q");
-}
-
-// Lengths from cu_seqlens: cu[0] == 0, non-decreasing.
-std::vector<int64_t> lengths_from_cu(const std::vector<int64_t>& cu, const char* name) {
-  require(cu[0] == 0, name, "must start at 0, got " + str(cu[0]));
-  std::vector<int64_t> lengths(cu.size() - 1);
-  for (size_t i = 0; i + 1 < cu.size(); ++i) {
-    require(cu[i + 1] >= cu[i], name,
-            "must be non-decreasing (entry " + str(int64_t(i + 1)) + " is " + str(cu[i + 1]) +
-                " < " + str(cu[i]) + ")");
-    lengths[i] = cu[i + 1] - cu[i];
-  }
-  return lengths;
 }
 
 // thd sequence starts: the padded offsets when given (gaps allowed), else cu_seqlens itself.

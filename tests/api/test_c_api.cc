@@ -95,6 +95,12 @@ TEST(CApi, KvCacheDecodeFromC) {
   args.o = out.view();
   dpa::KvCacheAttention(config).forward(args);
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(o[i], float(out.get(i))) << i;
+  // The cap the C config carries moves the result: a C ABI that dropped it would fail above.
+  config.softcap = 0.0;
+  HostTensor uncapped(dpa::DType::kFloat32, {1, 1, 2, 4});
+  args.o = uncapped.view();
+  dpa::KvCacheAttention(config).forward(args);
+  EXPECT_GT(dpa::test::max_abs_error(uncapped, out), 1e-3);
 }
 
 TEST(CApi, KvCacheBadTableNamesItAndWritesNothing) {
