@@ -98,33 +98,62 @@ void check_new(const TensorView& t, const char* name, const TensorView& cache, i
 
 bool is_power_of_two(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// Paged caches: no slot written twice, and no slot that one sequence's append writes is read
-// at another position (a page shared between sequences, or listed twice in one table).
-void check_slots(const KvCachePlan& plan) {
-  std::unordered_map<int64_t, std::pair<int64_t, int64_t>> writer;  // slot -> (sequence, pos)
-  auto slot_id = [&](int64_t i, int64_t pos) {
+// A run of consecutive positions of one sequence that lie in one page.
+struct PageRun {
+  int64_t sequence, first_position, first_row, rows;
+};
+
+// Calls visit(page, run) for the runs that positions [begin, end) of sequence i make.
+template <typename Visit>
+void for_each_page_run(const KvCachePlan& plan, int64_t i, int64_t begin, int64_t end,
+                       Visit&& visit) {
+  for (int64_t pos = begin; pos < end;) {
     int64_t page = 0, row = 0;
     plan.slot(i, pos, &page, &row);
-    return page * plan.page_size + row;
-  };
+    const int64_t rows = std::min(end - pos, plan.page_size - row);
+    visit(page, PageRun{i, pos, row, rows});
+    pos += rows;
+  }
+}
+
+// The first position of `a` whose row `b` also covers, or -1.
+int64_t shared_position(const PageRun& a, const PageRun& b) {
+  const int64_t first = std::max(a.first_row, b.first_row);
+  const int64_t last = std::min(a.first_row + a.rows, b.first_row + b.rows);
+  return first < last ? a.first_position + (first - a.first_row) : -1;
+}
+
+// Paged caches: no slot written twice, and no slot that one sequence's append writes is read
+// at another position (a page shared between sequences, or listed twice in one table). Checked
+// run by run, so a decode step costs a lookup per page, not per key.
+void check_slots(const KvCachePlan& plan) {
+  std::unordered_map<int64_t, std::vector<PageRun>> writes;  // page -> the runs appended to it
   for (int64_t i = 0; i < plan.batch; ++i)
-    for (int64_t pos = plan.cached[size_t(i)]; pos < plan.keys(i); ++pos) {
-      auto [it, fresh] = writer.emplace(slot_id(i, pos), std::make_pair(i, pos));
-      require(fresh, "block_table",
-              "maps position " + str(pos) + " of sequence " + str(i) +
-                  " onto the cache slot that position " + str(it->second.second) + " of sequence " +
-                  str(it->second.first) + " also appends to");
-    }
-  if (writer.empty()) return;
+    for_each_page_run(
+        plan, i, plan.cached[size_t(i)], plan.keys(i), [&](int64_t page, const PageRun& run) {
+          for (const PageRun& other : writes[page]) {
+            const int64_t pos = shared_position(run, other);
+            require(pos < 0, "block_table",
+                    "maps position " + str(pos) + " of sequence " + str(i) +
+                        " onto the cache slot that position " + str(shared_position(other, run)) +
+                        " of sequence " + str(other.sequence) + " also appends to");
+          }
+          writes[page].push_back(run);
+        });
+  if (writes.empty()) return;
   for (int64_t i = 0; i < plan.batch; ++i)
-    for (int64_t pos = 0; pos < plan.cached[size_t(i)]; ++pos) {
-      auto it = writer.find(slot_id(i, pos));
-      require(it == writer.end(), "block_table",
-              "maps position " + str(pos) + " of sequence " + str(i) +
-                  " onto a cache slot that this call's append writes (position " +
-                  (it == writer.end() ? std::string() : str(it->second.second)) + " of sequence " +
-                  (it == writer.end() ? std::string() : str(it->second.first)) + ")");
-    }
+    for_each_page_run(plan, i, 0, plan.cached[size_t(i)], [&](int64_t page, const PageRun& run) {
+      auto it = writes.find(page);
+      if (it == writes.end()) return;
+      for (const PageRun& written : it->second) {
+        const int64_t pos = shared_position(run, written);
+        require(pos < 0, "block_table",
+                "maps position " + str(pos) + " of sequence " + str(i) +
+                    " onto a cache slot that this call's append writes (position " +
+                    str(shared_position(written, run)) + " of sequence " + str(written.sequence) +
+                    ")");
+      }
+    });
 }
 
 }  // namespace

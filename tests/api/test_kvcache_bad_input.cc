@@ -55,6 +55,9 @@ const BadKvInput kBad[] = {
     {"append_over_a_page_another_reads", "block_table", none,
      // Sequence 1's appends land on sequence 0's page 0, which sequence 0 reads.
      [](KvCacheCase& c, KvCacheArgs&) { set_table(c, 1, 1, table(c, 0, 0)); }},
+    {"a_page_listed_twice_in_one_table", "block_table", none,
+     // Sequence 0's third page is its first: its appends (9, 10) land on rows it reads (1, 2).
+     [](KvCacheCase& c, KvCacheArgs&) { set_table(c, 0, 2, table(c, 0, 0)); }},
     {"cache_seqlens_past_capacity", "cache_seqlens", none,
      [](KvCacheCase& c, KvCacheArgs&) { c.cache_seqlens.set(0, 15); }},  // 15 + 2 > 16
     {"cache_seqlens_negative", "cache_seqlens", none,
