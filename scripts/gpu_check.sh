@@ -67,7 +67,13 @@ memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/dropout_causal_sink_softcap' \
     'Cases/FlashForwardBackward.MatchesExact/window_bottom_right' \
     'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
-    'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal'
+    'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_decode_splits_bfloat16_d128' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_window_sink_softcap_bfloat16_d128' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/chunked_prefill_mixed_batch_float16_d64' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/decode_page1_bfloat16_d256' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/packed_queries_one_slot_cache_bfloat16_d128' \
+    'GpuKvCacheTables.*'
 )}"
 racecheck_filter="${DPA_RACECHECK_FILTER:-$(
   printf '%s:' \
@@ -80,7 +86,9 @@ racecheck_filter="${DPA_RACECHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/hdim128_bf16' \
     'Cases/FlashForwardBackward.MatchesExact/thd_sink_causal_bottom_right' \
     'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
-    'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal'
+    'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_decode_splits_bfloat16_d128' \
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/prefill_chunk_across_pages_float16_d64'
 )}"
 
 summary=()

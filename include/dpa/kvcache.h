@@ -28,6 +28,11 @@ struct KvCacheConfig {
   // Force one backend; kAuto selects (DPA_BACKEND fills it at construction, as for
   // DotProductAttention).
   BackendKind backend = BackendKind::kAuto;
+  // Device tensors: the tables' contents (cache_seqlens, block_table, cu_seqlens_*) are the
+  // caller's contract, not read, so that a decode step never waits for the host. With this set
+  // (or DPA_KVCACHE_CHECK_TABLES=1 at construction) they are copied to the host and checked as
+  // for host tensors first: a debug mode. Host tensors are always checked.
+  bool check_tables = false;
 };
 
 struct KvCacheArgs {
@@ -56,6 +61,7 @@ struct KvCacheArgs {
   // Outputs: o like q with dv; lse (optional) fp32 [b, H, sq], or [H, tq] for a packed q.
   TensorView o;
   TensorView lse;
+  void* stream = nullptr;  // cudaStream_t for device tensors; nullptr is the default stream
 };
 
 // The call object of one config, as DotProductAttention is for ordinary calls.

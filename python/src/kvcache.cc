@@ -6,6 +6,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -40,7 +41,7 @@ class KvCache {
   std::string forward(nb::handle q, nb::handle cu_seqlens_q, nb::handle k_cache, nb::handle v_cache,
                       nb::handle block_table, nb::handle cache_seqlens, nb::handle k_new,
                       nb::handle v_new, nb::handle cu_seqlens_k_new, nb::handle alibi_slopes,
-                      nb::handle softmax_offset, nb::handle o, nb::handle lse) {
+                      nb::handle softmax_offset, nb::handle o, nb::handle lse, uintptr_t stream) {
     Keepalive keep;
     KvCacheArgs args;
     args.q = to_view(q, "q", keep);
@@ -56,6 +57,7 @@ class KvCache {
     args.softmax_offset = to_view(softmax_offset, "softmax_offset", keep);
     args.o = to_view(o, "o", keep);
     args.lse = to_view(lse, "lse", keep);
+    args.stream = reinterpret_cast<void*>(stream);
     BackendKind backend;
     {
       nb::gil_scoped_release release;
@@ -81,7 +83,8 @@ void bind_kvcache(nb::module_& m) {
            nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("block_table").none(),
            nb::arg("cache_seqlens"), nb::arg("k_new").none(), nb::arg("v_new").none(),
            nb::arg("cu_seqlens_k_new").none(), nb::arg("alibi_slopes").none(),
-           nb::arg("softmax_offset").none(), nb::arg("o"), nb::arg("lse").none());
+           nb::arg("softmax_offset").none(), nb::arg("o"), nb::arg("lse").none(),
+           nb::arg("stream"));
 }
 
 }  // namespace dpa::python

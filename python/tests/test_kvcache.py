@@ -40,11 +40,12 @@ def expected(q_rows, keys, values, *, causal, window, softcap, sinks, alibi=None
     """Per sequence: the reference over all its keys, bottom-right aligned."""
     outs, lses = [], []
     for q, k, v in zip(q_rows, keys, values):
+        heads, dim = q.shape[1], v.shape[2]
         if k.shape[0] == 0:
-            outs.append(torch.zeros(q.shape[0], H, D, dtype=torch.float64))
-            sink = (torch.full((H,), float("-inf"), dtype=torch.float64) if sinks is None
+            outs.append(torch.zeros(q.shape[0], heads, dim, dtype=torch.float64))
+            sink = (torch.full((heads,), float("-inf"), dtype=torch.float64) if sinks is None
                     else sinks.double())
-            lses.append(sink.view(H, 1).expand(H, q.shape[0]))
+            lses.append(sink.view(heads, 1).expand(heads, q.shape[0]))
             continue
         left, right = window
         if causal:
@@ -191,18 +192,77 @@ def test_compiles_whole_and_appends_like_eager():
     assert torch.equal(k_cache, eager_caches[0]) and torch.equal(v_cache, eager_caches[1])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_device_caches_are_refused_until_their_kernels_exist():
-    """Fail closed: CUDA tensors get NotSupportedError naming q, and the cache is untouched."""
-    generator = torch.Generator().manual_seed(13)
-    _, _, k_cache, v_cache, table = make_cache([5, 3], 4, 8, generator)
-    k_cache, v_cache, table = k_cache.cuda().bfloat16(), v_cache.cuda().bfloat16(), table.cuda()
-    q = torch.randn(2, 1, H, D, device="cuda", dtype=torch.bfloat16)
-    k_new = torch.randn(2, 1, G, D, device="cuda", dtype=torch.bfloat16)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@CUDA
+@pytest.mark.parametrize("page_size", [None, 16, 64])
+@pytest.mark.parametrize("features", ["plain", "softcap_sink_window"])
+def test_cuda_decode_matches_reference(page_size, features):
+    """The device kernels (bf16, d = 128, GQA 8 / 2, keys enough to split) against the fp64
+    reference on the same rounded inputs; the new tokens land in the device cache."""
+    heads, kv_heads, dim = 8, 2, 128
+    generator = torch.Generator().manual_seed(17)
+    cached = [1500, 0, 333]
+    b, capacity = len(cached), 2048
+    rounded = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
+    keys = [rounded(torch.randn(n, kv_heads, dim, generator=generator)) for n in cached]
+    values = [rounded(torch.randn(n, kv_heads, dim, generator=generator)) for n in cached]
+    if page_size is None:
+        k_cache = torch.randn(b, capacity, kv_heads, dim, generator=generator)
+        v_cache = torch.randn(b, capacity, kv_heads, dim, generator=generator)
+        table = None
+        for i, n in enumerate(cached):
+            k_cache[i, :n], v_cache[i, :n] = keys[i], values[i]
+    else:
+        pages = capacity // page_size
+        order = torch.randperm(b * pages + 3, generator=generator)[: b * pages].view(b, pages)
+        k_cache = torch.randn(b * pages + 3, page_size, kv_heads, dim, generator=generator)
+        v_cache = torch.randn(b * pages + 3, page_size, kv_heads, dim, generator=generator)
+        for i, n in enumerate(cached):
+            positions = torch.arange(n)
+            k_cache[order[i, positions // page_size], positions % page_size] = keys[i].float()
+            v_cache[order[i, positions // page_size], positions % page_size] = values[i].float()
+        table = order.to(torch.int32).cuda()
+    k_cache, v_cache = k_cache.bfloat16().cuda(), v_cache.bfloat16().cuda()
+    q = rounded(torch.randn(b, 1, heads, dim, generator=generator) * 2)
+    k_new = rounded(torch.randn(b, 1, kv_heads, dim, generator=generator))
+    v_new = rounded(torch.randn(b, 1, kv_heads, dim, generator=generator))
+    softcap, window, sinks = 0.0, (-1, -1), None
+    options = {}
+    if features == "softcap_sink_window":
+        softcap, window = 5.0, (127, 0)
+        sinks = torch.randn(heads, generator=generator) * 2
+        options = dict(softcap=softcap, window_size=window, sinks=sinks.cuda())
+    seqlens = torch.tensor(cached, dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        o, lse = dpa.attention_with_kvcache(
+            q.bfloat16().cuda(), k_cache, v_cache, k_new.bfloat16().cuda(),
+            v_new.bfloat16().cuda(), cache_seqlens=seqlens, block_table=table, causal=True,
+            return_lse=True, **options)
+    all_keys = [torch.cat([k, k_new[i]]) for i, k in enumerate(keys)]
+    all_values = [torch.cat([v, v_new[i]]) for i, v in enumerate(values)]
+    want_o, want_lse = expected(list(q), all_keys, all_values, causal=True, window=window,
+                                softcap=softcap, sinks=sinks)
+    want = torch.stack(want_o)
+    assert (o.double().cpu() - want).norm() / want.norm() < 2e-2
+    torch.testing.assert_close(lse.cpu(), torch.stack(want_lse).float(), rtol=1e-3, atol=5e-3)
+    for i, n in enumerate(cached):
+        got = k_cache[i, n] if table is None else k_cache[table[i, n // page_size],
+                                                          n % page_size]
+        assert torch.equal(got.cpu(), k_new[i, 0].bfloat16())
+
+
+@CUDA
+def test_cuda_refuses_what_its_kernels_do_not_take():
+    """Fail closed: a head dim the kernels lack is NotSupportedError naming q, cache untouched."""
+    k_cache = torch.randn(2, 8, 2, 8, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn(2, 8, 2, 8, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(2, 1, 4, 8, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(2, 1, 2, 8, device="cuda", dtype=torch.bfloat16)
     before = k_cache.clone()
     with pytest.raises(dpa.NotSupportedError, match="q"):
         dpa.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new.clone(),
                                    cache_seqlens=torch.tensor([5, 3], dtype=torch.int32,
-                                                              device="cuda"),
-                                   block_table=table)
+                                                              device="cuda"))
     assert torch.equal(k_cache, before)

@@ -17,6 +17,9 @@
 #include "core/kvcache_plan.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
+#if defined(DPA_WITH_CUDA)
+#include "cuda/kvcache/kvcache_device.h"
+#endif
 
 namespace dpa {
 namespace {
@@ -180,6 +183,32 @@ void gather(const KvCachePlan& plan, const KvCacheArgs& a, const KeySource& keys
   }
 }
 
+// Device tensors run on the KV-cache kernels, which are cuda_flash's.
+BackendKind forward_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
+                              const KvCacheArgs& a) {
+  if (config.backend != BackendKind::kAuto && config.backend != BackendKind::kCudaFlash)
+    throw Error(ErrorCode::kNotSupported, "backend",
+                std::string(to_string(config.backend)) +
+                    " cannot serve a device KV cache: its kernels are cuda_flash's");
+#if defined(DPA_WITH_CUDA)
+  cuda::run_kvcache_on_device(plan, config, a);
+  return BackendKind::kCudaFlash;
+#else
+  (void)plan;
+  (void)a;
+  throw Error(ErrorCode::kNotSupported, "q", "is a device tensor, and this build has no CUDA");
+#endif
+}
+
+bool check_tables_from(const EnvironmentGetter& getenv) {
+  const char* value = getenv("DPA_KVCACHE_CHECK_TABLES");
+  if (value == nullptr || *value == 0) return false;
+  const std::string text(value);
+  require(text == "0" || text == "1", "DPA_KVCACHE_CHECK_TABLES",
+          "must be 0 or 1, got '" + text + "'");
+  return text == "1";
+}
+
 }  // namespace
 
 KvCacheAttention::KvCacheAttention(const KvCacheConfig& config)
@@ -187,10 +216,12 @@ KvCacheAttention::KvCacheAttention(const KvCacheConfig& config)
       attention_(config_with_environment(attention_config(config), process_environment())) {
   validate_config(attention_);
   config_.backend = attention_.backend;
+  config_.check_tables = config_.check_tables || check_tables_from(process_environment());
 }
 
 BackendKind KvCacheAttention::forward(const KvCacheArgs& a) {
-  const KvCachePlan plan = plan_kvcache(a);
+  const KvCachePlan plan = plan_kvcache(a, config_);
+  if (plan.device == Device::kCUDA) return forward_on_device(plan, config_, a);
   KeySource keys = key_source(plan, a);
 
   AttentionConfig config = attention_;

@@ -6,18 +6,27 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/device_access.h"
 #include "core/int32_tables.h"
+#include "core/kvcache_splits.h"
 
 namespace dpa {
 namespace {
 
 std::string str(int64_t value) { return std::to_string(value); }
 
-void require_host(const TensorView& t, const char* name) {
-  if (t.defined() && t.device != Device::kCPU)
-    throw Error(ErrorCode::kNotSupported, name,
-                "is a device tensor: attention_with_kvcache runs on host tensors only (the "
-                "device serving kernels are not built yet)");
+std::string where(const TensorView& t) {
+  return t.device == Device::kCPU ? std::string("the host")
+                                  : "CUDA device " + std::to_string(t.device_index);
+}
+
+void require_device_of(const TensorView& t, const char* name, const TensorView& q) {
+  require(!t.defined() || (t.device == q.device && t.device_index == q.device_index), name,
+          "is on " + where(t) + ", q on " + where(q) + " (every tensor of the call on one device)");
+}
+
+void refuse(bool condition, const char* name, const std::string& why) {
+  if (!condition) throw Error(ErrorCode::kNotSupported, name, why);
 }
 
 void require_int32(const TensorView& t, const char* name, int ndim) {
@@ -30,13 +39,16 @@ void require_int32(const TensorView& t, const char* name, int ndim) {
 }
 
 // A sequence table [b + 1]: starts at 0, non-decreasing, ends within `rows`; returns lengths.
-std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int64_t batch,
-                                     int64_t rows, const char* rows_name,
-                                     std::vector<int64_t>* starts) {
+void require_boundaries_shape(const TensorView& t, const char* name, int64_t batch) {
   require_int32(t, name, 1);
   require(t.shape[0] == batch + 1, name,
           "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]));
-  const std::vector<int64_t> cu = read_int32_vector(t, nullptr);  // host tensors only
+}
+
+std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int64_t rows,
+                                     const char* rows_name, std::vector<int64_t>* starts,
+                                     void* stream) {
+  const std::vector<int64_t> cu = read_int32_vector(t, stream);
   std::vector<int64_t> lengths = lengths_from_cu(cu, name);
   starts->assign(cu.begin(), cu.end() - 1);
   require(cu.back() <= rows, name,
@@ -156,6 +168,149 @@ void check_slots(const KvCachePlan& plan) {
     });
 }
 
+// The entries [i, 0, used) of a block table, from the host or the device.
+std::vector<int32_t> table_row(const TensorView& table, int64_t i, int64_t used, void* stream) {
+  std::vector<int32_t> row(static_cast<size_t>(used));
+  const int32_t* data = static_cast<const int32_t*>(table.data) + i * table.strides[0];
+  if (table.device == Device::kCPU) {
+    for (int64_t p = 0; p < used; ++p) row[size_t(p)] = data[p * table.strides[1]];
+  } else if (used > 0) {  // rows are contiguous on the device (check_device_call)
+    device_access()->copy_to_host(row.data(), data, size_t(used) * sizeof(int32_t), stream);
+  }
+  return row;
+}
+
+// The tables' contents: lengths within the capacity, every used page inside the pool, and no
+// cache slot both written and read twice.
+void read_tables(const KvCacheArgs& a, KvCachePlan& plan) {
+  const int64_t b = plan.batch;
+  plan.cached = read_int32_vector(a.cache_seqlens, a.stream);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t cached = plan.cached[size_t(i)];
+    require(cached >= 0, "cache_seqlens",
+            "entry " + str(i) + " is " + str(cached) + " (lengths are >= 0)");
+    require(plan.keys(i) <= plan.capacity, "cache_seqlens",
+            "entry " + str(i) + " holds " + str(cached) + " tokens and the call appends " +
+                str(plan.added[size_t(i)]) + ", beyond the cache's capacity of " +
+                str(plan.capacity) + " positions per sequence");
+  }
+  if (!plan.paged) return;
+  // Only the pages that hold keys are read, and only they are kept (a table may be far larger
+  // than what the sequences use).
+  const int64_t num_pages = a.k_cache.shape[0];
+  plan.first_page.assign(size_t(b), 0);
+  for (int64_t i = 0; i < b; ++i) {
+    plan.first_page[size_t(i)] = int64_t(plan.pages.size());
+    const int64_t used = (plan.keys(i) + plan.page_size - 1) / plan.page_size;
+    const std::vector<int32_t> row = table_row(a.block_table, i, used, a.stream);
+    for (int64_t p = 0; p < used; ++p) {
+      const int64_t page = row[size_t(p)];
+      require(page >= 0 && page < num_pages, "block_table",
+              "entry [" + str(i) + ", " + str(p) + "] is page " + str(page) +
+                  ", outside the pool of " + str(num_pages) + " pages");
+      plan.pages.push_back(page);
+    }
+  }
+  check_slots(plan);
+}
+
+// The head dim, extents and tensors the attention reads or writes (the host path's ordinary call
+// checks these for itself): o like q with dv, the LSE fp32 [b, H, sq] / [H, tq], the slopes
+// fp32 [H] / [b, H], the sinks fp32 [H] exactly with learnable sinks.
+void check_outputs_and_features(const KvCachePlan& plan, const KvCacheArgs& a,
+                                const KvCacheConfig& config) {
+  std::vector<int64_t> o_shape(a.q.shape.begin(), a.q.shape.begin() + a.q.ndim);
+  o_shape.back() = plan.head_dim_v;
+  require(a.o.ndim == a.q.ndim && std::equal(o_shape.begin(), o_shape.end(), a.o.shape.begin()),
+          "o",
+          "must be q's shape with v's head dim " + str(plan.head_dim_v) + ", got " +
+              a.o.shape_string());
+  require(a.o.dtype == a.q.dtype, "o",
+          "must have q's dtype " + std::string(to_string(a.q.dtype)) + ", got " +
+              std::string(to_string(a.o.dtype)));
+  require_rows_contiguous(a.o, "o");
+  auto require_fp32_contiguous = [](const TensorView& t, const char* name) {
+    require(t.dtype == DType::kFloat32, name,
+            "must be float32, got " + std::string(to_string(t.dtype)));
+    require(t.is_contiguous(), name, "must be contiguous");
+  };
+  if (a.lse.defined()) {
+    require_fp32_contiguous(a.lse, "lse");
+    const bool fits =
+        plan.packed_q
+            ? a.lse.ndim == 2 && a.lse.shape[0] == plan.heads_q && a.lse.shape[1] == a.q.shape[0]
+            : a.lse.ndim == 3 && a.lse.shape[0] == plan.batch && a.lse.shape[1] == plan.heads_q &&
+                  a.lse.shape[2] == a.q.shape[1];
+    require(fits, "lse",
+            std::string("must be ") + (plan.packed_q ? "[H, tq]" : "[b, H, sq]") + ", got " +
+                a.lse.shape_string());
+  }
+  if (a.alibi_slopes.defined()) {
+    require_fp32_contiguous(a.alibi_slopes, "alibi_slopes");
+    const TensorView& t = a.alibi_slopes;
+    require((t.ndim == 1 && t.shape[0] == plan.heads_q) ||
+                (t.ndim == 2 && t.shape[0] == plan.batch && t.shape[1] == plan.heads_q),
+            "alibi_slopes",
+            "must be [H] or [b, H] with H = " + str(plan.heads_q) + ", got " + t.shape_string());
+  }
+  const bool learnable = config.softmax_type == SoftmaxType::kLearnable;
+  require(a.softmax_offset.defined() == learnable, "softmax_offset",
+          learnable ? "is required with softmax_type learnable"
+                    : "is given but softmax_type is not learnable");
+  if (learnable) {
+    require_fp32_contiguous(a.softmax_offset, "softmax_offset");
+    require(
+        a.softmax_offset.ndim == 1 && a.softmax_offset.shape[0] == plan.heads_q, "softmax_offset",
+        "must be [H] with H = " + str(plan.heads_q) + ", got " + a.softmax_offset.shape_string());
+  }
+}
+
+// Rows the kernels copy in 16-byte chunks: an aligned base and element strides that keep every
+// row aligned.
+bool rows_16_byte_aligned(const TensorView& t) {
+  if (!t.defined() || t.numel() == 0) return true;
+  const size_t element = dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    if (t.shape[size_t(d)] > 1 && (size_t(t.strides[size_t(d)]) * element) % 16 != 0) return false;
+  return (size_t(t.shape[size_t(t.ndim - 1)]) * element) % 16 == 0;
+}
+
+// What the device kernels take (docs/kvcache.md): refused with kNotSupported otherwise.
+void check_device_call(const KvCachePlan& plan, const KvCacheArgs& a, const KvCacheConfig& config) {
+  const DeviceAccess* device = device_access();
+  refuse(device != nullptr, "q", "is a device tensor, and this build has no CUDA support");
+  const int arch = device->arch(plan.device_index);
+  refuse(arch != 0, "q", "is on CUDA device " + str(plan.device_index) + ", which is not present");
+  refuse(arch >= 80, "q", "is on a device older than sm_80, which the KV-cache kernels need");
+  refuse(a.q.dtype == DType::kFloat16 || a.q.dtype == DType::kBFloat16, "q",
+         "is " + std::string(to_string(a.q.dtype)) +
+             ": the device KV-cache kernels take float16 and bfloat16");
+  refuse(plan.head_dim_v == plan.head_dim_qk, "v_cache",
+         "has head dim " + str(plan.head_dim_v) + " and k_cache " + str(plan.head_dim_qk) +
+             ": the device KV-cache kernels take equal head dims");
+  refuse(kvcache_device_head_dim(plan.head_dim_qk), "q",
+         "has head dim " + str(plan.head_dim_qk) +
+             ": the device KV-cache kernels take head dims 64, 128 and 256");
+  refuse(plan.batch <= 65535, "cache_seqlens",
+         "has " + str(plan.batch) + " sequences: the device KV-cache kernels take up to 65535");
+  for (const auto& [t, name] :
+       {std::make_pair(&a.q, "q"), std::make_pair(&a.o, "o"), std::make_pair(&a.k_cache, "k_cache"),
+        std::make_pair(&a.v_cache, "v_cache"), std::make_pair(&a.k_new, "k_new"),
+        std::make_pair(&a.v_new, "v_new")})
+    refuse(rows_16_byte_aligned(*t), name,
+           "has rows that do not start on 16-byte boundaries (base pointer and strides), which "
+           "the device KV-cache kernels copy in 16-byte chunks");
+  for (const auto& [t, name] : {std::make_pair(&a.cache_seqlens, "cache_seqlens"),
+                                std::make_pair(&a.cu_seqlens_q, "cu_seqlens_q"),
+                                std::make_pair(&a.cu_seqlens_k_new, "cu_seqlens_k_new")})
+    refuse(!t->defined() || t->numel() <= 1 || t->strides[0] == 1, name,
+           "must be contiguous on the device");
+  refuse(!plan.paged || a.block_table.shape[1] <= 1 || a.block_table.strides[1] == 1, "block_table",
+         "must be contiguous in its last dimension on the device");
+  check_outputs_and_features(plan, a, config);
+}
+
 }  // namespace
 
 int64_t KvCachePlan::max_keys() const {
@@ -174,7 +329,7 @@ void KvCachePlan::slot(int64_t i, int64_t pos, int64_t* dim0, int64_t* dim1) con
   *dim1 = pos % page_size;
 }
 
-KvCachePlan plan_kvcache(const KvCacheArgs& a) {
+KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
   const std::pair<const TensorView*, const char*> tensors[] = {
       {&a.q, "q"},
       {&a.cu_seqlens_q, "cu_seqlens_q"},
@@ -189,14 +344,17 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
       {&a.softmax_offset, "softmax_offset"},
       {&a.o, "o"},
       {&a.lse, "lse"}};
+  require(a.q.defined(), "q", "is required");
   for (const auto& [t, name] : tensors) {
-    require_host(*t, name);
+    require_device_of(*t, name, a.q);
     require(!t->defined() || t->data != nullptr || t->numel() == 0, name,
             "has elements but no data pointer");
   }
 
   KvCachePlan plan;
-  require(a.q.defined(), "q", "is required");
+  plan.device = a.q.device;
+  plan.device_index = a.q.device_index;
+  plan.tables_read = plan.device == Device::kCPU || config.check_tables;
   require(a.q.ndim == 3 || a.q.ndim == 4, "q",
           "must be [b, sq, H, d] or [tq, H, d] with cu_seqlens_q, got " + a.q.shape_string());
   for (int d = 0; d < a.q.ndim; ++d)
@@ -212,6 +370,7 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
     require_int32(a.cu_seqlens_q, "cu_seqlens_q", 1);
     require(a.cu_seqlens_q.shape[0] >= 1, "cu_seqlens_q", "must have b + 1 >= 1 entries");
   }
+  void* const stream = a.stream;
   plan.batch = plan.packed_q ? a.cu_seqlens_q.shape[0] - 1 : a.q.shape[0];
   const int64_t b = plan.batch;
 
@@ -284,8 +443,10 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
     if (plan.packed_new) {
       require(a.cu_seqlens_k_new.defined(), "cu_seqlens_k_new",
               "is required with packed [t_new, G, d] k_new / v_new");
-      plan.added = read_boundaries(a.cu_seqlens_k_new, "cu_seqlens_k_new", b, a.k_new.shape[0],
-                                   "k_new", &plan.new_start);
+      require_boundaries_shape(a.cu_seqlens_k_new, "cu_seqlens_k_new", b);
+      if (plan.tables_read)
+        plan.added = read_boundaries(a.cu_seqlens_k_new, "cu_seqlens_k_new", a.k_new.shape[0],
+                                     "k_new", &plan.new_start, stream);
     } else {
       plan.added.assign(size_t(b), a.k_new.shape[1]);
     }
@@ -298,8 +459,10 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
 
   // Queries.
   if (plan.packed_q) {
-    plan.q_len =
-        read_boundaries(a.cu_seqlens_q, "cu_seqlens_q", b, a.q.shape[0], "q", &plan.q_start);
+    require_boundaries_shape(a.cu_seqlens_q, "cu_seqlens_q", b);
+    if (plan.tables_read)
+      plan.q_len =
+          read_boundaries(a.cu_seqlens_q, "cu_seqlens_q", a.q.shape[0], "q", &plan.q_start, stream);
   } else {
     plan.q_len.assign(size_t(b), a.q.shape[1]);
     plan.q_start.assign(size_t(b), 0);
@@ -322,36 +485,8 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a) {
               a.k_cache.strides != a.v_cache.strides,
           "v_cache", "is k_cache itself: the append of v_new would overwrite k_new's");
 
-  // The tables' contents.
-  plan.cached = read_int32_vector(a.cache_seqlens, nullptr);
-  for (int64_t i = 0; i < b; ++i) {
-    const int64_t cached = plan.cached[size_t(i)];
-    require(cached >= 0, "cache_seqlens",
-            "entry " + str(i) + " is " + str(cached) + " (lengths are >= 0)");
-    require(plan.keys(i) <= plan.capacity, "cache_seqlens",
-            "entry " + str(i) + " holds " + str(cached) + " tokens and the call appends " +
-                str(plan.added[size_t(i)]) + ", beyond the cache's capacity of " +
-                str(plan.capacity) + " positions per sequence");
-  }
-  if (plan.paged) {
-    // Only the pages that hold keys are read, and only they are kept (a table may be far larger
-    // than what the sequences use).
-    const int64_t num_pages = a.k_cache.shape[0];
-    const int32_t* table = static_cast<const int32_t*>(a.block_table.data);
-    plan.first_page.assign(size_t(b), 0);
-    for (int64_t i = 0; i < b; ++i) {
-      plan.first_page[size_t(i)] = int64_t(plan.pages.size());
-      const int64_t used = (plan.keys(i) + plan.page_size - 1) / plan.page_size;
-      for (int64_t p = 0; p < used; ++p) {
-        const int64_t page = table[i * a.block_table.strides[0] + p * a.block_table.strides[1]];
-        require(page >= 0 && page < num_pages, "block_table",
-                "entry [" + str(i) + ", " + str(p) + "] is page " + str(page) +
-                    ", outside the pool of " + str(num_pages) + " pages");
-        plan.pages.push_back(page);
-      }
-    }
-    check_slots(plan);
-  }
+  if (plan.device == Device::kCUDA) check_device_call(plan, a, config);
+  if (plan.tables_read) read_tables(a, plan);
   return plan;
 }
 

@@ -16,6 +16,11 @@ struct KvCachePlan {
   bool packed_q = false;    // q is [tq, H, d] with cu_seqlens_q
   bool packed_new = false;  // k_new / v_new are [t_new, G, d] with cu_seqlens_k_new
   bool paged = false;
+  Device device = Device::kCPU;  // every tensor's (q's device index too)
+  int device_index = 0;
+  // Whether the tables' contents were read and checked (always for host tensors); the vectors
+  // below hold them only then, else only what the shapes give (4-D q_len and added).
+  bool tables_read = false;
   int64_t page_size = 0;           // paged only
   int64_t capacity = 0;            // positions a sequence can hold: s_max, or max_pages * page_size
   std::vector<int64_t> cached;     // [b] cache_seqlens
@@ -35,9 +40,9 @@ struct KvCachePlan {
   void slot(int64_t i, int64_t pos, int64_t* dim0, int64_t* dim1) const;
 };
 
-// Validates the arguments (DESIGN.md §7: each error names its argument) and reads the host
-// tables. Host tensors only: device caches are refused (kNotSupported) until the serving
-// kernels exist.
-KvCachePlan plan_kvcache(const KvCacheArgs& args);
+// Validates the arguments (DESIGN.md §7: each error names its argument) and reads the tables:
+// always for host tensors, for device tensors only with config.check_tables. Device calls the
+// KV-cache kernels cannot take (dtype, head dims, alignment) are refused with kNotSupported.
+KvCachePlan plan_kvcache(const KvCacheArgs& args, const KvCacheConfig& config);
 
 }  // namespace dpa

@@ -142,8 +142,20 @@ const BadKvInput kBad[] = {
     {"forced_device_backend", "backend",
      [](KvCacheCaseSpec& s) { s.config.backend = BackendKind::kCudaFlash; },
      [](KvCacheCase&, KvCacheArgs&) {}, ErrorCode::kNotSupported},
-    {"device_tensor", "k_cache", none,
+    {"mixed_devices", "k_cache", none,
      [](KvCacheCase&, KvCacheArgs& a) { a.k_cache.device = Device::kCUDA; },
+     ErrorCode::kInvalidArgument},
+    // Every tensor claims a device that this machine lacks (CI: no GPU, or no CUDA build): the
+    // KV-cache kernels refuse before anything reads the (host) memory.
+    {"device_call_without_a_device", "q", none,
+     [](KvCacheCase&, KvCacheArgs& a) {
+       for (TensorView* t : {&a.q, &a.k_cache, &a.v_cache, &a.block_table, &a.cache_seqlens,
+                             &a.k_new, &a.v_new, &a.o, &a.lse})
+         if (t->defined()) {
+           t->device = Device::kCUDA;
+           t->device_index = 7;
+         }
+     },
      ErrorCode::kNotSupported},
 };
 

@@ -1,52 +1,297 @@
-// KvCacheAttention with device tensors: until the serving kernels exist (docs/kvcache.md), a
-// device cache is refused with NotSupportedError naming the first device tensor, and neither the
-// cache nor the output is written. When the kernels land, this test becomes the device half of
-// tests/api/test_kvcache.cc.
+// KvCacheAttention on device tensors (the KV-cache kernels, docs/kvcache.md) against the truth:
+// each sequence as an ordinary cpu_exact call over its keys, on the same rounded inputs. Every
+// case of the host suite (tests/support/kvcache_cases.h) at the kernels' head dims and both
+// 16-bit dtypes, plus long sequences that split the keys; the caches after the append; the
+// debug mode that checks the tables; the refusals.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "dpa/kvcache.h"
 #include "gpu/device_case.h"
-#include "support/kvcache_case.h"
+#include "support/kvcache_cases.h"
 
 namespace dpa::test {
 namespace {
 
-TEST(GpuKvCache, DeviceCachesAreRefusedAndNothingIsWritten) {
+// Device copies of a case's tensors; a host view (shape and strides, possibly adjusted by the
+// case) maps onto the copy of its storage.
+class DeviceMirror {
+ public:
+  TensorView operator()(const HostTensor& host) {
+    if (!host.defined()) return TensorView();
+    owned_.push_back(std::make_unique<DeviceTensor>(host));
+    TensorView view = host.view();
+    view.data = owned_.back()->view().data;
+    view.device = Device::kCUDA;
+    view.device_index = owned_.back()->view().device_index;
+    return view;
+  }
+  const DeviceTensor& last() const { return *owned_.back(); }
+
+ private:
+  std::vector<std::unique_ptr<DeviceTensor>> owned_;
+};
+
+class Stream {
+ public:
+  Stream() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void* get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+struct DeviceResult {
+  HostTensor o, lse, k_cache, v_cache;
+  BackendKind backend = BackendKind::kAuto;
+};
+
+// Runs the case with every tensor on the device, on a non-blocking stream, o and lse poisoned.
+DeviceResult run_on_device(const KvCacheConfig& config, const KvCacheCase& c) {
+  DeviceMirror mirror;
+  const HostTensor o_host = c.make_o(), lse_host = c.make_lse();
+  KvCacheArgs a;
+  a.q = mirror(c.q);
+  a.cu_seqlens_q = mirror(c.cu_seqlens_q);
+  a.k_cache = mirror(c.k_cache);
+  const DeviceTensor& k_cache = mirror.last();
+  a.v_cache = mirror(c.v_cache);
+  const DeviceTensor& v_cache = mirror.last();
+  a.block_table = mirror(c.block_table);
+  a.cache_seqlens = mirror(c.cache_seqlens);
+  a.k_new = mirror(c.k_new);
+  a.v_new = mirror(c.v_new);
+  a.cu_seqlens_k_new = mirror(c.cu_seqlens_k_new);
+  a.alibi_slopes = mirror(c.alibi_slopes);
+  a.softmax_offset = mirror(c.softmax_offset);
+  DeviceTensor o(o_host.dtype(), o_host.shape()), lse(DType::kFloat32, lse_host.shape());
+  a.o = o.view();
+  a.lse = lse.view();
+  Stream stream;
+  a.stream = stream.get();
+  DeviceResult result;
+  result.backend = KvCacheAttention(config).forward(a);
+  result.o = o.download(stream.get());
+  result.lse = lse.download(stream.get());
+  result.k_cache = k_cache.download(stream.get());
+  result.v_cache = v_cache.download(stream.get());
+  return result;
+}
+
+struct Variant {
+  DType dtype;
+  int64_t head_dim;
+};
+
+std::string variant_name(const Variant& v) {
+  return std::string(to_string(v.dtype)) + "_d" + std::to_string(v.head_dim);
+}
+
+// Cases of the device suite only: keys enough to split, long windows, long prefill chunks.
+std::vector<KvCase> long_cases() {
+  return {
+      {"long_decode_splits",
+       [](KvCacheCaseSpec& s) {
+         decode_spec(s, {3000, 777, 0}, 64);
+         s.heads_q = 16;
+         s.heads_kv = 2;
+         s.config.softmax_type = SoftmaxType::kLearnable;
+       },
+       {},
+       {}},
+      {"long_decode_contiguous_mha",
+       [](KvCacheCaseSpec& s) {
+         decode_spec(s, {2500, 64}, 0);
+         s.heads_q = s.heads_kv = 3;
+       },
+       {},
+       {}},
+      {"long_window_sink_softcap",  // gpt-oss local layers: the window bounds the keys read
+       [](KvCacheCaseSpec& s) {
+         decode_spec(s, {5000, 130}, 16);
+         s.heads_q = 8;
+         s.heads_kv = 1;
+         s.config.window_left = 127;
+         s.config.window_right = 0;
+         s.config.softcap = 5.0;
+         s.qk_stddev = 2.0;
+         s.config.softmax_type = SoftmaxType::kLearnable;
+       },
+       [](KvCacheConfig& config, KvCacheCase&) { config.window_left = -1; },
+       {}},
+      {"long_prefill_chunk",
+       [](KvCacheCaseSpec& s) {
+         s.cached = {1200, 40};
+         s.added = {90, 90};
+         s.queries = {90, 90};
+         s.heads_q = 4;
+         s.heads_kv = 2;
+         s.page_size = 16;
+         s.config.causal = true;
+         s.config.softcap = 3.0;
+         s.qk_stddev = 2.0;
+       },
+       [](KvCacheConfig& config, KvCacheCase&) { config.softcap = 0.0; },
+       {}},
+      {"long_chunked_prefill_packed_alibi",
+       [](KvCacheCaseSpec& s) {
+         s.cached = {700, 0, 1500};
+         s.added = {1, 200, 1};
+         s.queries = {1, 200, 1};
+         s.packed_q = s.packed_new = true;
+         s.page_size = 32;
+         s.config.causal = true;
+         s.alibi = true;
+       },
+       [](KvCacheConfig&, KvCacheCase& c) { c.alibi_slopes = HostTensor(); },
+       {}},
+  };
+}
+
+std::vector<KvCase> device_cases() {
+  std::vector<KvCase> cases;
+  for (const KvCase& c : kvcache_cases())
+    if (c.name != "head_dim_v_differs") cases.push_back(c);  // refused: see below
+  for (const KvCase& c : long_cases()) cases.push_back(c);
+  return cases;
+}
+
+class GpuKvCache : public ::testing::TestWithParam<std::tuple<KvCase, Variant>> {};
+
+TEST_P(GpuKvCache, MatchesExactWithTheCacheAppended) {
+  std::string why;
+  if (!gpu_present(&why) && !reference_only_mode()) GTEST_SKIP() << why;
+  const auto& [kv, variant] = GetParam();
+  KvCacheCaseSpec spec;
+  kv.configure(spec);
+  spec.dtype = variant.dtype;
+  spec.head_dim_qk = spec.head_dim_v = variant.head_dim;
+  KvCacheCase c = make_kvcache_case(spec);
+  if (kv.adjust) kv.adjust(spec, c);
+  const double tol = output_tolerance(spec.dtype);
+
+  HostTensor want_o = c.make_o(), want_lse = c.make_lse();
+  kvcache_reference(spec, c, spec.config, want_o, want_lse);
+  if (kv.without) {  // the feature moves the truth by far more than the tolerance
+    KvCacheCase plain = c;
+    KvCacheConfig config = spec.config;
+    kv.without(config, plain);
+    HostTensor plain_o = c.make_o(), plain_lse = c.make_lse();
+    kvcache_reference(spec, plain, config, plain_o, plain_lse);
+    ASSERT_GT(relative_error(plain_o, want_o), 10 * tol);
+  }
+  if (reference_only_mode()) GTEST_SKIP() << "reference only";
+
+  HostTensor want_k = c.k_cache, want_v = c.v_cache;
+  expected_caches(spec, c, want_k, want_v);
+  const DeviceResult got = run_on_device(spec.config, c);
+  EXPECT_EQ(got.backend, BackendKind::kCudaFlash);
+  EXPECT_LE(relative_error(got.o, want_o), tol);
+  EXPECT_FALSE(has_nan(got.o));
+  EXPECT_LE(lse_violation(got.lse, want_lse), 1.0);
+  EXPECT_EQ(max_abs_error(got.k_cache, want_k), 0.0);
+  EXPECT_EQ(max_abs_error(got.v_cache, want_v), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuKvCache,
+                         ::testing::Combine(::testing::ValuesIn(device_cases()),
+                                            ::testing::Values(Variant{DType::kBFloat16, 128},
+                                                              Variant{DType::kFloat16, 64},
+                                                              Variant{DType::kBFloat16, 256})),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  variant_name(std::get<1>(info.param));
+                         });
+
+// A decode case whose tensors the tests below break.
+KvCacheCaseSpec small_decode() {
+  KvCacheCaseSpec spec;
+  decode_spec(spec, {30, 7}, 16);
+  spec.dtype = DType::kBFloat16;
+  spec.head_dim_qk = spec.head_dim_v = 64;
+  return spec;
+}
+
+// Expects the call to fail with `code` naming `argument`, the caches and o unwritten.
+void expect_refused(const KvCacheConfig& config, const KvCacheCase& c, ErrorCode code,
+                    const std::string& argument) {
+  try {
+    run_on_device(config, c);
+    ADD_FAILURE() << "the call ran";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), code) << error.what();
+    EXPECT_EQ(error.argument(), argument) << error.what();
+  }
+}
+
+TEST(GpuKvCacheTables, CheckedInDebugModeWithNothingWritten) {
   std::string why;
   if (!gpu_present(&why)) GTEST_SKIP() << why;
-  KvCacheCaseSpec spec;
-  spec.dtype = DType::kBFloat16;
-  spec.cached = {30, 7};
-  spec.added = {1, 1};
-  spec.queries = {1, 1};
-  spec.head_dim_qk = spec.head_dim_v = 64;
-  spec.page_size = 16;
-  spec.config.causal = true;
-  const KvCacheCase c = make_kvcache_case(spec);
-  const DeviceTensor q(c.q), k_cache(c.k_cache), v_cache(c.v_cache), k_new(c.k_new), v_new(c.v_new),
-      table(c.block_table), seqlens(c.cache_seqlens);
-  DeviceTensor o(spec.dtype, {2, 1, spec.heads_q, spec.head_dim_v});
+  KvCacheCaseSpec spec = small_decode();
+  spec.config.check_tables = true;
+  KvCacheCase c = make_kvcache_case(spec);
+  c.block_table.set(1, 1000);  // page 1 of sequence 0: outside the pool
+  DeviceMirror mirror;
+  // run_on_device downloads nothing when the call throws; check the caches by hand.
+  HostTensor o_host = c.make_o();
+  KvCacheArgs a;
+  a.q = mirror(c.q);
+  a.k_cache = mirror(c.k_cache);
+  const DeviceTensor& k_cache = mirror.last();
+  a.v_cache = mirror(c.v_cache);
+  a.block_table = mirror(c.block_table);
+  a.cache_seqlens = mirror(c.cache_seqlens);
+  a.k_new = mirror(c.k_new);
+  a.v_new = mirror(c.v_new);
+  DeviceTensor o(o_host.dtype(), o_host.shape());
   const HostTensor o_before = o.download();
-  KvCacheArgs args;
-  args.q = q.view();
-  args.k_cache = k_cache.view();
-  args.v_cache = v_cache.view();
-  args.k_new = k_new.view();
-  args.v_new = v_new.view();
-  args.block_table = table.view();
-  args.cache_seqlens = seqlens.view();
-  args.o = o.view();
+  a.o = o.view();
   try {
-    KvCacheAttention(spec.config).forward(args);
-    FAIL() << "a device cache ran";
+    KvCacheAttention(spec.config).forward(a);
+    ADD_FAILURE() << "a page outside the pool ran";
   } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kNotSupported) << error.what();
-    EXPECT_EQ(error.argument(), "q") << error.what();
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
+    EXPECT_EQ(error.argument(), "block_table") << error.what();
   }
   EXPECT_EQ(max_abs_error(k_cache.download(), c.k_cache), 0.0);
   EXPECT_EQ(max_abs_error(o.download(), o_before), 0.0);
+  // Lengths beyond the capacity, too.
+  c.block_table.set(1, 1);
+  c.cache_seqlens.set(0, 100000);
+  expect_refused(spec.config, c, ErrorCode::kInvalidArgument, "cache_seqlens");
+}
+
+TEST(GpuKvCacheRefusals, WhatTheKernelsDoNotTakeIsRefusedNamingTheTensor) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << why;
+  {
+    KvCacheCaseSpec spec = small_decode();
+    spec.head_dim_v = 32;
+    expect_refused(spec.config, make_kvcache_case(spec), ErrorCode::kNotSupported, "v_cache");
+  }
+  {
+    KvCacheCaseSpec spec = small_decode();
+    spec.head_dim_qk = spec.head_dim_v = 96;
+    expect_refused(spec.config, make_kvcache_case(spec), ErrorCode::kNotSupported, "q");
+  }
+  {
+    KvCacheCaseSpec spec = small_decode();
+    spec.dtype = DType::kFloat32;
+    expect_refused(spec.config, make_kvcache_case(spec), ErrorCode::kNotSupported, "q");
+  }
+  {
+    KvCacheCaseSpec spec = small_decode();
+    spec.config.backend = BackendKind::kCudaUnfused;
+    expect_refused(spec.config, make_kvcache_case(spec), ErrorCode::kNotSupported, "backend");
+  }
 }
 
 }  // namespace

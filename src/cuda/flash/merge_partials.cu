@@ -4,6 +4,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_common.cuh"
 #include "cuda/flash/merge_partials.cuh"
+#include "cuda/merge_row.cuh"
 
 namespace dpa::cuda {
 namespace {
@@ -25,27 +26,11 @@ __global__ void merge_partials_kernel(const FlashForwardParams p, int head_dim_v
   // A CP tile's partial leaves the sink out: the CP merge adds it once.
   const float sink =
       p.exclude_sink ? -INFINITY : sink_logit(p.softmax_type, p.softmax_offset, head);
-  float max_lse = sink;
-  for (int s = 0; s < p.num_splits; ++s)
-    max_lse = max_keeping_nan(max_lse, p.partial_lse[s * split_stride + row]);
-  const float shift = max_lse == -INFINITY ? 0.f : max_lse;
-  float total = expf(sink - shift);
-  for (int s = 0; s < p.num_splits; ++s)
-    total += expf(p.partial_lse[s * split_stride + row] - shift);
-  // total = 0: no split saw a key (lse = -inf); a NaN partial keeps the row NaN.
-  const float lse = total == 0.f ? -INFINITY : shift + logf(total);
-
   const int64_t q_row = (p.start_q ? p.start_q[batch] : 0) + i;
   Element* o_row = static_cast<Element*>(p.o) + batch * p.o_batch_stride + q_row * p.o_row_stride +
                    head * p.o_head_stride;
-  for (int c = lane; c < head_dim_v; c += 32) {
-    float acc = 0.f;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float weight = total == 0.f ? 0.f : expf(p.partial_lse[s * split_stride + row] - lse);
-      acc += weight * p.partial_o[(s * split_stride + row) * head_dim_v + c];
-    }
-    o_row[c] = from_float<Element>(acc);
-  }
+  const float lse = merge_row(p.partial_lse, p.partial_o, split_stride, row, p.num_splits, sink,
+                              head_dim_v, lane, o_row);
   if (lane == 0) p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + q_row] = lse;
 }
 

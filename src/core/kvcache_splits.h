@@ -1,0 +1,33 @@
+// The shape of the device KV-cache kernel that the host decides (docs/kvcache.md): its head
+// dims, its key tiles, and the split-KV heuristic (into how many splits each block of packed
+// rows cuts its keys). Host-only, so the CPU CI tests it.
+#pragma once
+
+#include <cstdint>
+
+namespace dpa {
+
+// Keys per tile of the KV-cache kernel, and the fewest tiles a split is given.
+constexpr int64_t kKvCacheTileKeys = 64;
+constexpr int64_t kKvCacheMinTilesPerSplit = 2;
+constexpr int kKvCacheMaxSplits = 128;
+
+// The head dims (qk = v) the kernel is built for.
+inline bool kvcache_device_head_dim(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+// `blocks`: the kernel's blocks before splitting (sequences x KV heads x row blocks);
+// `key_tiles`: the most key tiles one block can visit; `slots`: blocks resident at once on the
+// device (SMs x blocks per SM). Returns 1 when the blocks already fill the device; otherwise
+// the fewest splits whose waves are at least 85% as full as the best count's, with at least
+// kKvCacheMinTilesPerSplit tiles per split.
+int kvcache_num_splits(int64_t blocks, int64_t key_tiles, int64_t slots);
+
+// The most key tiles one block of the kernel visits: the cache's capacity, or, with a finite
+// window on both sides (causal counts as right = 0), the window's reach from the block's
+// queries.
+int64_t kvcache_key_tiles(int64_t capacity, int64_t window_left, int64_t window_right,
+                          int64_t queries_per_block);
+
+}  // namespace dpa

@@ -1,0 +1,135 @@
+#include "cuda/kvcache/kvcache_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/kvcache_splits.h"
+#include "cuda/device_buffer.h"
+#include "cuda/kvcache/kvcache_launch.h"
+#include "cuda/runtime.h"
+
+namespace dpa::cuda {
+namespace {
+
+constexpr double kLog2e = 1.4426950408889634;
+constexpr int64_t kRowsPerBlock = 16;  // packed rows per attention block (kvcache_kernels.cuh)
+
+// A window bound at least as long as any query-key distance is unbounded (-1), which keeps the
+// kernel's int arithmetic (position +- window) from overflowing.
+int window_bound(int64_t bound, int64_t reach) {
+  return bound < 0 || bound >= reach ? -1 : int(bound);
+}
+
+}  // namespace
+
+void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
+                           const KvCacheArgs& a) {
+  const DeviceGuard guard(a.q.device_index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  const DType dtype = a.q.dtype;
+  const int head_dim = int(plan.head_dim_qk);
+  KvCacheParams p;
+
+  p.q = a.q.data;
+  p.o = a.o.data;
+  p.lse = static_cast<float*>(a.lse.data);
+  const int q_rows = plan.packed_q ? 0 : 1;  // the row dimension of q / o, after the batch
+  p.q_batch_stride = plan.packed_q ? 0 : a.q.strides[0];
+  p.q_row_stride = a.q.strides[size_t(q_rows)];
+  p.q_head_stride = a.q.strides[size_t(q_rows + 1)];
+  p.o_batch_stride = plan.packed_q ? 0 : a.o.strides[0];
+  p.o_row_stride = a.o.strides[size_t(q_rows)];
+  p.o_head_stride = a.o.strides[size_t(q_rows + 1)];
+  const int64_t queries = a.q.shape[size_t(q_rows)];  // per sequence (4-D) or in all (packed)
+  if (a.lse.defined()) {                              // contiguous [b, H, sq] or [H, tq]
+    p.lse_batch_stride = plan.packed_q ? 0 : plan.heads_q * queries;
+    p.lse_head_stride = queries;
+  }
+  p.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
+  p.queries_per_sequence = plan.packed_q ? 0 : int(queries);
+
+  p.k_cache = a.k_cache.data;
+  p.v_cache = a.v_cache.data;
+  p.k_dim0_stride = a.k_cache.strides[0];
+  p.k_row_stride = a.k_cache.strides[1];
+  p.k_head_stride = a.k_cache.strides[2];
+  p.v_dim0_stride = a.v_cache.strides[0];
+  p.v_row_stride = a.v_cache.strides[1];
+  p.v_head_stride = a.v_cache.strides[2];
+  if (plan.paged) {
+    p.block_table = static_cast<const int*>(a.block_table.data);
+    p.block_table_stride = a.block_table.strides[0];
+    p.page_shift = int(std::log2(double(plan.page_size)) + 0.5);
+  }
+  p.cache_seqlens = static_cast<const int*>(a.cache_seqlens.data);
+
+  int64_t max_new = 0;
+  if (a.k_new.defined()) {
+    p.k_new = a.k_new.data;
+    p.v_new = a.v_new.data;
+    const int rows = plan.packed_new ? 0 : 1;
+    p.k_new_batch_stride = plan.packed_new ? 0 : a.k_new.strides[0];
+    p.k_new_row_stride = a.k_new.strides[size_t(rows)];
+    p.k_new_head_stride = a.k_new.strides[size_t(rows + 1)];
+    p.v_new_batch_stride = plan.packed_new ? 0 : a.v_new.strides[0];
+    p.v_new_row_stride = a.v_new.strides[size_t(rows)];
+    p.v_new_head_stride = a.v_new.strides[size_t(rows + 1)];
+    p.cu_seqlens_k_new = static_cast<const int*>(a.cu_seqlens_k_new.data);
+    max_new = a.k_new.shape[size_t(rows)];
+    p.new_per_sequence = plan.packed_new ? 0 : int(max_new);
+  }
+
+  p.batch = int(plan.batch);
+  p.heads_q = int(plan.heads_q);
+  p.heads_kv = int(plan.heads_kv);
+  p.group = int(plan.heads_q / plan.heads_kv);
+  const double scale = config.scale ? *config.scale : 1.0 / std::sqrt(double(head_dim));
+  p.scale_log2 = float(scale * kLog2e);
+  p.use_softcap = config.softcap > 0;
+  if (p.use_softcap) {
+    p.softcap_arg_scale = float(scale / config.softcap);
+    p.softcap_log2 = float(config.softcap * kLog2e);
+  }
+  const int64_t reach = plan.capacity + queries + 1;
+  p.window_left = window_bound(config.window_left, reach);
+  p.window_right = window_bound(config.causal ? 0 : config.window_right, reach);
+  if (a.alibi_slopes.defined()) {
+    p.alibi_slopes = static_cast<const float*>(a.alibi_slopes.data);
+    p.alibi_batch_stride = a.alibi_slopes.ndim == 2 ? p.heads_q : 0;
+  }
+  p.softmax_type = int(config.softmax_type);
+  p.softmax_offset = static_cast<const float*>(a.softmax_offset.data);
+
+  // Blocks: sequences x KV heads x row blocks (capped: they stride over their rows), split
+  // until the device is full.
+  const int64_t packed_rows = queries * p.group;
+  const DeviceInfo& device = device_info(a.q.device_index);
+  const int64_t slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(dtype, head_dim);
+  const int64_t sequence_heads = plan.batch * plan.heads_kv;
+  const int64_t row_blocks = std::clamp<int64_t>(
+      std::min((packed_rows + kRowsPerBlock - 1) / kRowsPerBlock,
+               (4 * slots + sequence_heads - 1) / std::max<int64_t>(sequence_heads, 1)),
+      1, 65535);
+  const int64_t key_tiles = kvcache_key_tiles(plan.capacity, p.window_left, p.window_right,
+                                              std::min<int64_t>(queries, kRowsPerBlock));
+  p.num_splits = kvcache_num_splits(sequence_heads * row_blocks, key_tiles, slots);
+  p.total_rows = plan.packed_q ? queries : plan.batch * queries;
+
+  if (p.k_new != nullptr && max_new > 0)
+    launch_kvcache_append(p, dtype, head_dim, int(plan.head_dim_v), max_new, stream);
+  if (plan.batch == 0 || queries == 0) return;
+  DeviceBuffer partials;
+  if (p.num_splits > 1) {
+    const size_t rows = size_t(p.num_splits) * size_t(p.total_rows) * size_t(p.heads_q);
+    partials = DeviceBuffer(rows * size_t(plan.head_dim_v + 1) * sizeof(float), stream);
+    // o first: its float2 stores stay 8-byte aligned whatever the row count.
+    p.partial_o = partials.get<float>();
+    p.partial_lse = p.partial_o + rows * size_t(plan.head_dim_v);
+  }
+  launch_kvcache_attention(p, dtype, head_dim, unsigned(row_blocks), stream);
+  if (p.num_splits > 1) launch_kvcache_merge(p, dtype, int(plan.head_dim_v), queries, stream);
+}
+
+}  // namespace dpa::cuda

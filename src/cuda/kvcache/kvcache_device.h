@@ -1,0 +1,15 @@
+// A validated KV-cache call on device tensors (docs/kvcache.md): the append, the split-KV
+// attention and the merge, enqueued on the call's stream with no host synchronisation.
+#pragma once
+
+#include "core/kvcache_plan.h"
+#include "dpa/kvcache.h"
+
+namespace dpa::cuda {
+
+// Preconditions: plan_kvcache accepted `args` (device tensors, the kernels' dtypes, head dims
+// and alignment); the tables' contents are the caller's contract unless they were checked.
+void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
+                           const KvCacheArgs& args);
+
+}  // namespace dpa::cuda

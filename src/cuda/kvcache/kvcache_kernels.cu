@@ -1,0 +1,84 @@
+// Instantiations and launches of the KV-cache kernels: fp16 and bf16, head dims 64, 128, 256.
+#include <algorithm>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kvcache/kvcache_kernels.cuh"
+#include "cuda/kvcache/kvcache_launch.h"
+
+namespace dpa::cuda {
+namespace {
+
+constexpr int kWarpsPerRowBlock = 8;  // append and merge: one warp per row
+
+unsigned capped_blocks(int64_t rows) {
+  const int64_t blocks = (rows + kWarpsPerRowBlock - 1) / kWarpsPerRowBlock;
+  return unsigned(std::clamp<int64_t>(blocks, 1, 65535));
+}
+
+template <typename Element, int kDim>
+void launch_attention(const KvCacheParams& p, unsigned row_blocks, cudaStream_t stream) {
+  constexpr int bytes = KvCacheTiles<kDim>::kSharedBytes;
+  auto kernel = kvcache_attention_kernel<Element, kDim>;
+  DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const dim3 grid(unsigned(int64_t(p.batch) * p.heads_kv * p.num_splits), row_blocks);
+  kernel<<<grid, kKvThreads, bytes, stream>>>(p);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+template <typename Element>
+void launch_attention_for(const KvCacheParams& p, int head_dim, unsigned row_blocks,
+                          cudaStream_t stream) {
+  if (head_dim == 64) return launch_attention<Element, 64>(p, row_blocks, stream);
+  if (head_dim == 128) return launch_attention<Element, 128>(p, row_blocks, stream);
+  return launch_attention<Element, 256>(p, row_blocks, stream);
+}
+
+template <int kDim>
+int blocks_per_sm() {
+  constexpr int bytes = KvCacheTiles<kDim>::kSharedBytes;
+  auto kernel = kvcache_attention_kernel<__half, kDim>;
+  DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  int blocks = 0;
+  DPA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kKvThreads, bytes));
+  return std::max(1, blocks);
+}
+
+}  // namespace
+
+int kvcache_blocks_per_sm(DType, int head_dim) {
+  // Both dtypes have 16-bit elements: the same shared memory, the same occupancy.
+  static const int per_dim[3] = {blocks_per_sm<64>(), blocks_per_sm<128>(), blocks_per_sm<256>()};
+  return per_dim[head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2];
+}
+
+void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk, int head_dim_v,
+                           int64_t max_new_rows, cudaStream_t stream) {
+  const dim3 grid(capped_blocks(max_new_rows * p.heads_kv), unsigned(p.batch));
+  const int threads = 32 * kWarpsPerRowBlock;
+  if (dtype == DType::kBFloat16)
+    kvcache_append_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p, head_dim_qk, head_dim_v);
+  else
+    kvcache_append_kernel<__half><<<grid, threads, 0, stream>>>(p, head_dim_qk, head_dim_v);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
+                              unsigned row_blocks, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16)
+    launch_attention_for<__nv_bfloat16>(p, head_dim, row_blocks, stream);
+  else
+    launch_attention_for<__half>(p, head_dim, row_blocks, stream);
+}
+
+void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
+                          cudaStream_t stream) {
+  const dim3 grid(capped_blocks(max_queries * p.heads_q), unsigned(p.batch));
+  const int threads = 32 * kWarpsPerRowBlock;
+  if (dtype == DType::kBFloat16)
+    kvcache_merge_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p, head_dim_v);
+  else
+    kvcache_merge_kernel<__half><<<grid, threads, 0, stream>>>(p, head_dim_v);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpa::cuda

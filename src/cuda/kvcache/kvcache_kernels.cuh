@@ -1,0 +1,379 @@
+// The KV-cache kernels (docs/kvcache.md): the append of new tokens into the cache, split-KV
+// attention over the cache with GQA packing, and the LSE merge of the splits.
+//
+// The attention kernel: a block of four warps owns 16 packed rows (kvcache_params.h) of one
+// (sequence, KV head, split), so the H / G query heads of a KV head read each key once. Keys
+// stream through shared memory in tiles of 64, gathered row by row from the pages with cp.async
+// in a multi-stage pipeline; warp w takes keys 16w..16w+15 of every tile (S = Q K^T, the logit
+// transform and mask, the online softmax and O += P V on mma.sync m16n8k16), and the four warps'
+// partial softmax states merge in shared memory at the end. Decode is bound by the bytes of K
+// and V, so the tile's rows matter less than keeping enough of them in flight.
+#pragma once
+
+#include "core/kvcache_splits.h"
+#include "cuda/flash/flash_tile_math.cuh"
+#include "cuda/kvcache/kvcache_params.h"
+#include "cuda/merge_row.cuh"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
+
+namespace dpa::cuda {
+
+constexpr int kKvTileKeys = int(kKvCacheTileKeys);  // keys per pipeline stage
+constexpr int kKvWarps = 4;                         // each takes 16 keys of a tile
+constexpr int kKvThreads = 32 * kKvWarps;
+constexpr int kKvRows = 16;  // packed rows per block: one m16 slab
+
+template <int kDim>
+struct KvCacheTiles {
+  // Stages in flight: decode keeps up with the memory system only with several tiles loading.
+  static constexpr int kStages = kDim >= 256 ? 2 : (kDim <= 64 ? 4 : 3);
+  static constexpr int kStride = kDim + 8;  // padded rows: conflict-free ldmatrix
+  static constexpr int kStageElements = 2 * kKvTileKeys * kStride;  // K, then V
+  static constexpr int kElements = kKvRows * kStride + kStages * kStageElements;
+  static constexpr int kSharedBytes = 2 * kElements;  // 16-bit elements
+  // The epilogue's reduction (per warp: 16 rows of O, their max and sum; then per row the
+  // warps' weights and the LSE) reuses the stages.
+  static constexpr int kReductionFloats = kKvWarps * kKvRows * (kDim + 3) + kKvRows;
+  static_assert(4 * kReductionFloats <= 2 * kStages * kStageElements,
+                "the epilogue's reduction must fit in the pipeline's shared memory");
+};
+
+// One sequence's extents, read from the device tables.
+struct KvSequence {
+  int queries, q_start, partial_start;  // partial_start: row t of the split partials
+  int cached, new_rows, new_start, keys;
+};
+
+__device__ __forceinline__ KvSequence kv_sequence(const KvCacheParams& p, int b) {
+  KvSequence s;
+  s.q_start = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
+  s.queries = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - s.q_start : p.queries_per_sequence;
+  s.partial_start = p.cu_seqlens_q ? s.q_start : b * p.queries_per_sequence;
+  s.new_start = p.cu_seqlens_k_new ? p.cu_seqlens_k_new[b] : 0;
+  s.new_rows = p.k_new == nullptr   ? 0
+               : p.cu_seqlens_k_new ? p.cu_seqlens_k_new[b + 1] - s.new_start
+                                    : p.new_per_sequence;
+  s.cached = p.cache_seqlens[b];
+  s.keys = s.cached + s.new_rows;
+  return s;
+}
+
+// Element offset of cache position `pos` of sequence b (head 0).
+__device__ __forceinline__ int64_t cache_slot(const KvCacheParams& p, int b, int pos,
+                                              int64_t dim0_stride, int64_t row_stride) {
+  if (p.block_table == nullptr) return b * dim0_stride + int64_t(pos) * row_stride;
+  const int page = p.block_table[b * p.block_table_stride + (pos >> p.page_shift)];
+  return int64_t(page) * dim0_stride + int64_t(pos & ((1 << p.page_shift) - 1)) * row_stride;
+}
+
+// Keys [begin, end) that query i of a sequence sees (DESIGN.md §3 on the bottom-right diagonal).
+__device__ __forceinline__ VisibleRange kv_visible(const KvCacheParams& p, int i, int diagonal,
+                                                   int keys) {
+  const int center = i + diagonal;
+  const int begin = p.window_left < 0 ? 0 : min(keys, max(0, center - p.window_left));
+  const int end = p.window_right < 0 ? keys : min(keys, max(0, center + p.window_right + 1));
+  return {begin, max(begin, end)};
+}
+
+// Copies one row of `count` 16-bit elements, 16 bytes per lane step (rows are 16-byte aligned:
+// the host checks).
+__device__ __forceinline__ void copy_row(void* destination, const void* source, int count,
+                                         int lane) {
+  for (int c = lane; c < count / 8; c += 32)
+    static_cast<uint4*>(destination)[c] = static_cast<const uint4*>(source)[c];
+}
+
+// One warp per (new token, KV head): k_new / v_new into their cache slots.
+template <typename Element>
+__global__ void kvcache_append_kernel(const KvCacheParams p, int head_dim_qk, int head_dim_v) {
+  const int b = blockIdx.y;
+  const KvSequence s = kv_sequence(p, b);
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t rows = int64_t(s.new_rows) * p.heads_kv;
+  for (int64_t r = int64_t(blockIdx.x) * warps + threadIdx.x / 32; r < rows;
+       r += int64_t(gridDim.x) * warps) {
+    const int token = int(r / p.heads_kv), g = int(r % p.heads_kv);
+    const int64_t new_row = s.new_start + token;
+    const Element* k_source = static_cast<const Element*>(p.k_new) + b * p.k_new_batch_stride +
+                              new_row * p.k_new_row_stride + g * p.k_new_head_stride;
+    const Element* v_source = static_cast<const Element*>(p.v_new) + b * p.v_new_batch_stride +
+                              new_row * p.v_new_row_stride + g * p.v_new_head_stride;
+    Element* k_slot = const_cast<Element*>(static_cast<const Element*>(p.k_cache)) +
+                      cache_slot(p, b, s.cached + token, p.k_dim0_stride, p.k_row_stride) +
+                      g * p.k_head_stride;
+    Element* v_slot = const_cast<Element*>(static_cast<const Element*>(p.v_cache)) +
+                      cache_slot(p, b, s.cached + token, p.v_dim0_stride, p.v_row_stride) +
+                      g * p.v_head_stride;
+    copy_row(k_slot, k_source, head_dim_qk, lane);
+    copy_row(v_slot, v_source, head_dim_v, lane);
+  }
+}
+
+// Copies keys [first_key, first_key + 64) of sequence b, KV head g, from the cache into a stage
+// (rows past the sequence read as zeros).
+template <typename Element, int kDim>
+__device__ __forceinline__ void load_key_tile(const KvCacheParams& p, Element* k_stage,
+                                              Element* v_stage, int b, int g, int first_key,
+                                              int keys) {
+  constexpr int kChunksPerRow = kDim / 8;
+  constexpr int kStride = KvCacheTiles<kDim>::kStride;
+  const Element* k_base = static_cast<const Element*>(p.k_cache) + g * p.k_head_stride;
+  const Element* v_base = static_cast<const Element*>(p.v_cache) + g * p.v_head_stride;
+#pragma unroll
+  for (int chunk = threadIdx.x; chunk < kKvTileKeys * kChunksPerRow; chunk += kKvThreads) {
+    const int row = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
+    const int pos = first_key + row;
+    const bool valid = pos < keys;
+    const int64_t k_offset = valid ? cache_slot(p, b, pos, p.k_dim0_stride, p.k_row_stride) : 0;
+    const int64_t v_offset = valid ? cache_slot(p, b, pos, p.v_dim0_stride, p.v_row_stride) : 0;
+    ptx::cp_async_16(ptx::shared_address(k_stage + row * kStride + column),
+                     k_base + k_offset + column, valid);
+    ptx::cp_async_16(ptx::shared_address(v_stage + row * kStride + column),
+                     v_base + v_offset + column, valid);
+  }
+}
+
+template <typename Element, int kDim>
+__global__ void __launch_bounds__(kKvThreads)
+    kvcache_attention_kernel(const __grid_constant__ KvCacheParams p) {
+  using Tiles = KvCacheTiles<kDim>;
+  constexpr int kStride = Tiles::kStride, kStages = Tiles::kStages;
+  constexpr int kVTiles = kDim / 8;
+  constexpr int kBytes = int(sizeof(Element));
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Element* q_shared = reinterpret_cast<Element*>(shared_bytes);  // [16, kStride]
+  Element* stages = q_shared + kKvRows * kStride;                // kStages x {K, V} [64, kStride]
+
+  const int split = int(blockIdx.x % unsigned(p.num_splits));
+  const int sequence_head = int(blockIdx.x / unsigned(p.num_splits));
+  const int b = sequence_head / p.heads_kv, g = sequence_head % p.heads_kv;
+  const KvSequence s = kv_sequence(p, b);
+  const int rows = s.queries * p.group;
+  const int diagonal = s.keys - s.queries;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+
+  const uint32_t q_lane = ptx::shared_address(q_shared + (lane % 16) * kStride + (lane / 16) * 8);
+  const uint32_t k_lane = ptx::shared_address(stages + ((lane / 16) * 8 + lane % 8) * kStride +
+                                              ((lane / 8) % 2) * 8 + warp * 16 * kStride);
+  const uint32_t v_lane = ptx::shared_address(stages + kKvTileKeys * kStride +
+                                              (lane % 16 + warp * 16) * kStride + (lane / 16) * 8);
+  const float softcap_scale = p.softcap_arg_scale * (2.f * kLog2e);
+
+  for (int m0 = int(blockIdx.y) * kKvRows; m0 < rows; m0 += int(gridDim.y) * kKvRows) {
+    __syncthreads();  // the previous rows' epilogue is done with shared memory
+    const int rows_here = min(kKvRows, rows - m0);
+    const VisibleRange first = kv_visible(p, m0 / p.group, diagonal, s.keys);
+    const VisibleRange last = kv_visible(p, (m0 + rows_here - 1) / p.group, diagonal, s.keys);
+    // Visible ranges grow with the query, so the rows' union lies in [first.begin, last.end).
+    const int tile_begin = first.begin / kKvTileKeys;
+    const int tile_end =
+        last.end <= first.begin ? tile_begin : (last.end + kKvTileKeys - 1) / kKvTileKeys;
+    const int per_split = (tile_end - tile_begin + p.num_splits - 1) / p.num_splits;
+    const int my_begin = min(tile_end, tile_begin + split * per_split);
+    const int my_end = min(tile_end, my_begin + per_split);
+
+    // Q: packed row r is query r / group of head g * group + r % group.
+    const Element* q_base = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
+    for (int chunk = threadIdx.x; chunk < kKvRows * (kDim / 8); chunk += kKvThreads) {
+      const int row = chunk / (kDim / 8), column = (chunk % (kDim / 8)) * 8;
+      const bool valid = row < rows_here;
+      const int packed = m0 + (valid ? row : 0);
+      const int64_t offset = int64_t(s.q_start + packed / p.group) * p.q_row_stride +
+                             int64_t(g * p.group + packed % p.group) * p.q_head_stride;
+      ptx::cp_async_16(ptx::shared_address(q_shared + row * kStride + column),
+                       q_base + offset + column, valid);
+    }
+    ptx::cp_async_commit();
+#pragma unroll
+    for (int stage = 0; stage < kStages - 1; ++stage) {
+      if (my_begin + stage < my_end)
+        load_key_tile<Element, kDim>(p, stages + stage * Tiles::kStageElements,
+                                     stages + stage * Tiles::kStageElements + kKvTileKeys * kStride,
+                                     b, g, (my_begin + stage) * kKvTileKeys, s.keys);
+      ptx::cp_async_commit();  // every stage commits a group, so the wait counts stay fixed
+    }
+
+    // This thread's two rows (g and g + 8 of the slab): their query, ALiBi slope and range.
+    int query[2];
+    float slope[2];
+    VisibleRange range[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int packed = m0 + quad_row + 8 * half;
+      query[half] = packed / p.group;
+      const int head = g * p.group + packed % p.group;
+      slope[half] = p.alibi_slopes && quad_row + 8 * half < rows_here
+                        ? p.alibi_slopes[b * p.alibi_batch_stride + head] * kLog2e
+                        : 0.f;
+      range[half] = kv_visible(p, query[half], diagonal, s.keys);
+    }
+
+    RowStats stats;
+    stats.max[0] = stats.max[1] = -INFINITY;
+    stats.sum[0] = stats.sum[1] = 0.f;
+    float o_acc[kVTiles][4];
+#pragma unroll
+    for (int t = 0; t < kVTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
+
+    for (int tile = my_begin; tile < my_end; ++tile) {
+      const int step = tile - my_begin;
+      ptx::cp_async_wait<kStages - 2>();
+      __syncthreads();  // this tile landed; every warp is done with the stage refilled next
+      const int next = tile + kStages - 1;
+      if (next < my_end) {
+        Element* stage = stages + ((step + kStages - 1) % kStages) * Tiles::kStageElements;
+        load_key_tile<Element, kDim>(p, stage, stage + kKvTileKeys * kStride, b, g,
+                                     next * kKvTileKeys, s.keys);
+      }
+      ptx::cp_async_commit();
+      const uint32_t stage_offset = uint32_t((step % kStages) * Tiles::kStageElements * kBytes);
+
+      // S = Q K^T over this warp's 16 keys.
+      float s_acc[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kDim / 16; ++kk) {
+        uint32_t a[4], bk[4];
+        ptx::ldmatrix_x4(a, q_lane + kk * 16 * kBytes);
+        ptx::ldmatrix_x4(bk, k_lane + stage_offset + kk * 16 * kBytes);
+        const uint32_t b_even[2] = {bk[0], bk[1]}, b_odd[2] = {bk[2], bk[3]};
+        ptx::mma_m16n8k16<Element>(s_acc[0], a, b_even);
+        ptx::mma_m16n8k16<Element>(s_acc[1], a, b_odd);
+      }
+
+      // Logits in log2 units, ALiBi, then the mask where some row misses some key.
+      const int n0 = tile * kKvTileKeys + warp * 16;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s_acc[t][e];
+          x = p.use_softcap
+                  ? fmaf(softcap_ratio(x, softcap_scale), -2.f * p.softcap_log2, p.softcap_log2)
+                  : x * p.scale_log2;
+          const int half = e / 2, j = n0 + 8 * t + 2 * quad_col + (e & 1);
+          x -= slope[half] * fabsf(float(query[half] + diagonal - j));
+          s_acc[t][e] = j < range[half].begin || j >= range[half].end ? -INFINITY : x;
+        }
+      float correction[2];
+      softmax_update(s_acc, stats, correction);
+      rescale_rows(o_acc, correction);
+
+      // O += P V.
+      uint32_t a[4];
+      pack_p_operand<Element>(s_acc, 0, a);
+#pragma unroll
+      for (int pair = 0; pair < kVTiles / 2; ++pair) {
+        uint32_t bv[4];
+        ptx::ldmatrix_x4_trans(bv, v_lane + stage_offset + pair * 16 * kBytes);
+        const uint32_t b_even[2] = {bv[0], bv[1]}, b_odd[2] = {bv[2], bv[3]};
+        ptx::mma_m16n8k16<Element>(o_acc[2 * pair], a, b_even);
+        ptx::mma_m16n8k16<Element>(o_acc[2 * pair + 1], a, b_odd);
+      }
+    }
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages: the reduction reuses them
+
+    // The four warps' states: O (relative to each warp's max), max and sum per row.
+    float* warp_o = reinterpret_cast<float*>(stages);      // [warp][row][kDim]
+    float* warp_max = warp_o + kKvWarps * kKvRows * kDim;  // [warp][row]
+    float* warp_sum = warp_max + kKvWarps * kKvRows;
+    float* warp_weight = warp_sum + kKvWarps * kKvRows;  // [warp][row]: its factor in the result
+    float* row_lse = warp_weight + kKvWarps * kKvRows;   // [row]
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = stats.sum[half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = warp * kKvRows + quad_row + 8 * half;
+      if (quad_col == 0) {
+        warp_max[row] = stats.max[half];
+        warp_sum[row] = sum;
+      }
+#pragma unroll
+      for (int t = 0; t < kVTiles; ++t)
+        *reinterpret_cast<float2*>(warp_o + row * kDim + 8 * t + 2 * quad_col) =
+            make_float2(o_acc[t][2 * half], o_acc[t][2 * half + 1]);
+    }
+    __syncthreads();
+    if (threadIdx.x < kKvRows) {
+      const int row = threadIdx.x;
+      float max = -INFINITY;
+      for (int w = 0; w < kKvWarps; ++w) max = max_keeping_nan(max, warp_max[w * kKvRows + row]);
+      const float shift = max == -INFINITY ? 0.f : max;
+      float sum = 0.f;
+      for (int w = 0; w < kKvWarps; ++w)
+        sum += warp_sum[w * kKvRows + row] * fast_exp2(warp_max[w * kKvRows + row] - shift);
+      // sum = 0: no key seen (lse -inf, o 0); a NaN logit keeps the row NaN.
+      float lse = sum == 0.f ? -INFINITY : (max + __log2f(sum)) * kLn2;
+      float scale = sum == 0.f ? 0.f : 1.f / sum;
+      if (p.num_splits == 1) {  // the sink joins here, once per row (else in the merge)
+        const int head = g * p.group + (m0 + row) % p.group;
+        const float sink = sink_logit(p.softmax_type, p.softmax_offset, head);
+        const float top = max_keeping_nan(lse, sink);
+        const float top_shift = top == -INFINITY ? 0.f : top;
+        const float total = expf(lse - top_shift) + expf(sink - top_shift);
+        const float merged = total == 0.f ? -INFINITY : top_shift + logf(total);
+        scale *= total == 0.f ? 0.f : expf(lse - merged);
+        lse = merged;
+      }
+      for (int w = 0; w < kKvWarps; ++w)
+        warp_weight[w * kKvRows + row] = scale * fast_exp2(warp_max[w * kKvRows + row] - shift);
+      row_lse[row] = lse;
+    }
+    __syncthreads();
+
+    // Rows out: o and the LSE, or this split's partials.
+    for (int e = threadIdx.x; e < rows_here * (kDim / 2); e += kKvThreads) {
+      const int row = e / (kDim / 2), column = 2 * (e % (kDim / 2));
+      float2 value = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kKvWarps; ++w) {
+        const float weight = warp_weight[w * kKvRows + row];
+        const float2 part =
+            *reinterpret_cast<const float2*>(warp_o + (w * kKvRows + row) * kDim + column);
+        value.x += weight * part.x;
+        value.y += weight * part.y;
+      }
+      const int packed = m0 + row, i = packed / p.group;
+      const int head = g * p.group + packed % p.group;
+      if (p.num_splits == 1) {
+        Element* o_row = static_cast<Element*>(p.o) + b * p.o_batch_stride +
+                         int64_t(s.q_start + i) * p.o_row_stride + head * p.o_head_stride;
+        *reinterpret_cast<uint32_t*>(o_row + column) = ptx::pack2<Element>(value.x, value.y);
+        if (column == 0 && p.lse)
+          p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + s.q_start + i] = row_lse[row];
+      } else {
+        const int64_t partial = (split * p.total_rows + s.partial_start + i) * p.heads_q + head;
+        *reinterpret_cast<float2*>(p.partial_o + partial * kDim + column) = value;
+        if (column == 0) p.partial_lse[partial] = row_lse[row];
+      }
+    }
+  }
+}
+
+// One warp per (query, head) row of a sequence: the splits' partials into o and the LSE.
+template <typename Element>
+__global__ void kvcache_merge_kernel(const KvCacheParams p, int head_dim_v) {
+  const int b = blockIdx.y;
+  const KvSequence s = kv_sequence(p, b);
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t rows = int64_t(s.queries) * p.heads_q;
+  for (int64_t r = int64_t(blockIdx.x) * warps + threadIdx.x / 32; r < rows;
+       r += int64_t(gridDim.x) * warps) {
+    const int i = int(r / p.heads_q), head = int(r % p.heads_q);
+    Element* o_row = static_cast<Element*>(p.o) + b * p.o_batch_stride +
+                     int64_t(s.q_start + i) * p.o_row_stride + head * p.o_head_stride;
+    const float lse =
+        merge_row(p.partial_lse, p.partial_o, p.total_rows * p.heads_q,
+                  int64_t(s.partial_start + i) * p.heads_q + head, p.num_splits,
+                  sink_logit(p.softmax_type, p.softmax_offset, head), head_dim_v, lane, o_row);
+    if (lane == 0 && p.lse)
+      p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + s.q_start + i] = lse;
+  }
+}
+
+}  // namespace dpa::cuda

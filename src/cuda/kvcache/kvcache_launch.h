@@ -1,0 +1,31 @@
+// Launches of the KV-cache kernels (kvcache_kernels.cuh), by dtype and head dim.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda/kvcache/kvcache_params.h"
+#include "dpa/types.h"
+
+namespace dpa::cuda {
+
+// Blocks of the attention kernel that fit on one SM at once (its shared memory decides).
+int kvcache_blocks_per_sm(DType dtype, int head_dim);
+
+// k_new / v_new into the cache; `max_new_rows` bounds any sequence's new tokens (grid size only:
+// the kernel strides over what the tables give).
+void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk, int head_dim_v,
+                           int64_t max_new_rows, cudaStream_t stream);
+
+// The attention: p.batch * p.heads_kv * p.num_splits blocks along x, `row_blocks` along y (each
+// strides over its sequence's packed rows, so any count is correct).
+void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
+                              unsigned row_blocks, cudaStream_t stream);
+
+// The merge of p.num_splits > 1 partials; `max_queries` bounds any sequence's queries (grid
+// size only).
+void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
+                          cudaStream_t stream);
+
+}  // namespace dpa::cuda

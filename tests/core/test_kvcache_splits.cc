@@ -1,0 +1,43 @@
+// The KV-cache kernel's split heuristic (core/kvcache_splits.h), on the host.
+#include <gtest/gtest.h>
+
+#include "core/kvcache_splits.h"
+
+namespace dpa {
+namespace {
+
+constexpr int64_t kH200Slots = 132 * 2;  // SMs x blocks per SM of the d128 kernel
+
+TEST(KvCacheSplits, ADeviceAlreadyFullIsNotSplit) {
+  EXPECT_EQ(kvcache_num_splits(kH200Slots, 512, kH200Slots), 1);
+  EXPECT_EQ(kvcache_num_splits(10 * kH200Slots, 512, kH200Slots), 1);
+  EXPECT_EQ(kvcache_num_splits(0, 512, kH200Slots), 1);
+}
+
+TEST(KvCacheSplits, FewBlocksSplitLongKeysToFillTheWaves) {
+  // Decode, b = 1, 8 KV heads, 32k keys: eight blocks would leave 256 of 264 slots idle.
+  const int splits = kvcache_num_splits(8, 513, kH200Slots);
+  EXPECT_GE(8 * splits, int64_t(0.85 * kH200Slots));
+  EXPECT_LE(8 * splits, kH200Slots);  // the fewest that fill the wave: no second wave
+  // b = 16: 128 blocks; two splits fill 256 of 264 slots.
+  EXPECT_EQ(kvcache_num_splits(128, 513, kH200Slots), 2);
+}
+
+TEST(KvCacheSplits, EverySplitKeepsItsMinimumOfTiles) {
+  // Five tiles give at most two splits of two tiles each.
+  EXPECT_EQ(kvcache_num_splits(1, 5, kH200Slots), 2);
+  EXPECT_EQ(kvcache_num_splits(1, 3, kH200Slots), 1);
+  EXPECT_LE(kvcache_num_splits(1, 100000, kH200Slots), kKvCacheMaxSplits);
+}
+
+TEST(KvCacheSplits, AWindowBoundsTheKeyTiles) {
+  EXPECT_EQ(kvcache_key_tiles(32768, -1, 0, 1), 32768 / 64 + 1);
+  // A 128-key window (left 127, causal) over one query: at most three tiles.
+  EXPECT_EQ(kvcache_key_tiles(32768, 127, 0, 1), 3);
+  // An unbounded right side leaves the capacity.
+  EXPECT_EQ(kvcache_key_tiles(32768, 127, -1, 1), 32768 / 64 + 1);
+  EXPECT_EQ(kvcache_key_tiles(0, -1, -1, 1), 1);
+}
+
+}  // namespace
+}  // namespace dpa

@@ -1,0 +1,38 @@
+// Test support: the KV-cache cases that the host suite (tests/api/test_kvcache.cc) and the GPU
+// suite (tests/gpu/test_gpu_kvcache.cc) both run: contiguous and paged caches, page sizes 1 to
+// 256, ragged and empty sequences, appends across page boundaries, packed (chunked-prefill)
+// queries and appends, and every feature, each with a way to remove it (to show it moves the
+// result).
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "support/kvcache_case.h"
+
+namespace dpa::test {
+
+struct KvCase {
+  std::string name;
+  std::function<void(KvCacheCaseSpec&)> configure;
+  // Removes the case's feature (config and tensors); empty when the case tests no feature.
+  std::function<void(KvCacheConfig&, KvCacheCase&)> without;
+  // Adjusts the built case (views onto the same storage), before the call.
+  std::function<void(KvCacheCaseSpec&, KvCacheCase&)> adjust;
+};
+
+inline void PrintTo(const KvCase& c, std::ostream* os) { *os << c.name; }
+
+// A decode step: one query and one appended token per sequence, causal.
+void decode_spec(KvCacheCaseSpec& s, std::vector<int64_t> cached, int64_t page_size);
+
+const std::vector<KvCase>& kvcache_cases();
+
+// The caches after a correct call: `k_before` / `v_before` with the appended slots holding the
+// new tokens (the case's truth), every other element untouched.
+void expected_caches(const KvCacheCaseSpec& spec, const KvCacheCase& c, HostTensor& k_before,
+                     HostTensor& v_before);
+
+}  // namespace dpa::test
