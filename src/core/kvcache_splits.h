@@ -20,7 +20,7 @@ inline bool kvcache_device_head_dim(int64_t head_dim) {
 // `blocks`: the kernel's blocks before splitting (sequences x KV heads x row blocks);
 // `key_tiles`: the most key tiles one block can visit; `slots`: blocks resident at once on the
 // device (SMs x blocks per SM). Returns 1 when the blocks already fill the device; otherwise
-// the fewest splits whose waves are at least 85% as full as the best count's, with at least
+// the fewest splits whose waves are at least 95% as full as the best count's, with at least
 // kKvCacheMinTilesPerSplit tiles per split.
 int kvcache_num_splits(int64_t blocks, int64_t key_tiles, int64_t slots);
 

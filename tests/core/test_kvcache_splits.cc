@@ -6,7 +6,7 @@
 namespace dpa {
 namespace {
 
-constexpr int64_t kH200Slots = 132 * 2;  // SMs x blocks per SM of the d128 kernel
+constexpr int64_t kH200Slots = 132 * 2;  // 132 SMs, two blocks each
 
 TEST(KvCacheSplits, ADeviceAlreadyFullIsNotSplit) {
   EXPECT_EQ(kvcache_num_splits(kH200Slots, 512, kH200Slots), 1);

@@ -131,8 +131,10 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
     plan.partials = DeviceBuffer(flash_forward_partials_bytes(p, params.num_splits), stream);
-    params.partial_lse = plan.partials.get<float>();
-    params.partial_o = params.partial_lse + rows;
+    // o first: its float2 stores stay 8-byte aligned (and the merge's float4 loads 16-byte
+    // aligned) whatever the row count.
+    params.partial_o = plan.partials.get<float>();
+    params.partial_lse = params.partial_o + rows * p.head_dim_v;
   }
   return plan;
 }
@@ -147,7 +149,7 @@ int flash_forward_num_splits(const AttentionProblem& p, const FlashTileShape& sh
 size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {
   if (num_splits <= 1) return 0;
   const int64_t rows = int64_t(num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
-  return size_t(rows) * size_t(p.head_dim_v + 1) * sizeof(float);  // lse, then o
+  return size_t(rows) * size_t(p.head_dim_v + 1) * sizeof(float);  // o, then lse
 }
 
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,

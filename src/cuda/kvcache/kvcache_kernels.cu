@@ -15,10 +15,10 @@ unsigned capped_blocks(int64_t rows) {
   return unsigned(std::clamp<int64_t>(blocks, 1, 65535));
 }
 
-template <typename Element, int kDim>
+template <typename Element, int kDim, int kStages = kv_default_stages(kDim)>
 void launch_attention(const KvCacheParams& p, unsigned row_blocks, cudaStream_t stream) {
-  constexpr int bytes = KvCacheTiles<kDim>::kSharedBytes;
-  auto kernel = kvcache_attention_kernel<Element, kDim>;
+  constexpr int bytes = KvCacheTiles<kDim, kStages>::kSharedBytes;
+  auto kernel = kvcache_attention_kernel<Element, kDim, kStages>;
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(unsigned(int64_t(p.batch) * p.heads_kv * p.num_splits), row_blocks);
   kernel<<<grid, kKvThreads, bytes, stream>>>(p);
@@ -33,10 +33,10 @@ void launch_attention_for(const KvCacheParams& p, int head_dim, unsigned row_blo
   return launch_attention<Element, 256>(p, row_blocks, stream);
 }
 
-template <int kDim>
+template <int kDim, int kStages = kv_default_stages(kDim)>
 int blocks_per_sm() {
-  constexpr int bytes = KvCacheTiles<kDim>::kSharedBytes;
-  auto kernel = kvcache_attention_kernel<__half, kDim>;
+  constexpr int bytes = KvCacheTiles<kDim, kStages>::kSharedBytes;
+  auto kernel = kvcache_attention_kernel<__half, kDim, kStages>;
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   int blocks = 0;
   DPA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kKvThreads, bytes));

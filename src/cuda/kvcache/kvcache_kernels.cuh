@@ -16,6 +16,8 @@
 #include "cuda/merge_row.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/tma.cuh"
 
 namespace dpa::cuda {
 
@@ -24,14 +26,22 @@ constexpr int kKvWarps = 4;                         // each takes 16 keys of a t
 constexpr int kKvThreads = 32 * kKvWarps;
 constexpr int kKvRows = 16;  // packed rows per block: one m16 slab
 
-template <int kDim>
+// Stages in flight. Decode keeps up with the memory system only with several tiles loading and
+// with enough blocks per SM to hide the latency of each one's math: at d = 128 two stages (three
+// blocks per SM) beat three (two blocks per SM) by 1-5% on the H200 and four (one block) lose
+// half (docs/perf.md, session 11).
+constexpr int kv_default_stages(int head_dim) { return head_dim <= 64 ? 4 : 2; }
+
+template <int kDim, int kStageCount = kv_default_stages(kDim)>
 struct KvCacheTiles {
-  // Stages in flight: decode keeps up with the memory system only with several tiles loading.
-  static constexpr int kStages = kDim >= 256 ? 2 : (kDim <= 64 ? 4 : 3);
+  static constexpr int kStages = kStageCount;
   static constexpr int kStride = kDim + 8;  // padded rows: conflict-free ldmatrix
   static constexpr int kStageElements = 2 * kKvTileKeys * kStride;  // K, then V
   static constexpr int kElements = kKvRows * kStride + kStages * kStageElements;
-  static constexpr int kSharedBytes = 2 * kElements;  // 16-bit elements
+  // The stages' mbarriers (8 bytes each) first, padded so that Q starts 16-byte aligned.
+  static constexpr int kBarrierBytes = 64;
+  static_assert(8 * kStages <= kBarrierBytes, "one mbarrier per stage");
+  static constexpr int kSharedBytes = kBarrierBytes + 2 * kElements;  // 16-bit elements
   // The epilogue's reduction (per warp: 16 rows of O, their max and sum; then per row the
   // warps' weights and the LSE) reuses the stages.
   static constexpr int kReductionFloats = kKvWarps * kKvRows * (kDim + 3) + kKvRows;
@@ -110,40 +120,135 @@ __global__ void kvcache_append_kernel(const KvCacheParams p, int head_dim_qk, in
   }
 }
 
-// Copies keys [first_key, first_key + 64) of sequence b, KV head g, from the cache into a stage
-// (rows past the sequence read as zeros).
+// sm_90 copies each key row of a tile with one bulk copy (TMA without a tensor map: a page's
+// rows are gathered one by one), completing on the stage's mbarrier; sm_80 copies 16-byte chunks
+// with cp.async. The bulk form issues one instruction per row instead of kDim / 8, which decode,
+// bound by how fast the loads are issued and land, needs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kKvBulkCopies = true;
+#else
+constexpr bool kKvBulkCopies = false;
+#endif
+
+// Starts copying keys [first_key, first_key + 64) of sequence b, KV head g, from the cache into a
+// stage (rows past the sequence are zeros). Bulk copies: thread t copies K row t (t < 64) or V
+// row t - 64, and thread 0 sets the bytes the stage's barrier waits for.
 template <typename Element, int kDim>
 __device__ __forceinline__ void load_key_tile(const KvCacheParams& p, Element* k_stage,
-                                              Element* v_stage, int b, int g, int first_key,
-                                              int keys) {
-  constexpr int kChunksPerRow = kDim / 8;
+                                              Element* v_stage, uint32_t barrier, int b, int g,
+                                              int first_key, int keys) {
   constexpr int kStride = KvCacheTiles<kDim>::kStride;
+  constexpr int kRowBytes = kDim * int(sizeof(Element));
   const Element* k_base = static_cast<const Element*>(p.k_cache) + g * p.k_head_stride;
   const Element* v_base = static_cast<const Element*>(p.v_cache) + g * p.v_head_stride;
+  if constexpr (kKvBulkCopies) {
+    static_assert(kKvThreads == 2 * kKvTileKeys, "one thread per K or V row");
+    const bool is_v = threadIdx.x >= kKvTileKeys;
+    const int row = threadIdx.x % kKvTileKeys, pos = first_key + row;
+    Element* destination = (is_v ? v_stage : k_stage) + row * kStride;
+    ptx::fence_proxy_async_shared();  // earlier reads and zero stores of this stage come first
+    if (threadIdx.x == 0) {
+      const int rows = max(0, min(kKvTileKeys, keys - first_key));
+      ptx::mbarrier_arrive_expect_tx(barrier, uint32_t(2 * rows * kRowBytes));
+    }
+    if (pos < keys) {
+      const int64_t offset = is_v ? cache_slot(p, b, pos, p.v_dim0_stride, p.v_row_stride)
+                                  : cache_slot(p, b, pos, p.k_dim0_stride, p.k_row_stride);
+      ptx::bulk_copy_to_shared(ptx::shared_address(destination), (is_v ? v_base : k_base) + offset,
+                               kRowBytes, barrier);
+    } else {
+      for (int c = 0; c < kDim / 8; ++c) reinterpret_cast<uint4*>(destination)[c] = uint4{};
+    }
+  } else {
+    (void)barrier;
+    constexpr int kChunksPerRow = kDim / 8;
 #pragma unroll
-  for (int chunk = threadIdx.x; chunk < kKvTileKeys * kChunksPerRow; chunk += kKvThreads) {
-    const int row = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
-    const int pos = first_key + row;
-    const bool valid = pos < keys;
-    const int64_t k_offset = valid ? cache_slot(p, b, pos, p.k_dim0_stride, p.k_row_stride) : 0;
-    const int64_t v_offset = valid ? cache_slot(p, b, pos, p.v_dim0_stride, p.v_row_stride) : 0;
-    ptx::cp_async_16(ptx::shared_address(k_stage + row * kStride + column),
-                     k_base + k_offset + column, valid);
-    ptx::cp_async_16(ptx::shared_address(v_stage + row * kStride + column),
-                     v_base + v_offset + column, valid);
+    for (int chunk = threadIdx.x; chunk < kKvTileKeys * kChunksPerRow; chunk += kKvThreads) {
+      const int row = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
+      const int pos = first_key + row;
+      const bool valid = pos < keys;
+      const int64_t k_offset = valid ? cache_slot(p, b, pos, p.k_dim0_stride, p.k_row_stride) : 0;
+      const int64_t v_offset = valid ? cache_slot(p, b, pos, p.v_dim0_stride, p.v_row_stride) : 0;
+      ptx::cp_async_16(ptx::shared_address(k_stage + row * kStride + column),
+                       k_base + k_offset + column, valid);
+      ptx::cp_async_16(ptx::shared_address(v_stage + row * kStride + column),
+                       v_base + v_offset + column, valid);
+    }
+    ptx::cp_async_commit();  // one group per tile, so the wait counts stay fixed
   }
 }
 
-template <typename Element, int kDim>
+// Waits until the tile `consumed` (counted over the whole kernel) has landed in its stage.
+template <int kStages>
+__device__ __forceinline__ void wait_key_tile(uint32_t barriers, int consumed) {
+  if constexpr (kKvBulkCopies) {
+    ptx::mbarrier_wait(barriers + 8 * (consumed % kStages), uint32_t(consumed / kStages) & 1u);
+  } else {
+    (void)barriers;
+    (void)consumed;
+    ptx::cp_async_wait<kStages - 2>();
+  }
+}
+
+// Raw scores of one warp's 16 keys -> logits in log2 units (scale or softcap, ALiBi), then the
+// mask. Each feature is one branch around a whole loop (a test per element compiles to a branch
+// per element).
+__device__ __forceinline__ void kv_logits(const KvCacheParams& p, float (&s)[2][4], int n0,
+                                          int quad_col, const int (&query)[2],
+                                          const float (&slope)[2], const VisibleRange (&range)[2],
+                                          int diagonal, bool fully_visible) {
+  if (p.use_softcap) {
+    const float exp_scale = p.softcap_arg_scale * (2.f * kLog2e);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), -2.f * p.softcap_log2, p.softcap_log2);
+  } else {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] *= p.scale_log2;
+  }
+  if (p.alibi_slopes) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e / 2, j = n0 + 8 * t + 2 * quad_col + (e & 1);
+        s[t][e] -= slope[half] * fabsf(float(query[half] + diagonal - j));
+      }
+  }
+  if (fully_visible) return;
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e / 2, j = n0 + 8 * t + 2 * quad_col + (e & 1);
+      if (j < range[half].begin || j >= range[half].end) s[t][e] = -INFINITY;
+    }
+}
+
+template <typename Element, int kDim, int kStageCount>
 __global__ void __launch_bounds__(kKvThreads)
     kvcache_attention_kernel(const __grid_constant__ KvCacheParams p) {
-  using Tiles = KvCacheTiles<kDim>;
+  using Tiles = KvCacheTiles<kDim, kStageCount>;
   constexpr int kStride = Tiles::kStride, kStages = Tiles::kStages;
   constexpr int kVTiles = kDim / 8;
   constexpr int kBytes = int(sizeof(Element));
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  Element* q_shared = reinterpret_cast<Element*>(shared_bytes);  // [16, kStride]
-  Element* stages = q_shared + kKvRows * kStride;                // kStages x {K, V} [64, kStride]
+  // [kStages] mbarriers (bulk copies), Q [16, kStride], then kStages x {K, V} [64, kStride].
+  uint64_t* stage_barriers = reinterpret_cast<uint64_t*>(shared_bytes);
+  Element* q_shared = reinterpret_cast<Element*>(shared_bytes + Tiles::kBarrierBytes);
+  Element* stages = q_shared + kKvRows * kStride;
+  const uint32_t barriers = ptx::shared_address(stage_barriers);
+  auto stage_of = [&](int tile_count) {
+    return stages + (tile_count % kStages) * Tiles::kStageElements;
+  };
+  if constexpr (kKvBulkCopies) {
+    if (threadIdx.x < kStages) ptx::mbarrier_init(barriers + 8 * threadIdx.x, 1);
+    __syncthreads();
+  }
 
   const int split = int(blockIdx.x % unsigned(p.num_splits));
   const int sequence_head = int(blockIdx.x / unsigned(p.num_splits));
@@ -159,7 +264,15 @@ __global__ void __launch_bounds__(kKvThreads)
                                               ((lane / 8) % 2) * 8 + warp * 16 * kStride);
   const uint32_t v_lane = ptx::shared_address(stages + kKvTileKeys * kStride +
                                               (lane % 16 + warp * 16) * kStride + (lane / 16) * 8);
-  const float softcap_scale = p.softcap_arg_scale * (2.f * kLog2e);
+  // Tiles issued and consumed by this block so far (they pick the stage and barrier phase).
+  int issued = 0, consumed = 0;
+  auto issue = [&](int tile) {
+    Element* stage = stage_of(issued);
+    load_key_tile<Element, kDim>(p, stage, stage + kKvTileKeys * kStride,
+                                 barriers + 8 * (issued % kStages), b, g, tile * kKvTileKeys,
+                                 s.keys);
+    ++issued;
+  };
 
   for (int m0 = int(blockIdx.y) * kKvRows; m0 < rows; m0 += int(gridDim.y) * kKvRows) {
     __syncthreads();  // the previous rows' epilogue is done with shared memory
@@ -186,13 +299,14 @@ __global__ void __launch_bounds__(kKvThreads)
                        q_base + offset + column, valid);
     }
     ptx::cp_async_commit();
+    if constexpr (kKvBulkCopies) ptx::cp_async_wait<0>();  // bulk tiles do not count groups
 #pragma unroll
     for (int stage = 0; stage < kStages - 1; ++stage) {
-      if (my_begin + stage < my_end)
-        load_key_tile<Element, kDim>(p, stages + stage * Tiles::kStageElements,
-                                     stages + stage * Tiles::kStageElements + kKvTileKeys * kStride,
-                                     b, g, (my_begin + stage) * kKvTileKeys, s.keys);
-      ptx::cp_async_commit();  // every stage commits a group, so the wait counts stay fixed
+      if (my_begin + stage < my_end) {
+        issue(my_begin + stage);
+      } else if constexpr (!kKvBulkCopies) {
+        ptx::cp_async_commit();  // an empty group keeps the wait counts fixed
+      }
     }
 
     // This thread's two rows (g and g + 8 of the slab): their query, ALiBi slope and range.
@@ -220,47 +334,43 @@ __global__ void __launch_bounds__(kKvThreads)
       for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
 
     for (int tile = my_begin; tile < my_end; ++tile) {
-      const int step = tile - my_begin;
-      ptx::cp_async_wait<kStages - 2>();
+      wait_key_tile<kStages>(barriers, consumed);
       __syncthreads();  // this tile landed; every warp is done with the stage refilled next
-      const int next = tile + kStages - 1;
-      if (next < my_end) {
-        Element* stage = stages + ((step + kStages - 1) % kStages) * Tiles::kStageElements;
-        load_key_tile<Element, kDim>(p, stage, stage + kKvTileKeys * kStride, b, g,
-                                     next * kKvTileKeys, s.keys);
+      const uint32_t stage_offset = uint32_t((consumed % kStages) * Tiles::kStageElements * kBytes);
+      ++consumed;
+      if (tile + kStages - 1 < my_end) {
+        issue(tile + kStages - 1);
+      } else if constexpr (!kKvBulkCopies) {
+        ptx::cp_async_commit();
       }
-      ptx::cp_async_commit();
-      const uint32_t stage_offset = uint32_t((step % kStages) * Tiles::kStageElements * kBytes);
 
-      // S = Q K^T over this warp's 16 keys.
-      float s_acc[2][4] = {};
+      // S = Q K^T over this warp's 16 keys: two accumulator chains per n8 tile (even and odd
+      // k-steps) halve the dependent mma latency.
+      float s_acc[2][4] = {}, s_odd[2][4] = {};
 #pragma unroll
       for (int kk = 0; kk < kDim / 16; ++kk) {
         uint32_t a[4], bk[4];
         ptx::ldmatrix_x4(a, q_lane + kk * 16 * kBytes);
         ptx::ldmatrix_x4(bk, k_lane + stage_offset + kk * 16 * kBytes);
         const uint32_t b_even[2] = {bk[0], bk[1]}, b_odd[2] = {bk[2], bk[3]};
-        ptx::mma_m16n8k16<Element>(s_acc[0], a, b_even);
-        ptx::mma_m16n8k16<Element>(s_acc[1], a, b_odd);
+        float(&target)[2][4] = kk % 2 == 0 ? s_acc : s_odd;
+        ptx::mma_m16n8k16<Element>(target[0], a, b_even);
+        ptx::mma_m16n8k16<Element>(target[1], a, b_odd);
       }
-
-      // Logits in log2 units, ALiBi, then the mask where some row misses some key.
-      const int n0 = tile * kKvTileKeys + warp * 16;
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s_acc[t][e];
-          x = p.use_softcap
-                  ? fmaf(softcap_ratio(x, softcap_scale), -2.f * p.softcap_log2, p.softcap_log2)
-                  : x * p.scale_log2;
-          const int half = e / 2, j = n0 + 8 * t + 2 * quad_col + (e & 1);
-          x -= slope[half] * fabsf(float(query[half] + diagonal - j));
-          s_acc[t][e] = j < range[half].begin || j >= range[half].end ? -INFINITY : x;
-        }
+        for (int e = 0; e < 4; ++e) s_acc[t][e] += s_odd[t][e];
+
+      const int n0 = tile * kKvTileKeys + warp * 16;
+      kv_logits(p, s_acc, n0, quad_col, query, slope, range, diagonal,
+                n0 >= last.begin && n0 + 16 <= first.end);
       float correction[2];
       softmax_update(s_acc, stats, correction);
-      rescale_rows(o_acc, correction);
+      // Once the running max settles, the correction is exp2(0) = 1 exactly: skipping the
+      // multiply by 1 changes nothing, and saves kDim / 2 multiplies per thread and tile.
+      if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f))
+        rescale_rows(o_acc, correction);
 
       // O += P V.
       uint32_t a[4];
@@ -274,9 +384,8 @@ __global__ void __launch_bounds__(kKvThreads)
         ptx::mma_m16n8k16<Element>(o_acc[2 * pair + 1], a, b_odd);
       }
     }
-    ptx::cp_async_wait<0>();
+    if constexpr (!kKvBulkCopies) ptx::cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages: the reduction reuses them
-
     // The four warps' states: O (relative to each warp's max), max and sum per row.
     float* warp_o = reinterpret_cast<float*>(stages);      // [warp][row][kDim]
     float* warp_max = warp_o + kKvWarps * kKvRows * kDim;  // [warp][row]

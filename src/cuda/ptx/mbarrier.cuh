@@ -1,6 +1,6 @@
 // Thin wrappers over the sm_90 synchronisation PTX the warp-specialised kernels use:
 // shared-memory mbarriers (arrive counts and phase parity, arrivals on cp.async completion),
-// named barriers, setmaxnreg.
+// the generic-to-async proxy fence, named barriers, setmaxnreg.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,13 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity)
         : "r"(barrier), "r"(parity)
         : "memory");
   }
+}
+
+// Orders this thread's generic-proxy shared-memory accesses (cp.async, st.shared, ldmatrix reads)
+// before its later async-proxy ones (wgmma reads, bulk copies into the same bytes); follow it
+// with a barrier where other threads' accesses must be ordered too.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads: sync waits, arrive

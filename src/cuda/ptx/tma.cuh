@@ -1,6 +1,7 @@
-// Thin wrappers over the sm_90 bulk tensor copy (TMA) PTX: a 4-d tile load from global to shared
-// memory that completes on an mbarrier's transaction count, the barrier's expect-tx arrive, and
-// the tensor-map prefetch. The tensor maps come from cuda/tensor_map.h (host side).
+// Thin wrappers over the sm_90 bulk copy PTX (TMA): a 4-d tile load from global to shared memory
+// that completes on an mbarrier's transaction count, the plain (non-tensor) bulk copy, the
+// barrier's expect-tx arrive, the async-proxy fence and the tensor-map prefetch. The tensor maps
+// come from cuda/tensor_map.h (host side).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,19 @@ __device__ __forceinline__ void tma_load_4d(uint32_t shared_box, const void* map
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(shared_box),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(barrier)
+      : "memory");
+}
+
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
+// as one bulk copy (no tensor map: a row of a gathered page); its bytes count against
+// `barrier`'s transaction count.
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t shared_destination,
+                                                    const void* global_source, uint32_t bytes,
+                                                    uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(shared_destination),
+      "l"(global_source), "r"(bytes), "r"(barrier)
       : "memory");
 }
 

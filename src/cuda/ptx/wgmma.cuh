@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/mbarrier.cuh"  // fence_proxy_async_shared
+
 namespace dpa::cuda::ptx {
 
 // Byte offset of element (row, column) in a 128-byte-swizzled tile of `rows` rows (16-bit
@@ -50,12 +52,6 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to the
-// async proxy that wgmma reads through; follow it with a barrier.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Keeps the compiler from moving reads or writes of accumulator registers across an
