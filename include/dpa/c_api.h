@@ -168,7 +168,9 @@ dpa_status_t dpa_attention_backward_workspace_size(
     dpa_tensor_t dsoftmax_offset, const dpa_rng_state_t* rng, size_t* bytes);
 
 /* Attention over a KV cache (docs/kvcache.md, dpa/kvcache.h): decode and chunked prefill over a
- * contiguous or paged cache, appending k_new / v_new first. Host tensors only for now. */
+ * contiguous or paged cache, appending k_new / v_new first. Host or device tensors; on the
+ * device the tables' contents are the caller's contract (DPA_KVCACHE_CHECK_TABLES=1 checks
+ * them). */
 #define DPA_KVCACHE_CONFIG_VERSION 1
 
 typedef struct {
@@ -207,6 +209,10 @@ dpa_status_t dpa_kvcache_destroy(dpa_kvcache_t kvcache);
  * cache nor the outputs have been written. */
 dpa_status_t dpa_kvcache_forward(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
                                  dpa_tensor_t o, dpa_tensor_t lse);
+/* As dpa_kvcache_forward, on call->stream (call may be NULL: the default stream). The call takes
+ * no workspace: a non-NULL one is refused. */
+dpa_status_t dpa_kvcache_forward_ex(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
+                                    dpa_tensor_t o, dpa_tensor_t lse, const dpa_call_t* call);
 
 /* The message of the last failed call on this thread ("" if none). */
 const char* dpa_last_error(void);

@@ -44,6 +44,7 @@ static_assert(DPA_BACKEND_AUTO == int(dpa::BackendKind::kAuto) &&
 
 namespace {
 
+using dpa::c_api::apply_call;
 using dpa::c_api::guarded;
 using dpa::c_api::to_view;
 
@@ -119,21 +120,6 @@ dpa::BackwardArgs backward_args(const dpa_inputs_t* inputs, dpa_tensor_t o, dpa_
   args.dsoftmax_offset = to_view(dsoftmax_offset, "dsoftmax_offset");
   if (rng) args.rng = dpa::RngState{rng->seed, rng->offset};
   return args;
-}
-
-// The stream and workspace of a call (NULL: the default stream, the driver's pool).
-void apply_call(const dpa_call_t* call, void*& stream, dpa::Workspace& workspace) {
-  if (call == nullptr) return;
-  // A newer caller's larger struct is accepted: its fields start with ours.
-  dpa::require(
-      call->size >= sizeof(dpa_call_t), "call",
-      "has size " + std::to_string(call->size) +
-          ", expected at least sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t)));
-  dpa::require(call->workspace != nullptr || call->workspace_bytes == 0, "call",
-               "has workspace_bytes but no workspace");
-  stream = call->stream;
-  workspace.data = call->workspace;
-  workspace.bytes = call->workspace_bytes;
 }
 
 }  // namespace

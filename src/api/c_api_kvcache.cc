@@ -11,6 +11,7 @@ struct dpa_kvcache_s {
 
 namespace {
 
+using dpa::c_api::apply_call;
 using dpa::c_api::guarded;
 using dpa::c_api::to_view;
 
@@ -71,10 +72,22 @@ dpa_status_t dpa_kvcache_destroy(dpa_kvcache_t kvcache) {
 
 dpa_status_t dpa_kvcache_forward(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
                                  dpa_tensor_t o, dpa_tensor_t lse) {
+  return dpa_kvcache_forward_ex(kvcache, inputs, o, lse, nullptr);
+}
+
+dpa_status_t dpa_kvcache_forward_ex(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
+                                    dpa_tensor_t o, dpa_tensor_t lse, const dpa_call_t* call) {
   return guarded([&] {
     dpa::require(kvcache != nullptr && kvcache->attention != nullptr, "kvcache",
                  "is not a handle from dpa_kvcache_create");
-    kvcache->attention->forward(to_args(inputs, o, lse));
+    dpa::KvCacheArgs args = to_args(inputs, o, lse);
+    dpa::Workspace workspace;
+    apply_call(call, args.stream, workspace);
+    if (workspace.data != nullptr)
+      throw dpa::Error(dpa::ErrorCode::kNotSupported, "call",
+                       "has a workspace, which the KV-cache call does not take (its scratch is "
+                       "stream-ordered memory on the call's stream)");
+    kvcache->attention->forward(args);
   });
 }
 

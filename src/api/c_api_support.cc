@@ -1,6 +1,7 @@
 #include "api/c_api_support.h"
 
 #include <exception>
+#include <string>
 
 namespace dpa::c_api {
 namespace {
@@ -59,6 +60,20 @@ TensorView to_view(const dpa_tensor_t& t, const char* name) {
     view.strides[size_t(d)] = t.strides[d];
   }
   return view;
+}
+
+// The stream and workspace of a call (NULL: the default stream, the driver's pool).
+void apply_call(const dpa_call_t* call, void*& stream, Workspace& workspace) {
+  if (call == nullptr) return;
+  // A newer caller's larger struct is accepted: its fields start with ours.
+  require(call->size >= sizeof(dpa_call_t), "call",
+          "has size " + std::to_string(call->size) +
+              ", expected at least sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t)));
+  require(call->workspace != nullptr || call->workspace_bytes == 0, "call",
+          "has workspace_bytes but no workspace");
+  stream = call->stream;
+  workspace.data = call->workspace;
+  workspace.bytes = call->workspace_bytes;
 }
 
 }  // namespace dpa::c_api

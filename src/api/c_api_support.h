@@ -1,9 +1,10 @@
 // What the C ABI's translation units share (c_api.cc, c_api_kvcache.cc): the thread's last error,
-// the exception-to-status guard, and the tensor struct's translation.
+// the exception-to-status guard, and the translation of the tensor and call structs.
 #pragma once
 
 #include <string>
 
+#include "dpa/arguments.h"
 #include "dpa/c_api.h"
 #include "dpa/error.h"
 #include "dpa/tensor.h"
@@ -24,6 +25,10 @@ dpa_status_t guarded(Fn&& fn) {
     return status_of_current_exception();
   }
 }
+
+// The stream and workspace of a call (NULL: the default stream, the driver's pool); errors name
+// "call".
+void apply_call(const dpa_call_t* call, void*& stream, Workspace& workspace);
 
 // A dpa_tensor_t as a view; ndim 0 with no data is an absent tensor. Errors name `name`.
 TensorView to_view(const dpa_tensor_t& t, const char* name);

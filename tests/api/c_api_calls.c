@@ -86,8 +86,10 @@ int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_f
 /* One decode step over a paged cache (pages of 2 rows, a pool of 3, G = 1, H = 2, d = 4):
  * three cached tokens on pages 2 and 0 (block_table {2, 0}), one appended (position 3: page 0,
  * row 1), causal, with a cap. first_page: the table's first entry (3 is outside the pool).
- * Returns the status; o receives the 8 outputs and appended the 4 cache values at position 3. */
-int dpa_c_kvcache_decode(int32_t first_page, float* o, float* appended) {
+ * Returns the status; o receives the 8 outputs and appended the 4 cache values at position 3.
+ * entry: 0 dpa_kvcache_forward, 1 dpa_kvcache_forward_ex with DPA_CALL_INITIALIZER, 2 the same
+ * with a workspace (which the call refuses). */
+int dpa_c_kvcache_decode(int32_t first_page, int entry, float* o, float* appended) {
   float q[2 * 4], k_cache[3 * 2 * 4], v_cache[3 * 2 * 4], k_new[4], v_new[4];
   int32_t table[2], seqlens[1] = {3};
   for (int i = 0; i < 8; ++i) q[i] = (float)sin(0.9 * i), o[i] = 777.0f;
@@ -115,8 +117,15 @@ int dpa_c_kvcache_decode(int32_t first_page, float* o, float* appended) {
   inputs.v_new = dpa_tensor_contiguous(v_new, DPA_FLOAT32, 4, new_shape);
   dpa_tensor_t none;
   memset(&none, 0, sizeof(none));
-  status = dpa_kvcache_forward(kvcache, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape),
-                               none);
+  dpa_call_t call = DPA_CALL_INITIALIZER;
+  float scratch[4];
+  if (entry == 2) {
+    call.workspace = scratch;
+    call.workspace_bytes = sizeof(scratch);
+  }
+  dpa_tensor_t o_view = dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape);
+  status = entry == 0 ? dpa_kvcache_forward(kvcache, &inputs, o_view, none)
+                      : dpa_kvcache_forward_ex(kvcache, &inputs, o_view, none, &call);
   for (int i = 0; i < 4; ++i) appended[i] = k_cache[(0 * 2 + 1) * 4 + i];
   dpa_kvcache_destroy(kvcache);
   return status;

@@ -12,7 +12,7 @@ extern "C" int dpa_c_forward_small(double softcap, int softmax_type, float* o_fi
                                    float* lse_first);
 extern "C" int dpa_c_forward_bad_offset(float* o_first);
 extern "C" int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_first);
-extern "C" int dpa_c_kvcache_decode(int32_t first_page, float* o, float* appended);
+extern "C" int dpa_c_kvcache_decode(int32_t first_page, int entry, float* o, float* appended);
 
 namespace {
 
@@ -64,7 +64,11 @@ TEST(CApi, ForwardExChecksTheCallStructAndWritesNothing) {
 // the cached rows in table order (page 2, then page 0) and the appended token.
 TEST(CApi, KvCacheDecodeFromC) {
   float o[8], appended[4];
-  ASSERT_EQ(dpa_c_kvcache_decode(2, o, appended), DPA_SUCCESS) << dpa_last_error();
+  ASSERT_EQ(dpa_c_kvcache_decode(2, 0, o, appended), DPA_SUCCESS) << dpa_last_error();
+  // The _ex entry with a default call (the default stream) gives the same outputs.
+  float o_ex[8], appended_ex[4];
+  ASSERT_EQ(dpa_c_kvcache_decode(2, 1, o_ex, appended_ex), DPA_SUCCESS) << dpa_last_error();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(o_ex[i], o[i]) << i;
   for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(appended[i], float(0.5 - 0.2 * i));
 
   using dpa::test::HostTensor;
@@ -103,9 +107,17 @@ TEST(CApi, KvCacheDecodeFromC) {
   EXPECT_GT(dpa::test::max_abs_error(uncapped, out), 1e-3);
 }
 
+TEST(CApi, KvCacheRefusesAWorkspace) {
+  float o[8], appended[4];
+  EXPECT_EQ(dpa_c_kvcache_decode(2, 2, o, appended), DPA_NOT_SUPPORTED);
+  EXPECT_NE(std::string(dpa_last_error()).find("call"), std::string::npos) << dpa_last_error();
+  for (float value : o) EXPECT_EQ(value, 777.0f);
+  EXPECT_FLOAT_EQ(appended[0], float(std::cos(0.4 * 4)));  // page 0 row 1 as it was
+}
+
 TEST(CApi, KvCacheBadTableNamesItAndWritesNothing) {
   float o[8], appended[4];
-  EXPECT_EQ(dpa_c_kvcache_decode(3, o, appended), DPA_INVALID_ARGUMENT);
+  EXPECT_EQ(dpa_c_kvcache_decode(3, 0, o, appended), DPA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dpa_last_error()).find("block_table"), std::string::npos)
       << dpa_last_error();
   for (float value : o) EXPECT_EQ(value, 777.0f);
