@@ -1,7 +1,8 @@
-// `dpa bench`: times DotProductAttention on CUDA device tensors (DESIGN.md §10). CUDA events
-// around each call, the median of >= 20 runs after warm-up, TFLOP/s (forward 4*b*H*sq*skv*d,
-// half for causal, backward 2.5x forward; windows count their visible pairs exactly) and, for
-// decode-like shapes, GB/s. One line per configuration on stdout; --json writes them all.
+// `dpa bench`: times DotProductAttention on CUDA device tensors (DESIGN.md §10), or with
+// --decode KvCacheAttention over a contiguous or paged cache. CUDA events around each call, the
+// median of >= 20 runs after warm-up, TFLOP/s (forward 4*b*H*sq*skv*d, half for causal,
+// backward 2.5x forward; windows count their visible pairs exactly) and, for decode-like
+// shapes, GB/s. One line per configuration on stdout; --json writes them all.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "cli_commands.h"
 #include "cli_errors.h"
 #include "dpa/attention.h"
+#include "dpa/kvcache.h"
 
 #if defined(DPA_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -46,6 +48,10 @@ std::vector<FlagSpec> bench_flag_specs() {
        "dropout probability in [0, 1) (default 0); the backward reuses the keep "
        "masks of the forward's RNG state"},
       {"deterministic", "", "ask for bit-identical results run to run (the selector honours it)"},
+      {"decode", "",
+       "time KvCacheAttention instead: sq queries per sequence over skv cached keys "
+       "(bottom-right diagonal; --causal, --window, --softcap, --softmax-type apply)"},
+      {"page-size", "N", "with --decode: a paged cache of N-token pages (default: contiguous)"},
       {"dtype", "T", "bf16 (default) or fp16"},
       {"pass", "P", "fwd (default), bwd or fwdbwd"},
       {"backend", "NAME", "force a backend (default: the selector's choice)"},
@@ -65,12 +71,15 @@ std::string bench_usage() {
          "after warm-up. TFLOP/s per DESIGN.md §10: forward 2*b*H*pairs*(dqk+dv), pairs =\n"
          "sq*skv (half of it for a causal mask with sq = skv; counted exactly with a window or\n"
          "another causal shape); backward 2.5x, fwdbwd 3.5x the forward. For sq <= 16 also\n"
-         "GB/s: the bytes of q, k, v and o, each moved once.\n"
+         "GB/s: the bytes of q, k, v and o, each moved once. With --decode, KvCacheAttention\n"
+         "over a cache of skv keys per sequence (shuffled pages with --page-size), GB/s\n"
+         "counting the keys the queries can see (a window bounds them).\n"
          "\n"
          "options:\n" +
          format_flags(bench_flag_specs()) +
          "\n"
          "example: dpa bench --shapes '2,16,16,8192,8192,128;2,64,8,1,32768,128' --softcap 50\n"
+         "         dpa bench --decode --causal --page-size 16 --shapes '16,64,8,1,32768,128'\n"
          "exit status: 0 every configuration ran, 1 one failed (reported, the others still\n"
          "run), 2 bad flags or a build without CUDA.\n";
 }
@@ -93,6 +102,8 @@ struct BenchOptions {
   AttentionConfig config;
   DType dtype = DType::kBFloat16;
   BenchPass pass = BenchPass::kForward;
+  bool decode = false;    // KvCacheAttention over a cache
+  int64_t page_size = 0;  // --decode: 0 contiguous
   int iters = 30;
   int warmup = 5;
   uint64_t seed = 1;
@@ -185,6 +196,27 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
     o.warmup = int(*warmup);
   }
   if (auto seed = args.get_uint64("seed")) o.seed = *seed;
+  o.decode = args.has("decode");
+  if (auto page = args.get_int("page-size")) {
+    if (!o.decode) throw UsageError("page-size", "--page-size needs --decode");
+    if (*page < 1 || *page > 256 || (*page & (*page - 1)) != 0)
+      throw UsageError("page-size", "--page-size: a power of two from 1 to 256");
+    o.page_size = *page;
+  }
+  if (o.decode) {
+    const MaskType mask = o.config.mask_type;
+    if (mask != MaskType::kNoMask && mask != MaskType::kCausal &&
+        mask != MaskType::kCausalBottomRight)
+      throw UsageError("mask", "--decode: no mask or causal (bottom-right), got --mask " +
+                                   std::string(to_string(mask)));
+    if (o.pass != BenchPass::kForward)
+      throw UsageError("pass", "--decode: the KV-cache call has only a forward");
+    if (o.config.dropout > 0) throw UsageError("dropout", "--decode: no dropout at inference");
+    if (o.config.deterministic)
+      throw UsageError("deterministic", "--decode: the forward is deterministic already");
+    // The call's diagonal is bottom-right: say so in the output.
+    if (mask == MaskType::kCausal) o.config.mask_type = MaskType::kCausalBottomRight;
+  }
   o.label = args.get_or("label", "");
   o.json_path = args.get("json");
   return o;
@@ -290,7 +322,9 @@ std::string to_json(const BenchOptions& o, const BenchResult& r, const std::stri
     << ", \"softmax_type\": " << json_string(std::string(to_string(c.softmax_type)))
     << ", \"dropout\": " << json_number(c.dropout)
     << ", \"deterministic\": " << (c.deterministic ? "true" : "false")
-    << ", \"pass\": " << json_string(pass_name(o.pass)) << "}"
+    << ", \"pass\": " << json_string(pass_name(o.pass))
+    << ", \"decode\": " << (o.decode ? "true" : "false") << ", \"page_size\": " << o.page_size
+    << "}"
     << ", \"device\": " << json_string(device) << ", \"backend\": " << json_string(r.backend)
     << ", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup;
   if (!r.error.empty()) {
@@ -308,6 +342,8 @@ std::string to_json(const BenchOptions& o, const BenchResult& r, const std::stri
 std::string describe_config(const BenchOptions& o) {
   const AttentionConfig& c = o.config;
   std::string text = std::string(to_string(o.dtype)) + " " + pass_name(o.pass);
+  if (o.decode)
+    text += o.page_size > 0 ? " decode paged=" + std::to_string(o.page_size) : " decode contiguous";
   if (c.mask_type != MaskType::kNoMask) text += " " + std::string(to_string(c.mask_type));
   if (c.window_left >= 0 || c.window_right >= 0)
     text += " window=" + std::to_string(c.window_left) + "," + std::to_string(c.window_right);
@@ -503,6 +539,115 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   return r;
 }
 
+// The cache positions the queries of one sequence can see: the union of their visible ranges
+// (bottom-right diagonal), which is what the call must read.
+int64_t decode_read_keys(const BenchShape& s, const AttentionConfig& c) {
+  const int64_t right = mask_is_causal(c.mask_type) ? 0 : c.window_right;
+  const int64_t diagonal = s.seqlen_kv - s.seqlen_q;
+  const KeyRange first = visible_keys(0, s.seqlen_q, s.seqlen_kv, diagonal, c.window_left, right);
+  const KeyRange last =
+      visible_keys(s.seqlen_q - 1, s.seqlen_q, s.seqlen_kv, diagonal, c.window_left, right);
+  return std::max<int64_t>(0, last.end - first.begin);
+}
+
+// KvCacheAttention: sq queries per sequence over a cache already holding skv keys, no append.
+BenchResult run_decode_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
+  BenchResult r;
+  r.shape = s;
+  const int64_t b = s.batch, sq = s.seqlen_q, skv = s.seqlen_kv, G = s.heads_kv;
+  const int64_t pages = o.page_size > 0 ? (skv + o.page_size - 1) / o.page_size : 0;
+  const std::vector<int64_t> cache_shape =
+      o.page_size > 0 ? std::vector<int64_t>{b * pages, o.page_size, G, s.head_dim_qk}
+                      : std::vector<int64_t>{b, skv, G, s.head_dim_qk};
+  std::vector<int64_t> v_shape = cache_shape;
+  v_shape.back() = s.head_dim_v;
+  BenchTensor q(o.dtype, {b, sq, s.heads_q, s.head_dim_qk});
+  BenchTensor k_cache(o.dtype, cache_shape), v_cache(o.dtype, v_shape);
+  BenchTensor out(o.dtype, {b, sq, s.heads_q, s.head_dim_v});
+  BenchTensor lse(DType::kFloat32, {b, s.heads_q, sq});
+  BenchTensor seqlens(DType::kInt32, {b});
+  q.fill_random(seed * 16 + 1, 1.0);
+  k_cache.fill_random(seed * 16 + 2, 1.0);
+  v_cache.fill_random(seed * 16 + 3, 1.0);
+  const std::vector<int32_t> lengths(static_cast<size_t>(b), static_cast<int32_t>(skv));
+  check(cudaMemcpy(seqlens.view().data, lengths.data(), lengths.size() * sizeof(int32_t),
+                   cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  std::optional<BenchTensor> table, offsets;
+  if (o.page_size > 0) {
+    // The pages in a shuffled order, as a serving engine's pool hands them out.
+    std::vector<int32_t> order(size_t(b * pages));
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = order.size(); i > 1; --i) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      std::swap(order[i - 1], order[size_t(state % i)]);
+    }
+    table.emplace(DType::kInt32, std::vector<int64_t>{b, pages});
+    check(cudaMemcpy(table->view().data, order.data(), order.size() * sizeof(int32_t),
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+  }
+  if (o.config.softmax_type == SoftmaxType::kLearnable) {
+    offsets.emplace(DType::kFloat32, std::vector<int64_t>{s.heads_q});
+    offsets->fill_random(seed * 16 + 4, 2.0);
+  }
+
+  KvCacheConfig config;
+  config.causal = mask_is_causal(o.config.mask_type);
+  config.window_left = o.config.window_left;
+  config.window_right = o.config.window_right;
+  config.softcap = o.config.softcap;
+  config.softmax_type = o.config.softmax_type;
+  config.backend = o.config.backend;
+  Stream stream;
+  KvCacheAttention attention(config);
+  KvCacheArgs args;
+  args.q = q.view();
+  args.k_cache = k_cache.view();
+  args.v_cache = v_cache.view();
+  if (table) args.block_table = table->view();
+  args.cache_seqlens = seqlens.view();
+  if (offsets) args.softmax_offset = offsets->view();
+  args.o = out.view();
+  args.lse = lse.view();
+  args.stream = stream.get();
+
+  BackendKind backend = BackendKind::kAuto;
+  for (int i = 0; i < o.warmup; ++i) backend = attention.forward(args);
+  check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+  Event start, stop;
+  std::vector<double> times;
+  for (int i = 0; i < o.iters; ++i) {
+    check(cudaEventRecord(start.get(), stream.get()), "cudaEventRecord");
+    backend = attention.forward(args);
+    check(cudaEventRecord(stop.get(), stream.get()), "cudaEventRecord");
+    check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  check(cudaGetLastError(), "a kernel launch");
+  std::sort(times.begin(), times.end());
+  r.median_ms = times[times.size() / 2];
+  r.min_ms = times.front();
+  r.backend = std::string(to_string(backend));
+  const int64_t right = config.causal ? 0 : config.window_right;
+  const double pairs = double(visible_pairs(sq, skv, skv - sq, config.window_left, right));
+  r.flops = {2.0 * double(b * s.heads_q) * pairs * double(s.head_dim_qk + s.head_dim_v),
+             "visible pairs on the bottom-right diagonal: 2*b*H*pairs*(dqk+dv)"};
+  r.tflops = r.flops.forward / (r.median_ms * 1e-3) / 1e12;
+  const double element = double(dtype_size(o.dtype));
+  const double read = double(decode_read_keys(s, o.config));
+  const double bytes =
+      double(b) * read * double(G) * double(s.head_dim_qk + s.head_dim_v) * element +
+      double(q.bytes() + out.bytes());
+  r.gbps = bytes / (r.median_ms * 1e-3) / 1e9;
+  return r;
+}
+
 int run_bench(const BenchOptions& o) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -521,7 +666,7 @@ int run_bench(const BenchOptions& o) {
     const BenchShape& shape = o.shapes[n];
     BenchResult r;
     try {
-      r = run_one(o, shape, o.seed + n);
+      r = o.decode ? run_decode_one(o, shape, o.seed + n) : run_one(o, shape, o.seed + n);
     } catch (const std::exception& e) {
       r.shape = shape;
       r.error = e.what();

@@ -246,6 +246,20 @@ const std::vector<KvCase>& kvcache_cases() {
   return cases;
 }
 
+KvCaseTruth kvcache_truth(const KvCase& kv, const KvCacheCaseSpec& spec, const KvCacheCase& c) {
+  KvCaseTruth truth{c.make_o(), c.make_lse()};
+  kvcache_reference(spec, c, spec.config, truth.o, truth.lse);
+  if (kv.without) {
+    KvCacheCase plain = c;
+    KvCacheConfig config = spec.config;
+    kv.without(config, plain);
+    HostTensor plain_o = c.make_o(), plain_lse = c.make_lse();
+    kvcache_reference(spec, plain, config, plain_o, plain_lse);
+    truth.feature_effect = relative_error(plain_o, truth.o);
+  }
+  return truth;
+}
+
 void expected_caches(const KvCacheCaseSpec& spec, const KvCacheCase& c, HostTensor& want_k,
                      HostTensor& want_v) {
   const int64_t G = spec.heads_kv;

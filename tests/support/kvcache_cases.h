@@ -30,6 +30,14 @@ void decode_spec(KvCacheCaseSpec& s, std::vector<int64_t> cached, int64_t page_s
 
 const std::vector<KvCase>& kvcache_cases();
 
+// The truth of a built case (o and lse from kvcache_reference under the spec's config) and, for a
+// case that tests a feature, how far removing it moves o (relative error; -1 otherwise).
+struct KvCaseTruth {
+  HostTensor o, lse;
+  double feature_effect = -1;
+};
+KvCaseTruth kvcache_truth(const KvCase& kv, const KvCacheCaseSpec& spec, const KvCacheCase& c);
+
 // The caches after a correct call: `k_before` / `v_before` with the appended slots holding the
 // new tokens (the case's truth), every other element untouched.
 void expected_caches(const KvCacheCaseSpec& spec, const KvCacheCase& c, HostTensor& k_before,

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -600,9 +601,21 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
     EXPECT_NE(r.err.find("--dropout"), std::string::npos) << args << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
   }
+  // --decode (KvCacheAttention over a cache): what the KV-cache call cannot take.
+  for (const auto& [args, flag] : {std::pair{"bench --page-size 16", "--page-size"},
+                                   std::pair{"bench --decode --page-size 3", "--page-size"},
+                                   std::pair{"bench --decode --pass bwd", "--decode"},
+                                   std::pair{"bench --decode --dropout 0.1", "--decode"},
+                                   std::pair{"bench --decode --mask padding", "--decode"}}) {
+    CliResult r = run_cli(args, scratch);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+  }
   CliResult r = run_cli("bench --help", scratch);
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--dropout", "--deterministic", "--softcap", "--pass"})
+  for (const char* flag :
+       {"--dropout", "--deterministic", "--softcap", "--pass", "--decode", "--page-size"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
