@@ -117,9 +117,10 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   p.num_splits = kvcache_num_splits(sequence_heads * row_blocks, key_tiles, slots);
   p.total_rows = plan.packed_q ? queries : plan.batch * queries;
 
+  if (plan.batch == 0) return;  // nothing to append or attend (and no grid of 0 blocks)
   if (p.k_new != nullptr && max_new > 0)
     launch_kvcache_append(p, dtype, head_dim, int(plan.head_dim_v), max_new, stream);
-  if (plan.batch == 0 || queries == 0) return;
+  if (queries == 0) return;
   DeviceBuffer partials;
   if (p.num_splits > 1) {
     const size_t rows = size_t(p.num_splits) * size_t(p.total_rows) * size_t(p.heads_q);
