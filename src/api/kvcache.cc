@@ -191,6 +191,8 @@ BackendKind forward_on_device(const KvCachePlan& plan, const KvCacheConfig& conf
                 std::string(to_string(config.backend)) +
                     " cannot serve a device KV cache: its kernels are cuda_flash's");
 #if defined(DPA_WITH_CUDA)
+  if (const std::optional<std::string> why = cuda::kvcache_device_refusal(plan))
+    throw Error(ErrorCode::kNotSupported, "q", *why);
   cuda::run_kvcache_on_device(plan, config, a);
   return BackendKind::kCudaFlash;
 #else

@@ -189,6 +189,9 @@ void read_tables(const KvCacheArgs& a, KvCachePlan& plan) {
     const int64_t cached = plan.cached[size_t(i)];
     require(cached >= 0, "cache_seqlens",
             "entry " + str(i) + " is " + str(cached) + " (lengths are >= 0)");
+    require(plan.keys(i) <= std::numeric_limits<int32_t>::max(), "cache_seqlens",
+            "entry " + str(i) + " and the append give " + str(plan.keys(i)) +
+                " keys, beyond int32 positions");
     require(plan.keys(i) <= plan.capacity, "cache_seqlens",
             "entry " + str(i) + " holds " + str(cached) + " tokens and the call appends " +
                 str(plan.added[size_t(i)]) + ", beyond the cache's capacity of " +
@@ -292,6 +295,17 @@ void check_device_call(const KvCachePlan& plan, const KvCacheArgs& a, const KvCa
   refuse(kvcache_device_head_dim(plan.head_dim_qk), "q",
          "has head dim " + str(plan.head_dim_qk) +
              ": the device KV-cache kernels take head dims 64, 128 and 256");
+  refuse(a.q.shape[size_t(a.q.ndim - 1)] <= 1 || a.q.strides[size_t(a.q.ndim - 1)] == 1, "q",
+         "must be contiguous in its head dim on the device (the kernels copy rows in 16-byte "
+         "chunks)");
+  // The kernels' positions are int: a finite window beyond 2^30 could overflow them.
+  constexpr int64_t kWindowLimit = int64_t(1) << 30;
+  for (const auto& [bound, name] : {std::make_pair(config.window_left, "window_left"),
+                                    std::make_pair(config.window_right, "window_right")})
+    refuse(bound < kWindowLimit, name,
+           "is " + str(bound) +
+               ": a finite window beyond 2^30 positions, which the device KV-cache kernels do not "
+               "take (pass -1 for an unbounded side)");
   refuse(plan.batch <= 65535, "cache_seqlens",
          "has " + str(plan.batch) + " sequences: the device KV-cache kernels take up to 65535");
   for (const auto& [t, name] :

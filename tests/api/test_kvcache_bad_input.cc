@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <ostream>
 #include <string>
 
@@ -60,6 +61,13 @@ const BadKvInput kBad[] = {
      [](KvCacheCase& c, KvCacheArgs&) { set_table(c, 0, 2, table(c, 0, 0)); }},
     {"cache_seqlens_past_capacity", "cache_seqlens", none,
      [](KvCacheCase& c, KvCacheArgs&) { c.cache_seqlens.set(0, 15); }},  // 15 + 2 > 16
+    // A table declared long enough for any length: the lengths themselves must stay int32
+    // positions (the kernels' keys), checked before any page of the table is read.
+    {"cache_seqlens_past_int32_positions", "cache_seqlens", none,
+     [](KvCacheCase& c, KvCacheArgs& a) {
+       if (a.block_table.defined()) a.block_table.shape[1] = int64_t(1) << 40;
+       c.cache_seqlens.set(0, double(std::numeric_limits<int32_t>::max()));
+     }},
     {"cache_seqlens_negative", "cache_seqlens", none,
      [](KvCacheCase& c, KvCacheArgs&) { c.cache_seqlens.set(1, -1); }},
     {"cache_seqlens_missing", "cache_seqlens", none,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "core/kvcache_splits.h"
 #include "cuda/device_buffer.h"
@@ -23,6 +24,15 @@ int window_bound(int64_t bound, int64_t reach) {
 }
 
 }  // namespace
+
+std::optional<std::string> kvcache_device_refusal(const KvCachePlan& plan) {
+  const size_t needed = size_t(kvcache_shared_bytes(int(plan.head_dim_qk)));
+  const size_t available = device_info(plan.device_index).shared_memory_per_block_optin;
+  if (needed <= available) return std::nullopt;
+  return "has head dim " + std::to_string(plan.head_dim_qk) + ", whose KV-cache kernel needs " +
+         std::to_string(needed) + " bytes of shared memory per block; this device allows " +
+         std::to_string(available);
+}
 
 void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
                            const KvCacheArgs& a) {

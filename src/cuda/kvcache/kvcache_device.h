@@ -2,10 +2,17 @@
 // attention and the merge, enqueued on the call's stream with no host synchronisation.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "core/kvcache_plan.h"
 #include "dpa/kvcache.h"
 
 namespace dpa::cuda {
+
+// Why this device cannot run the call's kernels (their shared memory at its head dim), or
+// nullopt. Checked before anything is written.
+std::optional<std::string> kvcache_device_refusal(const KvCachePlan& plan);
 
 // Preconditions: plan_kvcache accepted `args` (device tensors, the kernels' dtypes, head dims
 // and alignment); the tables' contents are the caller's contract unless they were checked.

@@ -46,9 +46,26 @@ int blocks_per_sm() {
 }  // namespace
 
 int kvcache_blocks_per_sm(DType, int head_dim) {
-  // Both dtypes have 16-bit elements: the same shared memory, the same occupancy.
-  static const int per_dim[3] = {blocks_per_sm<64>(), blocks_per_sm<128>(), blocks_per_sm<256>()};
-  return per_dim[head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2];
+  // Both dtypes have 16-bit elements: the same shared memory, the same occupancy. Each head dim
+  // is asked only when it runs (a device without the opt-in shared memory of d = 256 must still
+  // run d = 64; kvcache_shared_bytes lets the caller refuse first). The first device asked
+  // decides (a machine of mixed GPUs gets that device's occupancy: a speed question only).
+  if (head_dim == 64) {
+    static const int blocks = blocks_per_sm<64>();
+    return blocks;
+  }
+  if (head_dim == 128) {
+    static const int blocks = blocks_per_sm<128>();
+    return blocks;
+  }
+  static const int blocks = blocks_per_sm<256>();
+  return blocks;
+}
+
+int kvcache_shared_bytes(int head_dim) {
+  if (head_dim == 64) return KvCacheTiles<64>::kSharedBytes;
+  if (head_dim == 128) return KvCacheTiles<128>::kSharedBytes;
+  return KvCacheTiles<256>::kSharedBytes;
 }
 
 void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk, int head_dim_v,

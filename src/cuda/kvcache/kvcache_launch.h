@@ -13,6 +13,10 @@ namespace dpa::cuda {
 // Blocks of the attention kernel that fit on one SM at once (its shared memory decides).
 int kvcache_blocks_per_sm(DType dtype, int head_dim);
 
+// Dynamic shared memory of one attention block at `head_dim` (d = 256: 140 KiB, more than the
+// 99 KiB a block may take on sm_86 / sm_89 / sm_120).
+int kvcache_shared_bytes(int head_dim);
+
 // k_new / v_new into the cache; `max_new_rows` bounds any sequence's new tokens (grid size only:
 // the kernel strides over what the tables give).
 void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk, int head_dim_v,
