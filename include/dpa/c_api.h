@@ -209,10 +209,14 @@ dpa_status_t dpa_kvcache_destroy(dpa_kvcache_t kvcache);
  * cache nor the outputs have been written. */
 dpa_status_t dpa_kvcache_forward(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
                                  dpa_tensor_t o, dpa_tensor_t lse);
-/* As dpa_kvcache_forward, on call->stream (call may be NULL: the default stream). The call takes
- * no workspace: a non-NULL one is refused. */
+/* As dpa_kvcache_forward, on call->stream with call->workspace (call may be NULL: the default
+ * stream and the driver's pool). */
 dpa_status_t dpa_kvcache_forward_ex(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
                                     dpa_tensor_t o, dpa_tensor_t lse, const dpa_call_t* call);
+/* The workspace bytes such a call needs (*bytes; 0 for host tensors and single-split calls).
+ * Validates as the call would; writes nothing else. */
+dpa_status_t dpa_kvcache_workspace_size(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
+                                        dpa_tensor_t o, dpa_tensor_t lse, size_t* bytes);
 
 /* The message of the last failed call on this thread ("" if none). */
 const char* dpa_last_error(void);

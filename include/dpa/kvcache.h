@@ -4,6 +4,7 @@
 // call's new keys and values before the attention reads them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -62,6 +63,9 @@ struct KvCacheArgs {
   TensorView o;
   TensorView lse;
   void* stream = nullptr;  // cudaStream_t for device tensors; nullptr is the default stream
+  // Device scratch (the split partials) from the caller's allocator, as for DotProductAttention
+  // (dpa/arguments.h); empty: stream-ordered memory from the driver's pool.
+  Workspace workspace;
 };
 
 // The call object of one config, as DotProductAttention is for ordinary calls.
@@ -76,6 +80,11 @@ class KvCacheAttention {
   // k_new / v_new into the cache, and runs the attention. Throws dpa::Error; on error neither
   // the cache nor the outputs have been written. Returns the backend that ran.
   BackendKind forward(const KvCacheArgs& args);
+
+  // The device workspace bytes forward(args) takes from a caller's block (0 for host tensors
+  // and for calls of one split). Validates as forward would (the tables only in the debug
+  // mode); writes nothing.
+  size_t workspace_size(const KvCacheArgs& args) const;
 
  private:
   KvCacheConfig config_;

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from . import _dpa, errors
-from ._views import stream_of, view
+from ._views import allocator_for, stream_of, view
 from .functional import (_check_sinks, _require_tensors, _scale, _softcap, _softmax_type,
                          _window)
 
@@ -72,7 +72,7 @@ def _kvcache_forward(
         view(v_cache, "v_cache"), view(block_table, "block_table"),
         view(cache_seqlens, "cache_seqlens"), view(k_new, "k_new"), view(v_new, "v_new"),
         view(cu_seqlens_k_new, "cu_seqlens_k_new"), view(alibi_slopes, "alibi_slopes"),
-        view(sinks, "sinks"), view(o, "o"), view(lse, "lse"), stream_of(q))
+        view(sinks, "sinks"), view(o, "o"), view(lse, "lse"), stream_of(q), allocator_for(q))
     return o, lse
 
 

@@ -58,6 +58,7 @@ class KvCache {
     args.o = to_view(o, "o", keep);
     args.lse = to_view(lse, "lse", keep);
     args.stream = reinterpret_cast<void*>(stream);
+    args.workspace = workspace_of(allocate);
     BackendKind backend;
     {
       nb::gil_scoped_release release;
@@ -83,8 +84,8 @@ void bind_kvcache(nb::module_& m) {
            nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("block_table").none(),
            nb::arg("cache_seqlens"), nb::arg("k_new").none(), nb::arg("v_new").none(),
            nb::arg("cu_seqlens_k_new").none(), nb::arg("alibi_slopes").none(),
-           nb::arg("softmax_offset").none(), nb::arg("o"), nb::arg("lse").none(),
-           nb::arg("stream"));
+           nb::arg("softmax_offset").none(), nb::arg("o"), nb::arg("lse").none(), nb::arg("stream"),
+           nb::arg("allocate").none());
 }
 
 }  // namespace dpa::python

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "api/workspace_call.h"
 #include "core/backend.h"
 #include "core/call_rng.h"
 #include "core/environment.h"
@@ -11,36 +12,6 @@
 #include "core/workspace.h"
 
 namespace dpa {
-namespace {
-
-// Runs `pass` with the caller's workspace as the thread's arena, when one is given.
-template <typename Run>
-void run_in_workspace(const Backend& backend, const AttentionProblem& problem,
-                      const Workspace& workspace, Run&& pass) {
-  if (!workspace.given()) return pass();
-  const size_t needed = backend.workspace_bytes(problem);
-  void* data = workspace.data;
-  size_t bytes = workspace.bytes;
-  if (workspace.allocate) {
-    if (needed == 0) return pass();
-    data = workspace.allocate(needed);
-    bytes = needed;
-    require(data != nullptr, "workspace", "the allocator returned no memory");
-  } else {
-    require(bytes >= needed, "workspace",
-            "has " + std::to_string(bytes) + " bytes, the call needs " + std::to_string(needed) +
-                " (workspace_size)");
-  }
-  require(reinterpret_cast<uintptr_t>(data) % kWorkspaceAlignment == 0, "workspace",
-          "must start on a " + std::to_string(kWorkspaceAlignment) +
-              "-byte boundary (as cudaMalloc's blocks do)");
-  WorkspaceArena arena(data, bytes);
-  WorkspaceScope scope(&arena);
-  pass();
-}
-
-}  // namespace
-
 BackwardArgs backward_args_for(const ForwardArgs& forward, const ForwardResult& result,
                                TensorView d_o, TensorView dq, TensorView dk, TensorView dv) {
   BackwardArgs args;
@@ -67,7 +38,9 @@ ForwardResult DotProductAttention::forward(const ForwardArgs& args) {
   const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
   const Backend& backend = choose_backend(config_, problem, registered_backends());
-  run_in_workspace(backend, problem, args.workspace, [&] { backend.forward(problem); });
+  run_in_workspace(
+      args.workspace, [&] { return backend.workspace_bytes(problem); },
+      [&] { backend.forward(problem); });
   if (call_advances_offset(args.rng, dropout)) ++next_offset_;
   return {backend.capabilities().kind, rng};
 }
@@ -76,7 +49,9 @@ BackendKind DotProductAttention::backward(const BackwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   AttentionProblem problem = build_backward_problem(config_, args, dropout);
   const Backend& backend = choose_backend(config_, problem, registered_backends());
-  run_in_workspace(backend, problem, args.workspace, [&] { backend.backward(problem); });
+  run_in_workspace(
+      args.workspace, [&] { return backend.workspace_bytes(problem); },
+      [&] { backend.backward(problem); });
   return backend.capabilities().kind;
 }
 

@@ -81,13 +81,18 @@ dpa_status_t dpa_kvcache_forward_ex(dpa_kvcache_t kvcache, const dpa_kvcache_inp
     dpa::require(kvcache != nullptr && kvcache->attention != nullptr, "kvcache",
                  "is not a handle from dpa_kvcache_create");
     dpa::KvCacheArgs args = to_args(inputs, o, lse);
-    dpa::Workspace workspace;
-    apply_call(call, args.stream, workspace);
-    if (workspace.data != nullptr)
-      throw dpa::Error(dpa::ErrorCode::kNotSupported, "call",
-                       "has a workspace, which the KV-cache call does not take (its scratch is "
-                       "stream-ordered memory on the call's stream)");
+    apply_call(call, args.stream, args.workspace);
     kvcache->attention->forward(args);
+  });
+}
+
+dpa_status_t dpa_kvcache_workspace_size(dpa_kvcache_t kvcache, const dpa_kvcache_inputs_t* inputs,
+                                        dpa_tensor_t o, dpa_tensor_t lse, size_t* bytes) {
+  return guarded([&] {
+    dpa::require(kvcache != nullptr && kvcache->attention != nullptr, "kvcache",
+                 "is not a handle from dpa_kvcache_create");
+    dpa::require(bytes != nullptr, "bytes", "must not be NULL");
+    *bytes = kvcache->attention->workspace_size(to_args(inputs, o, lse));
   });
 }
 

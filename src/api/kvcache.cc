@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "api/workspace_call.h"
 #include "core/backend.h"
 #include "core/environment.h"
 #include "core/kvcache_plan.h"
@@ -183,9 +184,9 @@ void gather(const KvCachePlan& plan, const KvCacheArgs& a, const KeySource& keys
   }
 }
 
-// Device tensors run on the KV-cache kernels, which are cuda_flash's.
-BackendKind forward_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
-                              const KvCacheArgs& a) {
+// Device tensors run on the KV-cache kernels, which are cuda_flash's: what they cannot take on
+// this device is refused before anything is written.
+void refuse_what_the_device_kernels_lack(const KvCachePlan& plan, const KvCacheConfig& config) {
   if (config.backend != BackendKind::kAuto && config.backend != BackendKind::kCudaFlash)
     throw Error(ErrorCode::kNotSupported, "backend",
                 std::string(to_string(config.backend)) +
@@ -193,13 +194,23 @@ BackendKind forward_on_device(const KvCachePlan& plan, const KvCacheConfig& conf
 #if defined(DPA_WITH_CUDA)
   if (const std::optional<std::string> why = cuda::kvcache_device_refusal(plan))
     throw Error(ErrorCode::kNotSupported, "q", *why);
-  cuda::run_kvcache_on_device(plan, config, a);
-  return BackendKind::kCudaFlash;
 #else
   (void)plan;
-  (void)a;
   throw Error(ErrorCode::kNotSupported, "q", "is a device tensor, and this build has no CUDA");
 #endif
+}
+
+BackendKind forward_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
+                              const KvCacheArgs& a) {
+  refuse_what_the_device_kernels_lack(plan, config);
+#if defined(DPA_WITH_CUDA)
+  run_in_workspace(
+      a.workspace, [&] { return cuda::kvcache_workspace_bytes(plan, config, a); },
+      [&] { cuda::run_kvcache_on_device(plan, config, a); });
+#else
+  (void)a;
+#endif
+  return BackendKind::kCudaFlash;
 }
 
 bool check_tables_from(const EnvironmentGetter& getenv) {
@@ -219,6 +230,17 @@ KvCacheAttention::KvCacheAttention(const KvCacheConfig& config)
   validate_config(attention_);
   config_.backend = attention_.backend;
   config_.check_tables = config_.check_tables || check_tables_from(process_environment());
+}
+
+size_t KvCacheAttention::workspace_size(const KvCacheArgs& a) const {
+  const KvCachePlan plan = plan_kvcache(a, config_);
+  if (plan.device != Device::kCUDA) return 0;
+  refuse_what_the_device_kernels_lack(plan, config_);
+#if defined(DPA_WITH_CUDA)
+  return cuda::kvcache_workspace_bytes(plan, config_, a);
+#else
+  return 0;  // not reached: refused above
+#endif
 }
 
 BackendKind KvCacheAttention::forward(const KvCacheArgs& a) {
@@ -254,9 +276,14 @@ BackendKind KvCacheAttention::forward(const KvCacheArgs& a) {
   // Everything is validated and a backend chosen before the cache is written.
   AttentionProblem problem = build_forward_problem(config, args, 0.0, RngState{});
   const Backend& backend = choose_backend(config, problem, registered_backends());
-  append(plan, a);
-  if (keys.gathered) gather(plan, a, keys);
-  backend.forward(problem);
+  // Host backends take no workspace; a given one is still checked, as the ordinary call does.
+  run_in_workspace(
+      a.workspace, [] { return size_t(0); },
+      [&] {
+        append(plan, a);
+        if (keys.gathered) gather(plan, a, keys);
+        backend.forward(problem);
+      });
   return backend.capabilities().kind;
 }
 

@@ -26,8 +26,9 @@ int dpa_c_forward_small(double softcap, int softmax_type, float* o_first, float*
   inputs.q = dpa_tensor_contiguous(q, DPA_FLOAT32, 4, q_shape);
   inputs.k = dpa_tensor_contiguous(k, DPA_FLOAT32, 4, kv_shape);
   inputs.v = dpa_tensor_contiguous(v, DPA_FLOAT32, 4, kv_shape);
-  status = dpa_attention_forward(attention, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape),
-                                 dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape), NULL, NULL);
+  status =
+      dpa_attention_forward(attention, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape),
+                            dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape), NULL, NULL);
   *o_first = o[0];
   *lse_first = lse[0];
   dpa_attention_destroy(attention);
@@ -50,8 +51,9 @@ int dpa_c_forward_bad_offset(float* o_first) {
   inputs.k = dpa_tensor_contiguous(k, DPA_FLOAT32, 4, shape);
   inputs.v = dpa_tensor_contiguous(v, DPA_FLOAT32, 4, shape);
   inputs.softmax_offset = dpa_tensor_contiguous(offset, DPA_FLOAT32, 1, offset_shape);
-  status = dpa_attention_forward(attention, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, shape),
-                                 dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape), NULL, NULL);
+  status =
+      dpa_attention_forward(attention, &inputs, dpa_tensor_contiguous(o, DPA_FLOAT32, 4, shape),
+                            dpa_tensor_contiguous(lse, DPA_FLOAT32, 3, lse_shape), NULL, NULL);
   *o_first = o[0];
   dpa_attention_destroy(attention);
   return status;
@@ -88,7 +90,8 @@ int dpa_c_forward_ex_small(size_t call_size, size_t* workspace_bytes, float* o_f
  * row 1), causal, with a cap. first_page: the table's first entry (3 is outside the pool).
  * Returns the status; o receives the 8 outputs and appended the 4 cache values at position 3.
  * entry: 0 dpa_kvcache_forward, 1 dpa_kvcache_forward_ex with DPA_CALL_INITIALIZER, 2 the same
- * with a workspace (which the call refuses). */
+ * with a workspace of dpa_kvcache_workspace_size's bytes (0 on the host: the block goes unused),
+ * 3 with a workspace off its 256-byte boundary (refused naming workspace). */
 int dpa_c_kvcache_decode(int32_t first_page, int entry, float* o, float* appended) {
   float q[2 * 4], k_cache[3 * 2 * 4], v_cache[3 * 2 * 4], k_new[4], v_new[4];
   int32_t table[2], seqlens[1] = {3};
@@ -118,12 +121,18 @@ int dpa_c_kvcache_decode(int32_t first_page, int entry, float* o, float* appende
   dpa_tensor_t none;
   memset(&none, 0, sizeof(none));
   dpa_call_t call = DPA_CALL_INITIALIZER;
-  float scratch[4];
-  if (entry == 2) {
-    call.workspace = scratch;
-    call.workspace_bytes = sizeof(scratch);
-  }
+  static _Alignas(256) unsigned char scratch[512];
   dpa_tensor_t o_view = dpa_tensor_contiguous(o, DPA_FLOAT32, 4, q_shape);
+  if (entry >= 2) {
+    size_t bytes = 99;
+    status = dpa_kvcache_workspace_size(kvcache, &inputs, o_view, none, &bytes);
+    if (status != DPA_SUCCESS || bytes != 0) {
+      dpa_kvcache_destroy(kvcache);
+      return status != DPA_SUCCESS ? (int)status : -1;
+    }
+    call.workspace = entry == 2 ? scratch : scratch + 8;
+    call.workspace_bytes = 64;
+  }
   status = entry == 0 ? dpa_kvcache_forward(kvcache, &inputs, o_view, none)
                       : dpa_kvcache_forward_ex(kvcache, &inputs, o_view, none, &call);
   for (int i = 0; i < 4; ++i) appended[i] = k_cache[(0 * 2 + 1) * 4 + i];

@@ -107,10 +107,14 @@ TEST(CApi, KvCacheDecodeFromC) {
   EXPECT_GT(dpa::test::max_abs_error(uncapped, out), 1e-3);
 }
 
-TEST(CApi, KvCacheRefusesAWorkspace) {
-  float o[8], appended[4];
-  EXPECT_EQ(dpa_c_kvcache_decode(2, 2, o, appended), DPA_NOT_SUPPORTED);
-  EXPECT_NE(std::string(dpa_last_error()).find("call"), std::string::npos) << dpa_last_error();
+TEST(CApi, KvCacheTakesAWorkspaceAndChecksIt) {
+  float o[8], appended[4], o_plain[8], appended_plain[4];
+  ASSERT_EQ(dpa_c_kvcache_decode(2, 0, o_plain, appended_plain), DPA_SUCCESS) << dpa_last_error();
+  ASSERT_EQ(dpa_c_kvcache_decode(2, 2, o, appended), DPA_SUCCESS) << dpa_last_error();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(o[i], o_plain[i]) << i;
+  // Off its boundary: refused naming the workspace, nothing written.
+  EXPECT_EQ(dpa_c_kvcache_decode(2, 3, o, appended), DPA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dpa_last_error()).find("workspace"), std::string::npos) << dpa_last_error();
   for (float value : o) EXPECT_EQ(value, 777.0f);
   EXPECT_FLOAT_EQ(appended[0], float(std::cos(0.4 * 4)));  // page 0 row 1 as it was
 }

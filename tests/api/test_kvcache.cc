@@ -81,6 +81,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, KvCacheMatchesReference,
                                   std::string(to_string(std::get<1>(info.param)));
                          });
 
+TEST(KvCache, HostCallsNeedNoWorkspace) {
+  KvCacheCaseSpec spec;
+  decode_spec(spec, {12, 3}, 4);
+  KvCacheCase c = make_kvcache_case(spec);
+  HostTensor o = c.make_o();
+  EXPECT_EQ(KvCacheAttention(spec.config).workspace_size(c.args(o, nullptr)), 0u);
+}
+
 TEST(KvCache, LseIsOptional) {
   KvCacheCaseSpec spec;
   decode_spec(spec, {12, 3}, 4);

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/workspace.h"
 #include "dpa/kvcache.h"
 #include "gpu/device_case.h"
 #include "support/kvcache_cases.h"
@@ -212,6 +213,39 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuKvCache,
                            return std::get<0>(info.param).name + "_" +
                                   variant_name(std::get<1>(info.param));
                          });
+
+// A call given a workspace of exactly workspace_size() bytes takes its partials from it (no
+// shortfall) and writes what the call without one writes.
+TEST(GpuKvCacheWorkspace, SplitPartialsComeFromTheCallersBlock) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << why;
+  KvCacheCaseSpec spec;
+  decode_spec(spec, {3000, 777, 0}, 64);
+  spec.dtype = DType::kBFloat16;
+  spec.heads_q = 16;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 128;
+  const KvCacheCase c = make_kvcache_case(spec);
+  const DeviceResult plain = run_on_device(spec.config, c);
+
+  DeviceMirror mirror;
+  KvCacheArgs a = device_inputs(c, mirror);
+  // The append already ran in `plain`'s copies, not in these: the same call again.
+  const DeviceTensor o(c.make_o()), lse(c.make_lse());
+  a.o = o.view();
+  a.lse = lse.view();
+  KvCacheAttention attention(spec.config);
+  const size_t bytes = attention.workspace_size(a);
+  ASSERT_GT(bytes, 0u) << "the case should split its keys";
+  const DeviceTensor block(DType::kBool, {int64_t(bytes)});  // one byte per element
+  a.workspace.data = block.view().data;
+  a.workspace.bytes = bytes;
+  const uint64_t shortfall_before = workspace_shortfall_bytes();
+  attention.forward(a);
+  EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
+  EXPECT_EQ(max_abs_error(o.download(), plain.o), 0.0);
+  EXPECT_EQ(max_abs_error(lse.download(), plain.lse), 0.0);
+}
 
 // A decode case whose tensors the tests below break.
 KvCacheCaseSpec small_decode() {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/kvcache_splits.h"
+#include "core/workspace.h"
 #include "cuda/device_buffer.h"
 #include "cuda/kvcache/kvcache_launch.h"
 #include "cuda/runtime.h"
@@ -23,24 +24,21 @@ int window_bound(int64_t bound, int64_t reach) {
   return bound < 0 || bound >= reach ? -1 : int(bound);
 }
 
-}  // namespace
+// The kernels' parameters and grid for a call: shared by the run and the workspace query, so
+// that both count the same partials.
+struct KvCacheLaunch {
+  KvCacheParams params;
+  int64_t row_blocks = 1;
+  int64_t queries = 0;  // q's rows per sequence (4-D) or in all (packed)
+  int64_t max_new = 0;  // k_new's rows per sequence (4-D) or in all (packed)
+};
 
-std::optional<std::string> kvcache_device_refusal(const KvCachePlan& plan) {
-  const size_t needed = size_t(kvcache_shared_bytes(int(plan.head_dim_qk)));
-  const size_t available = device_info(plan.device_index).shared_memory_per_block_optin;
-  if (needed <= available) return std::nullopt;
-  return "has head dim " + std::to_string(plan.head_dim_qk) + ", whose KV-cache kernel needs " +
-         std::to_string(needed) + " bytes of shared memory per block; this device allows " +
-         std::to_string(available);
-}
-
-void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
-                           const KvCacheArgs& a) {
-  const DeviceGuard guard(a.q.device_index);
-  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
+                          const KvCacheArgs& a) {
+  KvCacheLaunch launch;
+  KvCacheParams& p = launch.params;
   const DType dtype = a.q.dtype;
   const int head_dim = int(plan.head_dim_qk);
-  KvCacheParams p;
 
   p.q = a.q.data;
   p.o = a.o.data;
@@ -52,8 +50,9 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   p.o_batch_stride = plan.packed_q ? 0 : a.o.strides[0];
   p.o_row_stride = a.o.strides[size_t(q_rows)];
   p.o_head_stride = a.o.strides[size_t(q_rows + 1)];
-  const int64_t queries = a.q.shape[size_t(q_rows)];  // per sequence (4-D) or in all (packed)
-  if (a.lse.defined()) {                              // contiguous [b, H, sq] or [H, tq]
+  const int64_t queries = launch.queries =
+      a.q.shape[size_t(q_rows)];  // per sequence (4-D) or in all (packed)
+  if (a.lse.defined()) {          // contiguous [b, H, sq] or [H, tq]
     p.lse_batch_stride = plan.packed_q ? 0 : plan.heads_q * queries;
     p.lse_head_stride = queries;
   }
@@ -75,7 +74,6 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   }
   p.cache_seqlens = static_cast<const int*>(a.cache_seqlens.data);
 
-  int64_t max_new = 0;
   if (a.k_new.defined()) {
     p.k_new = a.k_new.data;
     p.v_new = a.v_new.data;
@@ -87,8 +85,8 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     p.v_new_row_stride = a.v_new.strides[size_t(rows)];
     p.v_new_head_stride = a.v_new.strides[size_t(rows + 1)];
     p.cu_seqlens_k_new = static_cast<const int*>(a.cu_seqlens_k_new.data);
-    max_new = a.k_new.shape[size_t(rows)];
-    p.new_per_sequence = plan.packed_new ? 0 : int(max_new);
+    launch.max_new = a.k_new.shape[size_t(rows)];
+    p.new_per_sequence = plan.packed_new ? 0 : int(launch.max_new);
   }
 
   p.batch = int(plan.batch);
@@ -118,7 +116,7 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   const DeviceInfo& device = device_info(a.q.device_index);
   const int64_t slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(dtype, head_dim);
   const int64_t sequence_heads = plan.batch * plan.heads_kv;
-  const int64_t row_blocks = std::clamp<int64_t>(
+  const int64_t row_blocks = launch.row_blocks = std::clamp<int64_t>(
       std::min((packed_rows + kRowsPerBlock - 1) / kRowsPerBlock,
                (4 * slots + sequence_heads - 1) / std::max<int64_t>(sequence_heads, 1)),
       1, 65535);
@@ -126,6 +124,46 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
                                               std::min<int64_t>(queries, kRowsPerBlock));
   p.num_splits = kvcache_num_splits(sequence_heads * row_blocks, key_tiles, slots);
   p.total_rows = plan.packed_q ? queries : plan.batch * queries;
+  return launch;
+}
+
+// The split partials' bytes: o [splits, rows, H, dv] first (its float2 stores stay 8-byte
+// aligned whatever the row count), then the LSE [splits, rows, H].
+size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
+  const KvCacheParams& p = launch.params;
+  if (p.num_splits <= 1 || plan.batch == 0 || launch.queries == 0) return 0;
+  const size_t rows = size_t(p.num_splits) * size_t(p.total_rows) * size_t(p.heads_q);
+  return rows * size_t(plan.head_dim_v + 1) * sizeof(float);
+}
+
+}  // namespace
+
+std::optional<std::string> kvcache_device_refusal(const KvCachePlan& plan) {
+  const size_t needed = size_t(kvcache_shared_bytes(int(plan.head_dim_qk)));
+  const size_t available = device_info(plan.device_index).shared_memory_per_block_optin;
+  if (needed <= available) return std::nullopt;
+  return "has head dim " + std::to_string(plan.head_dim_qk) + ", whose KV-cache kernel needs " +
+         std::to_string(needed) + " bytes of shared memory per block; this device allows " +
+         std::to_string(available);
+}
+
+size_t kvcache_workspace_bytes(const KvCachePlan& plan, const KvCacheConfig& config,
+                               const KvCacheArgs& args) {
+  const DeviceGuard guard(args.q.device_index);
+  const size_t bytes = partials_bytes(plan_launch(plan, config, args), plan);
+  return bytes == 0 ? 0 : workspace_bytes_for({bytes});
+}
+
+void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
+                           const KvCacheArgs& a) {
+  const DeviceGuard guard(a.q.device_index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  KvCacheLaunch launch = plan_launch(plan, config, a);
+  KvCacheParams& p = launch.params;
+  const DType dtype = a.q.dtype;
+  const int head_dim = int(plan.head_dim_qk);
+  const int64_t queries = launch.queries, max_new = launch.max_new;
+  const int64_t row_blocks = launch.row_blocks;
 
   if (plan.batch == 0) return;  // nothing to append or attend (and no grid of 0 blocks)
   if (p.k_new != nullptr && max_new > 0)
@@ -134,8 +172,7 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   DeviceBuffer partials;
   if (p.num_splits > 1) {
     const size_t rows = size_t(p.num_splits) * size_t(p.total_rows) * size_t(p.heads_q);
-    partials = DeviceBuffer(rows * size_t(plan.head_dim_v + 1) * sizeof(float), stream);
-    // o first: its float2 stores stay 8-byte aligned whatever the row count.
+    partials = DeviceBuffer(partials_bytes(launch, plan), stream);
     p.partial_o = partials.get<float>();
     p.partial_lse = p.partial_o + rows * size_t(plan.head_dim_v);
   }
