@@ -1,5 +1,6 @@
 #include "support/kvcache_cases.h"
 
+#include <cmath>
 #include <utility>
 
 namespace dpa::test {
@@ -258,6 +259,29 @@ KvCaseTruth kvcache_truth(const KvCase& kv, const KvCacheCaseSpec& spec, const K
     truth.feature_effect = relative_error(plain_o, truth.o);
   }
   return truth;
+}
+
+void add_rows_past_the_last_sequence(KvCacheCase& c, int64_t extra) {
+  std::vector<int64_t> shape = c.q.shape();
+  const int64_t row = shape[1] * shape[2];
+  shape[0] += extra;
+  HostTensor q(c.q.dtype(), shape);
+  for (int64_t n = 0; n < c.q.numel(); ++n) q.set(n, c.q.get(n));
+  for (int64_t n = c.q.numel(); n < q.numel(); ++n) q.set(n, 0.25 * double(n % row) - 1.0);
+  c.q = q;
+}
+
+void set_rows_past_the_last_sequence(const KvCacheCaseSpec& spec, const KvCacheCase& c,
+                                     int64_t extra, HostTensor& o, HostTensor& lse) {
+  const int64_t rows = c.q.shape()[0], H = spec.heads_q, dv = spec.head_dim_v;
+  for (int64_t t = rows - extra; t < rows; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = 0; e < dv; ++e) o.set((t * H + h) * dv + e, 0.0);
+      double sink = -INFINITY;
+      if (spec.config.softmax_type == SoftmaxType::kOffByOne) sink = 0.0;
+      if (spec.config.softmax_type == SoftmaxType::kLearnable) sink = c.softmax_offset.get(h);
+      lse.set(h * rows + t, sink);
+    }
 }
 
 void expected_caches(const KvCacheCaseSpec& spec, const KvCacheCase& c, HostTensor& want_k,

@@ -7,8 +7,10 @@
 #include <string>
 
 #include "core/kvcache_splits.h"
+#include "core/problem.h"
 #include "core/workspace.h"
 #include "cuda/device_buffer.h"
+#include "cuda/fill_rows.h"
 #include "cuda/kvcache/kvcache_launch.h"
 #include "cuda/runtime.h"
 
@@ -129,6 +131,31 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
 
 // The split partials' bytes: o [splits, rows, H, dv] first (its float2 stores stay 8-byte
 // aligned whatever the row count), then the LSE [splits, rows, H].
+// A packed q may hold rows past its last sequence (cu_seqlens_q ends before q does), which no
+// kernel of the call writes; the rule for every call (docs/decisions.md) is o = 0 and the empty
+// row's LSE there. The tables are not read on the device, so every row is filled first, by the
+// fill kernels of the ordinary calls, and the attention then writes the real ones.
+void fill_rows_of_a_packed_q(const KvCachePlan& plan, const KvCacheConfig& config,
+                             const KvCacheArgs& a, cudaStream_t stream) {
+  AttentionProblem rows;
+  rows.format = Format::kTHD;
+  rows.batch = 1;
+  rows.total_q = a.q.shape[0];
+  rows.heads_q = plan.heads_q;
+  rows.head_dim_v = plan.head_dim_v;
+  rows.o = a.o;
+  rows.o_rows.stride_seq = a.o.strides[0];
+  rows.o_rows.stride_head = a.o.strides[1];
+  if (!a.lse.defined()) {
+    zero_stored_rows(rows, rows.o, rows.o_rows, true, rows.heads_q, rows.head_dim_v, stream);
+    return;
+  }
+  rows.lse = a.lse;  // contiguous [H, tq]: the fill's layout
+  rows.softmax_type = config.softmax_type;
+  rows.softmax_offset = a.softmax_offset;
+  fill_empty_forward_rows(rows, stream);
+}
+
 size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
   const KvCacheParams& p = launch.params;
   if (p.num_splits <= 1 || plan.batch == 0 || launch.queries == 0) return 0;
@@ -169,6 +196,7 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   if (p.k_new != nullptr && max_new > 0)
     launch_kvcache_append(p, dtype, head_dim, int(plan.head_dim_v), max_new, stream);
   if (queries == 0) return;
+  if (plan.packed_q) fill_rows_of_a_packed_q(plan, config, a, stream);
   DeviceBuffer partials;
   if (p.num_splits > 1) {
     const size_t rows = size_t(p.num_splits) * size_t(p.total_rows) * size_t(p.heads_q);
