@@ -41,7 +41,8 @@ class KvCache {
   std::string forward(nb::handle q, nb::handle cu_seqlens_q, nb::handle k_cache, nb::handle v_cache,
                       nb::handle block_table, nb::handle cache_seqlens, nb::handle k_new,
                       nb::handle v_new, nb::handle cu_seqlens_k_new, nb::handle alibi_slopes,
-                      nb::handle softmax_offset, nb::handle o, nb::handle lse, uintptr_t stream) {
+                      nb::handle softmax_offset, nb::handle o, nb::handle lse, uintptr_t stream,
+                      nb::handle allocate) {
     Keepalive keep;
     KvCacheArgs args;
     args.q = to_view(q, "q", keep);

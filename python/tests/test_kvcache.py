@@ -131,6 +131,23 @@ def test_chunked_prefill_mixed_batch():
     torch.testing.assert_close(o, torch.cat(want), rtol=1e-10, atol=1e-10)
 
 
+def test_rows_past_the_last_sequence_are_empty_rows():
+    """A packed q longer than cu_seqlens_q covers: those rows get o = 0 and the sink's LSE."""
+    generator = torch.Generator().manual_seed(6)
+    keys, values, k_cache, v_cache, table = make_cache([9, 4], 4, 16, generator)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    q = torch.randn(5, H, D, dtype=torch.float64, generator=generator)  # rows 2..4: no sequence
+    sinks = torch.randn(H, generator=generator)
+    o, lse = dpa.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(
+        [9, 4], dtype=torch.int32), block_table=table, cu_seqlens_q=cu, causal=True,
+        sinks=sinks, return_lse=True, backend="cpu_exact")
+    want, want_lse = expected([q[0:1], q[1:2]], keys, values, causal=True, window=(-1, -1),
+                              softcap=0.0, sinks=sinks)
+    torch.testing.assert_close(o[:2], torch.cat(want), rtol=1e-10, atol=1e-10)
+    assert torch.equal(o[2:], torch.zeros_like(o[2:]))
+    torch.testing.assert_close(lse[:, 2:], sinks.double().view(H, 1).expand(H, 3).float())
+
+
 def test_an_int_cache_seqlens_and_no_append():
     generator = torch.Generator().manual_seed(7)
     keys, values, k_cache, v_cache, _ = make_cache([6, 6], None, 8, generator)
