@@ -437,6 +437,29 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// o.warmup untimed calls, then o.iters timed ones (CUDA events around each on `stream`): the
+// median and the fastest into r.
+template <typename Call>
+void time_calls(const BenchOptions& o, cudaStream_t stream, Call&& call, BenchResult& r) {
+  for (int i = 0; i < o.warmup; ++i) call();
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  Event start, stop;
+  std::vector<double> times;
+  for (int i = 0; i < o.iters; ++i) {
+    check(cudaEventRecord(start.get(), stream), "cudaEventRecord");
+    call();
+    check(cudaEventRecord(stop.get(), stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  check(cudaGetLastError(), "a kernel launch");
+  std::sort(times.begin(), times.end());
+  r.median_ms = times[times.size() / 2];
+  r.min_ms = times.front();
+}
+
 BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   BenchResult r;
   r.shape = s;
@@ -498,24 +521,7 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
     forward_backend = result.backend;
     bwd.rng = result.rng;
   }
-  for (int i = 0; i < o.warmup; ++i) call();
-  check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
-
-  Event start, stop;
-  std::vector<double> times;
-  for (int i = 0; i < o.iters; ++i) {
-    check(cudaEventRecord(start.get(), stream.get()), "cudaEventRecord");
-    call();
-    check(cudaEventRecord(stop.get(), stream.get()), "cudaEventRecord");
-    check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
-    times.push_back(ms);
-  }
-  check(cudaGetLastError(), "a kernel launch");
-  std::sort(times.begin(), times.end());
-  r.median_ms = times[times.size() / 2];
-  r.min_ms = times.front();
+  time_calls(o, stream.get(), call, r);
 
   switch (o.pass) {
     case BenchPass::kForward:
@@ -616,23 +622,8 @@ BenchResult run_decode_one(const BenchOptions& o, const BenchShape& s, uint64_t 
   args.stream = stream.get();
 
   BackendKind backend = BackendKind::kAuto;
-  for (int i = 0; i < o.warmup; ++i) backend = attention.forward(args);
-  check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
-  Event start, stop;
-  std::vector<double> times;
-  for (int i = 0; i < o.iters; ++i) {
-    check(cudaEventRecord(start.get(), stream.get()), "cudaEventRecord");
-    backend = attention.forward(args);
-    check(cudaEventRecord(stop.get(), stream.get()), "cudaEventRecord");
-    check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
-    times.push_back(ms);
-  }
-  check(cudaGetLastError(), "a kernel launch");
-  std::sort(times.begin(), times.end());
-  r.median_ms = times[times.size() / 2];
-  r.min_ms = times.front();
+  time_calls(
+      o, stream.get(), [&] { backend = attention.forward(args); }, r);
   r.backend = std::string(to_string(backend));
   const int64_t right = config.causal ? 0 : config.window_right;
   const double pairs = double(visible_pairs(sq, skv, skv - sq, config.window_left, right));

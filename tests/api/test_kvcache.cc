@@ -84,22 +84,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, KvCacheMatchesReference,
 // Rows of a packed q past its last sequence: o = 0 and the empty row's LSE, as in every call.
 TEST(KvCache, RowsPastTheLastSequenceAreEmptyRows) {
   for (const BackendKind backend : {BackendKind::kCpuExact, BackendKind::kCpu}) {
-    KvCacheCaseSpec spec;
-    spec.cached = {20, 3};
-    spec.added = {2, 2};
-    spec.queries = {2, 1};
-    spec.packed_q = spec.packed_new = true;
-    spec.page_size = 4;
-    spec.config.causal = true;
-    spec.config.softmax_type = SoftmaxType::kLearnable;
-    KvCacheCase c = make_kvcache_case(spec);
-    add_rows_past_the_last_sequence(c, 3);
-    const KvCaseTruth truth = kvcache_truth(KvCase{}, spec, c);
-    HostTensor want_o = truth.o, want_lse = truth.lse;
-    set_rows_past_the_last_sequence(spec, c, 3, want_o, want_lse);
+    const KvCacheCaseSpec spec = rows_past_the_last_sequence_spec();
+    KvCacheCase c;
+    const KvCaseTruth truth = build_with_rows_past_the_last_sequence(spec, 3, c);
     const CallResult got = run(spec, c, backend);
-    EXPECT_LE(relative_error(got.o, want_o), 1e-6) << to_string(backend);
-    EXPECT_LE(lse_error(got.lse, want_lse), 1e-6) << to_string(backend);
+    EXPECT_LE(relative_error(got.o, truth.o), 1e-6) << to_string(backend);
+    EXPECT_LE(lse_error(got.lse, truth.lse), 1e-6) << to_string(backend);
   }
 }
 

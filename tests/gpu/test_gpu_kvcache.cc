@@ -218,24 +218,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuKvCache,
 TEST(GpuKvCacheRows, RowsPastTheLastSequenceAreEmptyRows) {
   std::string why;
   if (!gpu_present(&why)) GTEST_SKIP() << why;
-  KvCacheCaseSpec spec;
-  spec.cached = {200, 3};
-  spec.added = {2, 2};
-  spec.queries = {2, 1};
-  spec.packed_q = spec.packed_new = true;
+  KvCacheCaseSpec spec = rows_past_the_last_sequence_spec();
+  spec.cached[0] = 200;  // several tiles
   spec.page_size = 16;
   spec.dtype = DType::kBFloat16;
   spec.head_dim_qk = spec.head_dim_v = 128;
-  spec.config.causal = true;
-  spec.config.softmax_type = SoftmaxType::kLearnable;
-  KvCacheCase c = make_kvcache_case(spec);
-  add_rows_past_the_last_sequence(c, 3);
-  const KvCaseTruth truth = kvcache_truth(KvCase{}, spec, c);
-  HostTensor want_o = truth.o, want_lse = truth.lse;
-  set_rows_past_the_last_sequence(spec, c, 3, want_o, want_lse);
+  KvCacheCase c;
+  const KvCaseTruth truth = build_with_rows_past_the_last_sequence(spec, 3, c);
   const DeviceResult got = run_on_device(spec.config, c);
-  EXPECT_LE(relative_error(got.o, want_o), output_tolerance(spec.dtype));
-  EXPECT_LE(lse_violation(got.lse, want_lse), 1.0);
+  EXPECT_LE(relative_error(got.o, truth.o), output_tolerance(spec.dtype));
+  EXPECT_LE(lse_violation(got.lse, truth.lse), 1.0);
   const int64_t row = spec.heads_q * spec.head_dim_v;  // the gap rows: exactly 0
   for (int64_t n = (c.q.shape()[0] - 3) * row; n < got.o.numel(); ++n)
     ASSERT_EQ(got.o.get(n), 0.0) << n;

@@ -1,6 +1,5 @@
 #include "support/kvcache_cases.h"
 
-#include <cmath>
 #include <utility>
 
 namespace dpa::test {
@@ -261,27 +260,36 @@ KvCaseTruth kvcache_truth(const KvCase& kv, const KvCacheCaseSpec& spec, const K
   return truth;
 }
 
-void add_rows_past_the_last_sequence(KvCacheCase& c, int64_t extra) {
+KvCacheCaseSpec rows_past_the_last_sequence_spec() {
+  KvCacheCaseSpec spec;
+  spec.cached = {20, 3};
+  spec.added = {2, 2};
+  spec.queries = {2, 1};
+  spec.packed_q = spec.packed_new = true;
+  spec.page_size = 4;
+  spec.config.causal = true;
+  spec.config.softmax_type = SoftmaxType::kLearnable;
+  return spec;
+}
+
+KvCaseTruth build_with_rows_past_the_last_sequence(const KvCacheCaseSpec& spec, int64_t extra,
+                                                   KvCacheCase& c) {
+  c = make_kvcache_case(spec);
   std::vector<int64_t> shape = c.q.shape();
-  const int64_t row = shape[1] * shape[2];
+  const int64_t H = spec.heads_q, dv = spec.head_dim_v, row = shape[1] * shape[2];
   shape[0] += extra;
   HostTensor q(c.q.dtype(), shape);
   for (int64_t n = 0; n < c.q.numel(); ++n) q.set(n, c.q.get(n));
   for (int64_t n = c.q.numel(); n < q.numel(); ++n) q.set(n, 0.25 * double(n % row) - 1.0);
   c.q = q;
-}
-
-void set_rows_past_the_last_sequence(const KvCacheCaseSpec& spec, const KvCacheCase& c,
-                                     int64_t extra, HostTensor& o, HostTensor& lse) {
-  const int64_t rows = c.q.shape()[0], H = spec.heads_q, dv = spec.head_dim_v;
+  KvCaseTruth truth = kvcache_truth(KvCase{}, spec, c);
+  const int64_t rows = shape[0];
   for (int64_t t = rows - extra; t < rows; ++t)
     for (int64_t h = 0; h < H; ++h) {
-      for (int64_t e = 0; e < dv; ++e) o.set((t * H + h) * dv + e, 0.0);
-      double sink = -INFINITY;
-      if (spec.config.softmax_type == SoftmaxType::kOffByOne) sink = 0.0;
-      if (spec.config.softmax_type == SoftmaxType::kLearnable) sink = c.softmax_offset.get(h);
-      lse.set(h * rows + t, sink);
+      for (int64_t e = 0; e < dv; ++e) truth.o.set((t * H + h) * dv + e, 0.0);
+      truth.lse.set(h * rows + t, c.softmax_offset.get(h));  // learnable sinks
     }
+  return truth;
 }
 
 void expected_caches(const KvCacheCaseSpec& spec, const KvCacheCase& c, HostTensor& want_k,

@@ -38,12 +38,13 @@ struct KvCaseTruth {
 };
 KvCaseTruth kvcache_truth(const KvCase& kv, const KvCacheCaseSpec& spec, const KvCacheCase& c);
 
-// A packed case whose q has `extra` rows past its last sequence (cu_seqlens_q ends before q
-// does), and its truth with those rows as every call must leave them: o = 0 and the empty row's
-// LSE (the sink's logit, or -inf). Needs spec.packed_q.
-void add_rows_past_the_last_sequence(KvCacheCase& c, int64_t extra);
-void set_rows_past_the_last_sequence(const KvCacheCaseSpec& spec, const KvCacheCase& c,
-                                     int64_t extra, HostTensor& o, HostTensor& lse);
+// Rows of a packed q past its last sequence (cu_seqlens_q ends before q does). The spec: a
+// decode and a 2-query chunk, packed, with learnable sinks. The build adds `extra` such rows to
+// q and returns the truth with them as every call must leave them: o = 0 and the empty row's
+// LSE (the sink's logit).
+KvCacheCaseSpec rows_past_the_last_sequence_spec();
+KvCaseTruth build_with_rows_past_the_last_sequence(const KvCacheCaseSpec& spec, int64_t extra,
+                                                   KvCacheCase& c);
 
 // The caches after a correct call: `k_before` / `v_before` with the appended slots holding the
 // new tokens (the case's truth), every other element untouched.

@@ -26,6 +26,15 @@ int window_bound(int64_t bound, int64_t reach) {
   return bound < 0 || bound >= reach ? -1 : int(bound);
 }
 
+// Element strides of a [b, rows, heads, d] tensor, or of a packed [rows, heads, d] one (batch
+// stride 0: its rows are addressed by the packed row).
+void row_strides(const TensorView& t, bool packed, int64_t& batch, int64_t& row, int64_t& head) {
+  const size_t rows = packed ? 0 : 1;
+  batch = packed ? 0 : t.strides[0];
+  row = t.strides[rows];
+  head = t.strides[rows + 1];
+}
+
 // The kernels' parameters and grid for a call: shared by the run and the workspace query, so
 // that both count the same partials.
 struct KvCacheLaunch {
@@ -46,12 +55,8 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
   p.o = a.o.data;
   p.lse = static_cast<float*>(a.lse.data);
   const int q_rows = plan.packed_q ? 0 : 1;  // the row dimension of q / o, after the batch
-  p.q_batch_stride = plan.packed_q ? 0 : a.q.strides[0];
-  p.q_row_stride = a.q.strides[size_t(q_rows)];
-  p.q_head_stride = a.q.strides[size_t(q_rows + 1)];
-  p.o_batch_stride = plan.packed_q ? 0 : a.o.strides[0];
-  p.o_row_stride = a.o.strides[size_t(q_rows)];
-  p.o_head_stride = a.o.strides[size_t(q_rows + 1)];
+  row_strides(a.q, plan.packed_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  row_strides(a.o, plan.packed_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   const int64_t queries = launch.queries =
       a.q.shape[size_t(q_rows)];  // per sequence (4-D) or in all (packed)
   if (a.lse.defined()) {          // contiguous [b, H, sq] or [H, tq]
@@ -80,12 +85,10 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
     p.k_new = a.k_new.data;
     p.v_new = a.v_new.data;
     const int rows = plan.packed_new ? 0 : 1;
-    p.k_new_batch_stride = plan.packed_new ? 0 : a.k_new.strides[0];
-    p.k_new_row_stride = a.k_new.strides[size_t(rows)];
-    p.k_new_head_stride = a.k_new.strides[size_t(rows + 1)];
-    p.v_new_batch_stride = plan.packed_new ? 0 : a.v_new.strides[0];
-    p.v_new_row_stride = a.v_new.strides[size_t(rows)];
-    p.v_new_head_stride = a.v_new.strides[size_t(rows + 1)];
+    row_strides(a.k_new, plan.packed_new, p.k_new_batch_stride, p.k_new_row_stride,
+                p.k_new_head_stride);
+    row_strides(a.v_new, plan.packed_new, p.v_new_batch_stride, p.v_new_row_stride,
+                p.v_new_head_stride);
     p.cu_seqlens_k_new = static_cast<const int*>(a.cu_seqlens_k_new.data);
     launch.max_new = a.k_new.shape[size_t(rows)];
     p.new_per_sequence = plan.packed_new ? 0 : int(launch.max_new);

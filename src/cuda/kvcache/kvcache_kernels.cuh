@@ -3,11 +3,12 @@
 //
 // The attention kernel: a block of four warps owns 16 packed rows (kvcache_params.h) of one
 // (sequence, KV head, split), so the H / G query heads of a KV head read each key once. Keys
-// stream through shared memory in tiles of 64, gathered row by row from the pages with cp.async
-// in a multi-stage pipeline; warp w takes keys 16w..16w+15 of every tile (S = Q K^T, the logit
-// transform and mask, the online softmax and O += P V on mma.sync m16n8k16), and the four warps'
-// partial softmax states merge in shared memory at the end. Decode is bound by the bytes of K
-// and V, so the tile's rows matter less than keeping enough of them in flight.
+// stream through shared memory in tiles of 64, gathered row by row from the pages (bulk copies
+// on sm_90, cp.async on sm_80) in a multi-stage pipeline; warp w takes keys 16w..16w+15 of every
+// tile (S = Q K^T, the logit transform and mask, the online softmax and O += P V on mma.sync
+// m16n8k16), and the four warps' partial softmax states merge in shared memory at the end. Decode
+// is bound by the bytes of K and V, so the tile's rows matter less than keeping enough of them in
+// flight.
 #pragma once
 
 #include "core/kvcache_splits.h"
