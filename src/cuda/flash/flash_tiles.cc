@@ -18,10 +18,9 @@ int choose_num_splits(int64_t batch, int64_t heads, int64_t query_blocks, int64_
   const int64_t slots = int64_t(sm_count) * std::max(1, blocks_per_sm);
   if (blocks <= 0 || sm_count <= 0 || blocks >= slots) return 1;
   constexpr int64_t kMinTilesPerSplit = 2;
-  constexpr int64_t kMaxSplits = 128;
   const int64_t wanted = (slots + blocks - 1) / blocks;
   const int64_t most = std::max<int64_t>(1, kv_blocks / kMinTilesPerSplit);
-  return int(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxSplits));
+  return int(std::clamp<int64_t>(std::min(wanted, most), 1, kFlashMaxSplits));
 }
 
 }  // namespace dpa::cuda

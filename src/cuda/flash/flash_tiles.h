@@ -275,9 +275,12 @@ __host__ __device__
 // The (dqk, dv) pairs with compiled kernels (both dtypes).
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v);
 
+// The most splits choose_num_splits returns (the merge holds a weight per split: merge_row.cuh).
+constexpr int kFlashMaxSplits = 128;
+
 // How many ways to split the KV axis so that small-query problems (decode) fill the GPU:
 // 1 when the (batch, head, query-block) grid already fills every resident-block slot, else
-// enough splits for one full wave, each covering at least two KV tiles, at most 128.
+// enough splits for one full wave, each covering at least two KV tiles, at most kFlashMaxSplits.
 int choose_num_splits(int64_t batch, int64_t heads, int64_t query_blocks, int64_t kv_blocks,
                       int sm_count, int blocks_per_sm);
 

@@ -40,6 +40,7 @@ void row_strides(const TensorView& t, bool packed, int64_t& batch, int64_t& row,
 struct KvCacheLaunch {
   KvCacheParams params;
   int64_t row_blocks = 1;
+  int stages = 0;       // the attention kernel's pipeline stages (kvcache_launch.h)
   int64_t queries = 0;  // q's rows per sequence (4-D) or in all (packed)
   int64_t max_new = 0;  // k_new's rows per sequence (4-D) or in all (packed)
 };
@@ -48,7 +49,6 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
                           const KvCacheArgs& a) {
   KvCacheLaunch launch;
   KvCacheParams& p = launch.params;
-  const DType dtype = a.q.dtype;
   const int head_dim = int(plan.head_dim_qk);
 
   p.q = a.q.data;
@@ -119,7 +119,8 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
   // until the device is full.
   const int64_t packed_rows = queries * p.group;
   const DeviceInfo& device = device_info(a.q.device_index);
-  const int64_t slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(dtype, head_dim);
+  launch.stages = kvcache_default_stages(head_dim);
+  int64_t slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(head_dim, launch.stages);
   const int64_t sequence_heads = plan.batch * plan.heads_kv;
   const int64_t row_blocks = launch.row_blocks = std::clamp<int64_t>(
       std::min((packed_rows + kRowsPerBlock - 1) / kRowsPerBlock,
@@ -127,7 +128,18 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
       1, 65535);
   const int64_t key_tiles = kvcache_key_tiles(plan.capacity, p.window_left, p.window_right,
                                               std::min<int64_t>(queries, kRowsPerBlock));
-  p.num_splits = kvcache_num_splits(sequence_heads * row_blocks, key_tiles, slots);
+  const int64_t blocks = sequence_heads * row_blocks;
+  p.num_splits = kvcache_num_splits(blocks, key_tiles, slots);
+  // A split launch gives each block few tiles, so the latency of its first ones weighs more: a
+  // deeper pipeline at fewer blocks per SM measured faster there (docs/perf.md, session 12),
+  // where it fits in the device's shared memory.
+  const int deep = kvcache_split_stages(head_dim);
+  if (p.num_splits > 1 && deep != launch.stages &&
+      size_t(kvcache_shared_bytes(head_dim, deep)) <= device.shared_memory_per_block_optin) {
+    launch.stages = deep;
+    slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(head_dim, deep);
+    p.num_splits = kvcache_num_splits(blocks, key_tiles, slots);
+  }
   p.total_rows = plan.packed_q ? queries : plan.batch * queries;
   return launch;
 }
@@ -169,7 +181,8 @@ size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
 }  // namespace
 
 std::optional<std::string> kvcache_device_refusal(const KvCachePlan& plan) {
-  const size_t needed = size_t(kvcache_shared_bytes(int(plan.head_dim_qk)));
+  const int head_dim = int(plan.head_dim_qk);
+  const size_t needed = size_t(kvcache_shared_bytes(head_dim, kvcache_default_stages(head_dim)));
   const size_t available = device_info(plan.device_index).shared_memory_per_block_optin;
   if (needed <= available) return std::nullopt;
   return "has head dim " + std::to_string(plan.head_dim_qk) + ", whose KV-cache kernel needs " +
@@ -207,7 +220,7 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     p.partial_o = partials.get<float>();
     p.partial_lse = p.partial_o + rows * size_t(plan.head_dim_v);
   }
-  launch_kvcache_attention(p, dtype, head_dim, unsigned(row_blocks), stream);
+  launch_kvcache_attention(p, dtype, head_dim, launch.stages, unsigned(row_blocks), stream);
   if (p.num_splits > 1) launch_kvcache_merge(p, dtype, int(plan.head_dim_v), queries, stream);
 }
 

@@ -8,14 +8,14 @@
 namespace dpa::cuda {
 namespace {
 
-constexpr int kWarpsPerRowBlock = 8;  // append and merge: one warp per row
+constexpr int kWarpsPerRowBlock = 8;  // append: one warp per row
 
 unsigned capped_blocks(int64_t rows) {
   const int64_t blocks = (rows + kWarpsPerRowBlock - 1) / kWarpsPerRowBlock;
   return unsigned(std::clamp<int64_t>(blocks, 1, 65535));
 }
 
-template <typename Element, int kDim, int kStages = kv_default_stages(kDim)>
+template <typename Element, int kDim, int kStages>
 void launch_attention(const KvCacheParams& p, unsigned row_blocks, cudaStream_t stream) {
   constexpr int bytes = KvCacheTiles<kDim, kStages>::kSharedBytes;
   auto kernel = kvcache_attention_kernel<Element, kDim, kStages>;
@@ -25,15 +25,24 @@ void launch_attention(const KvCacheParams& p, unsigned row_blocks, cudaStream_t 
   DPA_CUDA_CHECK_LAUNCH();
 }
 
-template <typename Element>
-void launch_attention_for(const KvCacheParams& p, int head_dim, unsigned row_blocks,
-                          cudaStream_t stream) {
-  if (head_dim == 64) return launch_attention<Element, 64>(p, row_blocks, stream);
-  if (head_dim == 128) return launch_attention<Element, 128>(p, row_blocks, stream);
-  return launch_attention<Element, 256>(p, row_blocks, stream);
+// The compiled stage counts of one head dim: its default and its split one.
+template <typename Element, int kDim>
+void launch_attention_staged(const KvCacheParams& p, int stages, unsigned row_blocks,
+                             cudaStream_t stream) {
+  if (stages == kv_split_stages(kDim))
+    return launch_attention<Element, kDim, kv_split_stages(kDim)>(p, row_blocks, stream);
+  return launch_attention<Element, kDim, kv_default_stages(kDim)>(p, row_blocks, stream);
 }
 
-template <int kDim, int kStages = kv_default_stages(kDim)>
+template <typename Element>
+void launch_attention_for(const KvCacheParams& p, int head_dim, int stages, unsigned row_blocks,
+                          cudaStream_t stream) {
+  if (head_dim == 64) return launch_attention_staged<Element, 64>(p, stages, row_blocks, stream);
+  if (head_dim == 128) return launch_attention_staged<Element, 128>(p, stages, row_blocks, stream);
+  return launch_attention_staged<Element, 256>(p, stages, row_blocks, stream);
+}
+
+template <int kDim, int kStages>
 int blocks_per_sm() {
   constexpr int bytes = KvCacheTiles<kDim, kStages>::kSharedBytes;
   auto kernel = kvcache_attention_kernel<__half, kDim, kStages>;
@@ -43,29 +52,41 @@ int blocks_per_sm() {
   return std::max(1, blocks);
 }
 
-}  // namespace
-
-int kvcache_blocks_per_sm(DType, int head_dim) {
-  // Both dtypes have 16-bit elements: the same shared memory, the same occupancy. Each head dim
-  // is asked only when it runs (a device without the opt-in shared memory of d = 256 must still
-  // run d = 64; kvcache_shared_bytes lets the caller refuse first). The first device asked
-  // decides (a machine of mixed GPUs gets that device's occupancy: a speed question only).
-  if (head_dim == 64) {
-    static const int blocks = blocks_per_sm<64>();
+// Both dtypes have 16-bit elements: the same shared memory, the same occupancy. Each variant is
+// asked only when it runs (a device without the opt-in shared memory of d = 256 must still run
+// d = 64; kvcache_shared_bytes lets the caller refuse first). The first device asked decides (a
+// machine of mixed GPUs gets that device's occupancy: a speed question only).
+template <int kDim>
+int blocks_per_sm_staged(int stages) {
+  if (stages == kv_split_stages(kDim)) {
+    static const int blocks = blocks_per_sm<kDim, kv_split_stages(kDim)>();
     return blocks;
   }
-  if (head_dim == 128) {
-    static const int blocks = blocks_per_sm<128>();
-    return blocks;
-  }
-  static const int blocks = blocks_per_sm<256>();
+  static const int blocks = blocks_per_sm<kDim, kv_default_stages(kDim)>();
   return blocks;
 }
 
-int kvcache_shared_bytes(int head_dim) {
-  if (head_dim == 64) return KvCacheTiles<64>::kSharedBytes;
-  if (head_dim == 128) return KvCacheTiles<128>::kSharedBytes;
-  return KvCacheTiles<256>::kSharedBytes;
+template <int kDim>
+int shared_bytes_staged(int stages) {
+  return stages == kv_split_stages(kDim) ? KvCacheTiles<kDim, kv_split_stages(kDim)>::kSharedBytes
+                                         : KvCacheTiles<kDim>::kSharedBytes;
+}
+
+}  // namespace
+
+int kvcache_default_stages(int head_dim) { return kv_default_stages(head_dim); }
+int kvcache_split_stages(int head_dim) { return kv_split_stages(head_dim); }
+
+int kvcache_blocks_per_sm(int head_dim, int stages) {
+  if (head_dim == 64) return blocks_per_sm_staged<64>(stages);
+  if (head_dim == 128) return blocks_per_sm_staged<128>(stages);
+  return blocks_per_sm_staged<256>(stages);
+}
+
+int kvcache_shared_bytes(int head_dim, int stages) {
+  if (head_dim == 64) return shared_bytes_staged<64>(stages);
+  if (head_dim == 128) return shared_bytes_staged<128>(stages);
+  return shared_bytes_staged<256>(stages);
 }
 
 void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk, int head_dim_v,
@@ -79,22 +100,22 @@ void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk,
   DPA_CUDA_CHECK_LAUNCH();
 }
 
-void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
+void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim, int stages,
                               unsigned row_blocks, cudaStream_t stream) {
   if (dtype == DType::kBFloat16)
-    launch_attention_for<__nv_bfloat16>(p, head_dim, row_blocks, stream);
+    launch_attention_for<__nv_bfloat16>(p, head_dim, stages, row_blocks, stream);
   else
-    launch_attention_for<__half>(p, head_dim, row_blocks, stream);
+    launch_attention_for<__half>(p, head_dim, stages, row_blocks, stream);
 }
 
 void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
                           cudaStream_t stream) {
-  const dim3 grid(capped_blocks(max_queries * p.heads_q), unsigned(p.batch));
-  const int threads = 32 * kWarpsPerRowBlock;
+  const dim3 grid(unsigned(std::clamp<int64_t>(max_queries * p.heads_q, 1, 65535)),
+                  unsigned(p.batch));
   if (dtype == DType::kBFloat16)
-    kvcache_merge_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p, head_dim_v);
+    kvcache_merge_kernel<__nv_bfloat16><<<grid, kMergeThreads, 0, stream>>>(p, head_dim_v);
   else
-    kvcache_merge_kernel<__half><<<grid, threads, 0, stream>>>(p, head_dim_v);
+    kvcache_merge_kernel<__half><<<grid, kMergeThreads, 0, stream>>>(p, head_dim_v);
   DPA_CUDA_CHECK_LAUNCH();
 }
 

@@ -32,6 +32,12 @@ constexpr int kKvRows = 16;  // packed rows per block: one m16 slab
 // blocks per SM) beat three (two blocks per SM) by 1-5% on the H200 and four (one block) lose
 // half (docs/perf.md, session 11).
 constexpr int kv_default_stages(int head_dim) { return head_dim <= 64 ? 4 : 2; }
+// When the keys are split, each block has few tiles and the first ones' latency weighs more: at
+// d = 128 three stages (two blocks per SM) measured 4-8% faster than two at b = 1 and 32k keys
+// (docs/perf.md, session 12). Not measured at the other head dims, which keep their default.
+constexpr int kv_split_stages(int head_dim) {
+  return head_dim == 128 ? 3 : kv_default_stages(head_dim);
+}
 
 template <int kDim, int kStageCount = kv_default_stages(kDim)>
 struct KvCacheTiles {
@@ -300,7 +306,6 @@ __global__ void __launch_bounds__(kKvThreads)
                        q_base + offset + column, valid);
     }
     ptx::cp_async_commit();
-    if constexpr (kKvBulkCopies) ptx::cp_async_wait<0>();  // bulk tiles do not count groups
 #pragma unroll
     for (int stage = 0; stage < kStages - 1; ++stage) {
       if (my_begin + stage < my_end) {
@@ -309,6 +314,9 @@ __global__ void __launch_bounds__(kKvThreads)
         ptx::cp_async_commit();  // an empty group keeps the wait counts fixed
       }
     }
+    // Bulk tiles do not count cp.async groups: Q is awaited here, after the first tiles are
+    // on their way (the first tile's __syncthreads publishes it to every warp).
+    if constexpr (kKvBulkCopies) ptx::cp_async_wait<0>();
 
     // This thread's two rows (g and g + 8 of the slab): their query, ALiBi slope and range.
     int query[2];
@@ -465,23 +473,24 @@ __global__ void __launch_bounds__(kKvThreads)
   }
 }
 
-// One warp per (query, head) row of a sequence: the splits' partials into o and the LSE.
+// One block per (query, head) row of a sequence (merge_row): the splits' partials into o and
+// the LSE.
+static_assert(kKvCacheMaxSplits <= kMergeMaxSplits, "merge_row holds every split's weight");
 template <typename Element>
-__global__ void kvcache_merge_kernel(const KvCacheParams p, int head_dim_v) {
+__global__ void __launch_bounds__(kMergeThreads)
+    kvcache_merge_kernel(const KvCacheParams p, int head_dim_v) {
   const int b = blockIdx.y;
   const KvSequence s = kv_sequence(p, b);
-  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t rows = int64_t(s.queries) * p.heads_q;
-  for (int64_t r = int64_t(blockIdx.x) * warps + threadIdx.x / 32; r < rows;
-       r += int64_t(gridDim.x) * warps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int i = int(r / p.heads_q), head = int(r % p.heads_q);
     Element* o_row = static_cast<Element*>(p.o) + b * p.o_batch_stride +
                      int64_t(s.q_start + i) * p.o_row_stride + head * p.o_head_stride;
     const float lse =
         merge_row(p.partial_lse, p.partial_o, p.total_rows * p.heads_q,
                   int64_t(s.partial_start + i) * p.heads_q + head, p.num_splits,
-                  sink_logit(p.softmax_type, p.softmax_offset, head), head_dim_v, lane, o_row);
-    if (lane == 0 && p.lse)
+                  sink_logit(p.softmax_type, p.softmax_offset, head), head_dim_v, o_row);
+    if (threadIdx.x == 0 && p.lse)
       p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + s.q_start + i] = lse;
   }
 }

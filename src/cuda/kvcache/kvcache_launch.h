@@ -10,12 +10,18 @@
 
 namespace dpa::cuda {
 
-// Blocks of the attention kernel that fit on one SM at once (its shared memory decides).
-int kvcache_blocks_per_sm(DType dtype, int head_dim);
+// The attention kernel's pipeline stages: the default, and the deeper one taken when the keys
+// are split (kvcache_device.cc says why). Each is compiled; other counts are not.
+int kvcache_default_stages(int head_dim);
+int kvcache_split_stages(int head_dim);
 
-// Dynamic shared memory of one attention block at `head_dim` (d = 256: 140 KiB, more than the
-// 99 KiB a block may take on sm_86 / sm_89 / sm_120).
-int kvcache_shared_bytes(int head_dim);
+// Blocks of the attention kernel at `stages` that fit on one SM at once (its shared memory
+// decides).
+int kvcache_blocks_per_sm(int head_dim, int stages);
+
+// Dynamic shared memory of one attention block (d = 256: 140 KiB at its default stages, more
+// than the 99 KiB a block may take on sm_86 / sm_89 / sm_120).
+int kvcache_shared_bytes(int head_dim, int stages);
 
 // k_new / v_new into the cache; `max_new_rows` bounds any sequence's new tokens (grid size only:
 // the kernel strides over what the tables give).
@@ -23,8 +29,9 @@ void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk,
                            int64_t max_new_rows, cudaStream_t stream);
 
 // The attention: p.batch * p.heads_kv * p.num_splits blocks along x, `row_blocks` along y (each
-// strides over its sequence's packed rows, so any count is correct).
-void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
+// strides over its sequence's packed rows, so any count is correct); `stages` is one of the two
+// above.
+void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim, int stages,
                               unsigned row_blocks, cudaStream_t stream);
 
 // The merge of p.num_splits > 1 partials; `max_queries` bounds any sequence's queries (grid
