@@ -32,4 +32,8 @@ int64_t kvcache_key_tiles(int64_t capacity, int64_t window_left, int64_t window_
   return (span + kKvCacheTileKeys - 1) / kKvCacheTileKeys + 1;
 }
 
+bool kvcache_deep_pipeline(int64_t key_tiles, int splits) {
+  return splits > 1 && key_tiles <= kKvCacheDeepPipelineTiles * splits;
+}
+
 }  // namespace dpa

@@ -11,6 +11,9 @@ namespace dpa {
 constexpr int64_t kKvCacheTileKeys = 64;
 constexpr int64_t kKvCacheMinTilesPerSplit = 2;
 constexpr int kKvCacheMaxSplits = 128;
+// A split launch whose splits have at most this many tiles each takes the deeper pipeline
+// (kvcache_deep_pipeline): b = 1 at 32k keys has 11-16 per split, b = 16 has 171.
+constexpr int64_t kKvCacheDeepPipelineTiles = 64;
 
 // The head dims (qk = v) the kernel is built for.
 inline bool kvcache_device_head_dim(int64_t head_dim) {
@@ -29,5 +32,11 @@ int kvcache_num_splits(int64_t blocks, int64_t key_tiles, int64_t slots);
 // queries.
 int64_t kvcache_key_tiles(int64_t capacity, int64_t window_left, int64_t window_right,
                           int64_t queries_per_block);
+
+// Whether a launch of `splits` splits over `key_tiles` tiles takes the kernel's deeper pipeline:
+// a block of few tiles pays the latency of its first ones on a larger share of its time, and the
+// deeper pipeline (fewer blocks per SM) measured faster there and slower where each split still
+// has hundreds of tiles (docs/perf.md, session 12).
+bool kvcache_deep_pipeline(int64_t key_tiles, int splits);
 
 }  // namespace dpa

@@ -39,5 +39,18 @@ TEST(KvCacheSplits, AWindowBoundsTheKeyTiles) {
   EXPECT_EQ(kvcache_key_tiles(0, -1, -1, 1), 1);
 }
 
+TEST(KvCacheSplits, OnlySplitsOfFewTilesTakeTheDeepPipeline) {
+  // b = 1 at 32k keys: 513 tiles over 33-48 splits, 11-16 tiles each.
+  EXPECT_TRUE(kvcache_deep_pipeline(513, 33));
+  EXPECT_TRUE(kvcache_deep_pipeline(513, 48));
+  // b = 16: 2-3 splits of about 171-257 tiles each.
+  EXPECT_FALSE(kvcache_deep_pipeline(513, 3));
+  EXPECT_FALSE(kvcache_deep_pipeline(513, 2));
+  // An unsplit launch keeps the default whatever its tiles.
+  EXPECT_FALSE(kvcache_deep_pipeline(3, 1));
+  EXPECT_TRUE(kvcache_deep_pipeline(kKvCacheDeepPipelineTiles * 8, 8));
+  EXPECT_FALSE(kvcache_deep_pipeline(kKvCacheDeepPipelineTiles * 8 + 1, 8));
+}
+
 }  // namespace
 }  // namespace dpa

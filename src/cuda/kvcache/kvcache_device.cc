@@ -130,11 +130,9 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
                                               std::min<int64_t>(queries, kRowsPerBlock));
   const int64_t blocks = sequence_heads * row_blocks;
   p.num_splits = kvcache_num_splits(blocks, key_tiles, slots);
-  // A split launch gives each block few tiles, so the latency of its first ones weighs more: a
-  // deeper pipeline at fewer blocks per SM measured faster there (docs/perf.md, session 12),
-  // where it fits in the device's shared memory.
+  // The deeper pipeline where each split has few tiles, if it fits in shared memory.
   const int deep = kvcache_split_stages(head_dim);
-  if (p.num_splits > 1 && deep != launch.stages &&
+  if (kvcache_deep_pipeline(key_tiles, p.num_splits) && deep != launch.stages &&
       size_t(kvcache_shared_bytes(head_dim, deep)) <= device.shared_memory_per_block_optin) {
     launch.stages = deep;
     slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(head_dim, deep);
