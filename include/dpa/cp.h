@@ -63,16 +63,16 @@ using CommHandle = std::unique_ptr<CommRequest>;
 // exchange before waiting on any; for each pair of ranks, post the receives in the order the
 // peer posts the sends (then per-peer order and tags match alike); and receive every send
 // before the next collective.
-class NcclCommunicator;
+class DeviceCommunicator;
 
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The device-buffer interface of this communicator (dpa/nccl.h), or nullptr when it moves
-  // host buffers. Context parallelism keeps device tensors on the device through it.
-  virtual NcclCommunicator* device_communicator() { return nullptr; }
+  // The device-buffer interface of this communicator, or nullptr when it moves host buffers.
+  // Context parallelism keeps device tensors on the device through it.
+  virtual DeviceCommunicator* device_communicator() { return nullptr; }
 
   virtual CommHandle send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual CommHandle recv(void* data, size_t bytes, int peer, int tag) = 0;
@@ -86,6 +86,34 @@ class Communicator {
   // send block r goes to rank r; recv block r comes from rank r.
   virtual CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
 };
+
+// A Communicator whose buffers are device pointers on one CUDA device: the NCCL communicator
+// (dpa/nccl.h, whose comment gives the ordering rules every implementation keeps) and the
+// in-process group's device communicators. Work on the legacy default stream issued before an
+// operation is posted is ordered before it; work on other streams must be finished, or be on
+// stream(); after wait() returns, the data is ready for any stream.
+class DeviceCommunicator : public Communicator {
+ public:
+  DeviceCommunicator* device_communicator() override { return this; }
+  // Launches the queued point-to-point operations now (NCCL: one group).
+  virtual void start_pending() = 0;
+  // The cudaStream_t that operations are enqueued on.
+  virtual void* stream() const = 0;
+  virtual int device() const = 0;
+  // Fails the communicator; later operations and waits throw with `reason`.
+  virtual void abort(const std::string& reason) = 0;
+  // False once an operation failed, timed out or abort() was called.
+  virtual bool healthy() const = 0;
+};
+
+// Host buffers over a device communicator: every operation copies its host inputs to device
+// memory on `device_comm`'s stream, runs there, and copies its outputs back to the host buffers
+// when its wait() returns (the same rules as `device_comm` otherwise: matching, deferral,
+// timeouts). Context parallelism's general algorithms exchange host buffers, so with CUDA
+// tensors over a device communicator they run through this; a copy in and out per message is
+// the price. `device_comm` must outlive the result and every handle it returns. Throws
+// kNotSupported in a build without CUDA.
+std::unique_ptr<Communicator> make_host_staged_communicator(DeviceCommunicator& device_comm);
 
 // N ranks as threads of one process, sharing a rendezvous object. Sends are buffered, so a
 // ring never deadlocks; a wait that exceeds `timeout`, or any rank calling abort(), makes
@@ -101,6 +129,12 @@ class InProcessGroup {
   int size() const;
   // The communicator of one rank; each rank (thread) uses its own.
   std::unique_ptr<Communicator> communicator(int rank);
+  // The same rank's communicator over device buffers on CUDA device `device` (virtual ranks on
+  // one GPU, to test the device algorithms there): each operation first waits for its stream,
+  // then moves the bytes through host memory with the group's rules (buffered sends, snapshot
+  // collectives, deadlines), so a transfer never overlaps compute; it proves correctness, not
+  // speed. Use one per rank and thread. Throws kNotSupported in a build without CUDA.
+  std::unique_ptr<DeviceCommunicator> device_communicator(int rank, int device);
   // Fails every pending and future operation of the group with `reason`.
   void abort(const std::string& reason);
 
@@ -114,6 +148,10 @@ class InProcessGroup {
 // other ranks stop waiting) and is rethrown after every thread has finished.
 void run_in_process(int size, const std::function<void(int, Communicator&)>& fn,
                     std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+// The same with each rank's device communicator on CUDA device `device`.
+void run_in_process_on_device(int size, int device,
+                              const std::function<void(int, DeviceCommunicator&)>& fn,
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
 
 // ---- Sharding (DESIGN.md §8) ----
 // Load balance for causal masks: a sequence of length s (a multiple of 2*cp) is cut into 2*cp

@@ -113,28 +113,7 @@ std::vector<uint8_t> nccl_unique_id();
 // Zero-byte operations complete at once and move nothing (every rank must skip alike).
 // A communicator and its handles are used from one thread. Destroying it drains the stream and
 // finalizes NCCL within `timeout`, aborting instead when that fails; it never throws.
-class NcclCommunicator : public Communicator {
- public:
-  NcclCommunicator* device_communicator() override { return this; }
-  // Launches the queued point-to-point operations now (one NCCL group).
-  virtual void start_pending() = 0;
-  // The cudaStream_t that operations are enqueued on.
-  virtual void* stream() const = 0;
-  virtual int device() const = 0;
-  // Aborts the NCCL communicator; later operations and waits throw with `reason`.
-  virtual void abort(const std::string& reason) = 0;
-  // False once an operation failed, timed out or abort() was called.
-  virtual bool healthy() const = 0;
-};
-
-// Host buffers over an NCCL communicator: every operation copies its host inputs to device
-// memory on `device_comm`'s stream, runs there, and copies its outputs back to the host buffers
-// when its wait() returns (the same rules as `device_comm` otherwise: matching, deferral,
-// timeouts). Context parallelism with CUDA tensors exchanges host buffers (it stages through the
-// host), so cp_attention over NCCL uses this; a copy in and out per message is the price.
-// `device_comm` must outlive the result and every handle it returns. Throws kNotSupported
-// without NCCL.
-std::unique_ptr<Communicator> make_host_staged_communicator(NcclCommunicator& device_comm);
+class NcclCommunicator : public DeviceCommunicator {};
 
 // Creates this rank's communicator on CUDA device `device`. Every rank calls it with the same
 // `size` and bootstrap; it returns when all `size` ranks have joined, and throws

@@ -319,13 +319,13 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
                       RingWorkspace* workspace, const std::vector<const Backend*>& tile_backends) {
-  if (NcclCommunicator* nccl = comm.device_communicator()) {
+  if (DeviceCommunicator* device_comm = comm.device_communicator()) {
     // Device buffers: the device ring where it applies, else the general algorithms over
     // host buffers through a host-staged view of the same communicator.
     const bool registry = &tile_backends == &registered_backends();
     if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
-      return device_ring_forward(config, *nccl, args, rng, workspace);
-    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
+      return device_ring_forward(config, *device_comm, args, rng, workspace);
+    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
     return forward(config, cp_config, *staged, args, dropout, rng, nullptr, tile_backends);
   }
   if (args.in.q.device != Device::kCUDA)
@@ -344,10 +344,10 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                      const BackwardArgs& args, double dropout, RingWorkspace* workspace) {
-  if (NcclCommunicator* nccl = comm.device_communicator()) {
+  if (DeviceCommunicator* device_comm = comm.device_communicator()) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
-      return device_ring_backward(config, cp_config, *nccl, args, workspace);
-    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*nccl);
+      return device_ring_backward(config, cp_config, *device_comm, args, workspace);
+    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
     return backward(config, cp_config, *staged, args, dropout);
   }
   if (args.in.q.device != Device::kCUDA)

@@ -31,11 +31,11 @@ std::string device_ring_refusal(const AttentionConfig&, const CpConfig&, const A
   return "a build without CUDA";
 }
 
-ForwardResult device_ring_forward(const AttentionConfig&, NcclCommunicator&, const ForwardArgs&,
+ForwardResult device_ring_forward(const AttentionConfig&, DeviceCommunicator&, const ForwardArgs&,
                                   const RngState&, RingWorkspace*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
-BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, NcclCommunicator&,
+BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, DeviceCommunicator&,
                                  const BackwardArgs&, RingWorkspace*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
@@ -177,7 +177,7 @@ std::vector<int64_t> shard_shape(const Shard& s, int64_t heads, int64_t dim) {
 
 // Everything a call is checked for before its first transfer (the tiles' own checks come
 // later, when peers are already waiting: a rank that fails there aborts the communicator).
-Shard validated_shard(const AttentionConfig& config, const NcclCommunicator& comm,
+Shard validated_shard(const AttentionConfig& config, const DeviceCommunicator& comm,
                       const AttentionInputs& in) {
   const Shard s = shard_of(config, in);
   require(comm.device() == s.device, "q",
@@ -202,7 +202,7 @@ AttentionInputs tile_inputs(const TensorView& q, const TensorView& k, const Tens
 
 // Posts send(a, b) to the next rank and recv(into_a, into_b) from the previous one, ordered
 // after the compute stream's work so far, and launches them.
-std::vector<CommHandle> exchange(NcclCommunicator& comm, const Ring& ring, void* stream,
+std::vector<CommHandle> exchange(DeviceCommunicator& comm, const Ring& ring, void* stream,
                                  const void* a, const void* b, void* into_a, void* into_b,
                                  size_t bytes_a, size_t bytes_b) {
   cuda::order_after(comm.stream(), stream);
@@ -223,7 +223,7 @@ struct KvTransfer {
   std::vector<CommHandle> pending;
 };
 
-KvTransfer post_kv(NcclCommunicator& comm, const Ring& ring, void* stream, int step,
+KvTransfer post_kv(DeviceCommunicator& comm, const Ring& ring, void* stream, int step,
                    const TensorView& k, const TensorView& v, void* const buffers[2], size_t k_bytes,
                    size_t v_bytes) {
   KvTransfer next{k, v, {}};
@@ -278,7 +278,7 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
   return "";
 }
 
-ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
+ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunicator& comm,
                                   const ForwardArgs& args, const RngState& rng,
                                   RingWorkspace* workspace) {
   const Shard s = validated_shard(config, comm, args.in);
@@ -331,7 +331,7 @@ ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicato
 }
 
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
-                                 NcclCommunicator& comm, const BackwardArgs& args,
+                                 DeviceCommunicator& comm, const BackwardArgs& args,
                                  RingWorkspace* workspace) {
   const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));

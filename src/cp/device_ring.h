@@ -1,12 +1,12 @@
 // The device-resident p2p ring (docs/context_parallel.md "The device ring"): context
-// parallelism over an NcclCommunicator with every buffer in GPU memory. KV (and dKV in the
-// backward) travel the ring through NCCL while the tiles of the current step run on the
-// caller's stream, so the transfer hides behind the compute. Each tile is a plain
-// DotProductAttention call on row ranges of the local shard (no CP fields: with the dual-chunk
-// split and a causal mask, every step is one of three shapes), and its partial joins fp32
-// accumulators on the GPU (cuda/cp_ring_ops.h).
+// parallelism over a DeviceCommunicator with every buffer in GPU memory. KV (and dKV in the
+// backward) travel the ring through the communicator (NCCL across GPUs) while the tiles of the
+// current step run on the caller's stream, so the transfer hides behind the compute. Each tile is a
+// plain DotProductAttention call on row ranges of the local shard (no CP fields: with the
+// dual-chunk split and a causal mask, every step is one of three shapes), and its partial joins
+// fp32 accumulators on the GPU (cuda/cp_ring_ops.h).
 //
-// It covers the common training case. Everything else under an NcclCommunicator takes the
+// It covers the common training case. Everything else under a DeviceCommunicator takes the
 // general algorithms through the host-staged communicator (correct, slower); see
 // device_ring_refusal.
 #pragma once
@@ -16,7 +16,6 @@
 #include <string>
 
 #include "dpa/cp.h"
-#include "dpa/nccl.h"
 
 namespace dpa::cp {
 
@@ -58,11 +57,11 @@ std::shared_ptr<RingWorkspace> make_ring_workspace();
 // Forward and backward over the ring; call only when device_ring_refusal is empty. They return
 // when the outputs are complete (the caller's stream is synchronised). A null workspace uses
 // buffers of the call's own.
-ForwardResult device_ring_forward(const AttentionConfig& config, NcclCommunicator& comm,
+ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunicator& comm,
                                   const ForwardArgs& args, const RngState& rng,
                                   RingWorkspace* workspace);
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
-                                 NcclCommunicator& comm, const BackwardArgs& args,
+                                 DeviceCommunicator& comm, const BackwardArgs& args,
                                  RingWorkspace* workspace);
 
 }  // namespace dpa::cp

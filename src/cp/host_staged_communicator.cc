@@ -1,19 +1,25 @@
-// Host buffers over the NCCL communicator (include/dpa/nccl.h): each operation copies its host
+// Host buffers over a device communicator (include/dpa/cp.h): each operation copies its host
 // inputs into device memory on the communicator's stream, runs there, and copies its outputs
-// back to the host when its wait() returns. Context parallelism with CUDA tensors still
-// exchanges host buffers (docs/context_parallel.md, "CP on one GPU"), so this is what lets it
-// run across processes over NCCL; a copy in and out per message is the price.
-#include <cuda_runtime.h>
-
+// back to the host when its wait() returns. Context parallelism's general algorithms exchange
+// host buffers (docs/context_parallel.md), so this is what lets them run over NCCL and over the
+// in-process group's device communicators; a copy in and out per message is the price.
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "cuda/device_buffer.h"
+#include "dpa/cp.h"
 #include "dpa/error.h"
-#include "dpa/nccl.h"
+
+#if defined(DPA_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "cuda/device_buffer.h"
+#endif
 
 namespace dpa {
+
+#if defined(DPA_WITH_CUDA)
+
 namespace {
 
 Error staging_error(const std::string& what, cudaError_t error) {
@@ -74,7 +80,7 @@ class StagedRequest final : public CommRequest {
 
 class HostStagedCommunicator final : public Communicator {
  public:
-  explicit HostStagedCommunicator(NcclCommunicator& inner)
+  explicit HostStagedCommunicator(DeviceCommunicator& inner)
       : inner_(inner), stream_(static_cast<cudaStream_t>(inner.stream())) {}
 
   int rank() const override { return inner_.rank(); }
@@ -154,14 +160,23 @@ class HostStagedCommunicator final : public Communicator {
                                            host_output, output_bytes);
   }
 
-  NcclCommunicator& inner_;
+  DeviceCommunicator& inner_;
   cudaStream_t stream_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_host_staged_communicator(NcclCommunicator& device_comm) {
+std::unique_ptr<Communicator> make_host_staged_communicator(DeviceCommunicator& device_comm) {
   return std::make_unique<HostStagedCommunicator>(device_comm);
 }
+
+#else
+
+std::unique_ptr<Communicator> make_host_staged_communicator(DeviceCommunicator&) {
+  throw Error(ErrorCode::kNotSupported, "communicator",
+              "dpa was built without CUDA: no device communicator exists to stage through");
+}
+
+#endif
 
 }  // namespace dpa

@@ -15,6 +15,7 @@
 #include <thread>
 #include <tuple>
 
+#include "cp/in_process_device.h"
 #include "dpa/cp.h"
 #include "dpa/error.h"
 
@@ -296,13 +297,33 @@ std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
   return std::make_unique<InProcessCommunicator>(state_, rank);
 }
 
+std::unique_ptr<DeviceCommunicator> InProcessGroup::device_communicator(int rank, int device) {
+  std::shared_ptr<State> state = state_;
+  cp::GroupControl control;
+  control.abort = [state](const std::string& reason) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->fail_locked(reason);
+  };
+  control.healthy = [state] {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return !state->failed;
+  };
+  return cp::make_in_process_device_communicator(communicator(rank), device, std::move(control));
+}
+
 void InProcessGroup::abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->fail_locked(reason);
 }
 
-void run_in_process(int size, const std::function<void(int, Communicator&)>& fn,
-                    std::chrono::milliseconds timeout) {
+namespace {
+
+// Runs fn(rank, comm) on `size` threads over one group; the first exception aborts the group
+// and is rethrown after every thread has finished.
+template <typename Comm>
+void run_ranks(int size, std::chrono::milliseconds timeout,
+               const std::function<std::unique_ptr<Comm>(InProcessGroup&, int)>& make,
+               const std::function<void(int, Comm&)>& fn) {
   InProcessGroup group(size, timeout);
   std::mutex first_mutex;
   std::exception_ptr first;
@@ -310,7 +331,7 @@ void run_in_process(int size, const std::function<void(int, Communicator&)>& fn,
   for (int rank = 0; rank < size; ++rank)
     threads.emplace_back([&, rank] {
       try {
-        std::unique_ptr<Communicator> comm = group.communicator(rank);
+        std::unique_ptr<Comm> comm = make(group, rank);
         fn(rank, *comm);
       } catch (const std::exception& error) {
         {
@@ -328,6 +349,23 @@ void run_in_process(int size, const std::function<void(int, Communicator&)>& fn,
     });
   for (std::thread& thread : threads) thread.join();
   if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
+void run_in_process(int size, const std::function<void(int, Communicator&)>& fn,
+                    std::chrono::milliseconds timeout) {
+  run_ranks<Communicator>(
+      size, timeout, [](InProcessGroup& group, int rank) { return group.communicator(rank); }, fn);
+}
+
+void run_in_process_on_device(int size, int device,
+                              const std::function<void(int, DeviceCommunicator&)>& fn,
+                              std::chrono::milliseconds timeout) {
+  run_ranks<DeviceCommunicator>(
+      size, timeout,
+      [device](InProcessGroup& group, int rank) { return group.device_communicator(rank, device); },
+      fn);
 }
 
 }  // namespace dpa

@@ -319,10 +319,6 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int, int, int, const Nc
   throw built_without_nccl();
 }
 
-std::unique_ptr<Communicator> make_host_staged_communicator(NcclCommunicator&) {
-  throw built_without_nccl();
-}
-
 #endif
 
 }  // namespace dpa

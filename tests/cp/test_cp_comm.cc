@@ -100,6 +100,19 @@ TEST(CpComm, AFailingRankReleasesTheOthers) {
   }
 }
 
+TEST(CpComm, ADeviceCommunicatorOfAMissingRankIsRefusedByName) {
+  // Checked before any CUDA call, so this holds with or without a GPU (the device
+  // communicators themselves are tested on the GPU: tests/gpu/test_gpu_device_comm.cc).
+  InProcessGroup group(2);
+  try {
+    group.device_communicator(2, 0);
+    FAIL() << "rank 2 of a group of 2 was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error.argument(), "rank");
+  }
+}
+
 TEST(CpComm, MismatchedCollectivesAreAnError) {
   EXPECT_THROW(run_in_process(2,
                               [&](int rank, Communicator& comm) {

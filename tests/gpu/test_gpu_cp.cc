@@ -219,7 +219,13 @@ struct GpuCpRun {
   BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
 };
 
-GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& layout) {
+// How the virtual ranks exchange: the in-process group's host communicators (the general
+// algorithms stage CUDA tensors through the host), or its device communicators (the device
+// ring where it applies, else the general algorithms through a host-staged view of them).
+enum class Transport { kHost, kDevice };
+
+GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& layout,
+                    Transport transport) {
   const Format format = spec.config.format;
   const bool thd = format == Format::kTHD;
   const int cp = layout.cp;
@@ -249,7 +255,7 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
   const DeviceTensor bias = t.bias.defined() ? DeviceTensor(t.bias) : DeviceTensor();
   std::mutex mutex;
 
-  run_in_process(cp, [&](int rank, Communicator& comm) {
+  auto rank_body = [&](int rank, Communicator& comm) {
     auto shard = [&](const HostTensor& full) {
       HostTensor local(full.dtype(), cp_local_shape(full.shape(), format, cp, part));
       shard_sequence(full.view(), local.view(), format, cp, rank, cu_padded);
@@ -312,13 +318,18 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
       run.forward_backend = forward.backend;
       run.backward_backend = backward;
     }
-  });
+  };
+  if (transport == Transport::kDevice)
+    run_in_process_on_device(cp, 0,
+                             [&](int rank, DeviceCommunicator& comm) { rank_body(rank, comm); });
+  else
+    run_in_process(cp, rank_body);
   if (t.softmax_offset.defined()) run.out.dsoftmax_offset = sum_of(dalpha);
   if (wants_dbias) run.out.dbias = sum_of(dbias_partials);
   return run;
 }
 
-using Param = std::tuple<GpuCpCase, Layout>;
+using Param = std::tuple<GpuCpCase, Layout, Transport>;
 
 class GpuCp : public ::testing::TestWithParam<Param> {
  protected:
@@ -351,7 +362,7 @@ void expect_feature_moves_reference(const GpuCpCase& c, const CaseSpec& spec,
 }
 
 TEST_P(GpuCp, MatchesExact) {
-  auto [gpu_case, layout] = GetParam();
+  auto [gpu_case, layout, transport] = GetParam();
   CaseSpec spec = gpu_case.spec;
   pad_thd_for_cp(spec, layout.cp);
   const CaseTensors tensors = make_case(spec);
@@ -362,7 +373,7 @@ TEST_P(GpuCp, MatchesExact) {
   expect_feature_moves_reference(gpu_case, spec, tensors, key);
   if (reference_only_mode()) GTEST_SKIP() << "reference-only mode: no GPU run";
   const CaseOutputs& reference = exact_reference(key, spec, tensors, true);
-  const GpuCpRun run = run_gpu_cp(spec, tensors, layout);
+  const GpuCpRun run = run_gpu_cp(spec, tensors, layout, transport);
   expect_matches_reference(run.out, reference, spec.dtype, true, gpu_case.name);
   if (gpu_case.flash_forward) {
     EXPECT_EQ(run.forward_backend, BackendKind::kCudaFlash);
@@ -376,14 +387,24 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   return std::get<0>(info.param).name + "_" + cp_layout_name(std::get<1>(info.param));
 }
 
-std::vector<Param> all_params() {
+std::vector<Param> params_for(const std::vector<Layout>& layouts, Transport transport) {
   std::vector<Param> params;
   for (const GpuCpCase& c : gpu_cp_cases())
-    for (const Layout& l : gpu_layouts()) params.emplace_back(c, l);
+    for (const Layout& l : layouts) params.emplace_back(c, l, transport);
   return params;
 }
 
-INSTANTIATE_TEST_SUITE_P(VirtualRanks, GpuCp, ::testing::ValuesIn(all_params()), param_name);
+INSTANTIATE_TEST_SUITE_P(VirtualRanks, GpuCp,
+                         ::testing::ValuesIn(params_for(gpu_layouts(), Transport::kHost)),
+                         param_name);
+// The device communicators: p2p takes the device ring where it applies; all_gather always takes
+// the general algorithm over the host-staged view.
+INSTANTIATE_TEST_SUITE_P(DeviceCommunicator, GpuCp,
+                         ::testing::ValuesIn(params_for({{CpCommType::kP2P, 2, 0},
+                                                         {CpCommType::kP2P, 4, 0},
+                                                         {CpCommType::kAllGather, 2, 0}},
+                                                        Transport::kDevice)),
+                         param_name);
 
 }  // namespace
 }  // namespace dpa::test

@@ -1,0 +1,123 @@
+// The in-process group's device communicators (include/dpa/cp.h): virtual ranks on one GPU
+// exchange device buffers with the host communicators' rules, so the device CP algorithms can
+// be tested on one GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dpa/cp.h"
+#include "dpa/error.h"
+#include "gpu/device_case.h"
+#include "support/device_tensor.h"
+#include "support/host_tensor.h"
+
+namespace dpa::test {
+namespace {
+
+constexpr int kRanks = 4;
+constexpr int64_t kCount = 6;  // fp32 values per rank block
+
+class GpuDeviceComm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    if (reference_only_mode()) GTEST_SKIP() << "reference-only mode: no GPU run";
+  }
+};
+
+// A device tensor of `blocks` blocks of kCount fp32 values, value(block, i) in each.
+template <typename Value>
+DeviceTensor filled(int64_t blocks, Value value) {
+  HostTensor host(DType::kFloat32, {blocks * kCount});
+  float* data = static_cast<float*>(host.view().data);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t i = 0; i < kCount; ++i) data[b * kCount + i] = value(b, i);
+  return DeviceTensor(host, 0);
+}
+
+std::vector<float> values(const DeviceTensor& t) {
+  const HostTensor host = t.download();
+  const float* data = static_cast<const float*>(host.view().data);
+  return std::vector<float>(data, data + host.numel());
+}
+
+TEST_F(GpuDeviceComm, RingAndCollectivesMoveDeviceBuffers) {
+  run_in_process_on_device(kRanks, 0, [](int rank, DeviceCommunicator& comm) {
+    EXPECT_EQ(comm.device(), 0);
+    EXPECT_TRUE(comm.healthy());
+    const int next = (rank + 1) % kRanks, previous = (rank + kRanks - 1) % kRanks;
+    auto mine = [rank](int64_t block, int64_t i) { return float(100 * rank + 10 * block + i); };
+
+    // A ring: every rank sends, then receives (buffered sends cannot deadlock).
+    const DeviceTensor out = filled(1, mine);
+    DeviceTensor in(DType::kFloat32, {kCount}, 0);
+    CommHandle sent = comm.send(out.view().data, kCount * sizeof(float), next, 3);
+    CommHandle received = comm.recv(in.view().data, kCount * sizeof(float), previous, 3);
+    sent->wait();
+    received->wait();
+    const std::vector<float> got = values(in);
+    for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 100 * previous + i);
+
+    // all_reduce in place: the sum over ranks.
+    DeviceTensor sum = filled(1, mine);
+    comm.all_reduce(sum.view().data, kCount, DType::kFloat32)->wait();
+    const std::vector<float> summed = values(sum);
+    for (int64_t i = 0; i < kCount; ++i)
+      EXPECT_EQ(summed[size_t(i)], 100 * (0 + 1 + 2 + 3) + 4 * i);
+
+    // all_gather: block r from rank r.
+    DeviceTensor gathered(DType::kFloat32, {kRanks * kCount}, 0);
+    comm.all_gather(out.view().data, gathered.view().data, kCount * sizeof(float))->wait();
+    const std::vector<float> all = values(gathered);
+    for (int r = 0; r < kRanks; ++r)
+      for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(all[size_t(r * kCount + i)], 100 * r + i);
+
+    // all_to_all: block r of my input goes to rank r; block s of my output is rank s's block
+    // `rank`.
+    const DeviceTensor blocks = filled(kRanks, mine);
+    DeviceTensor exchanged(DType::kFloat32, {kRanks * kCount}, 0);
+    comm.all_to_all(blocks.view().data, exchanged.view().data, kCount * sizeof(float))->wait();
+    const std::vector<float> swapped = values(exchanged);
+    for (int s = 0; s < kRanks; ++s)
+      for (int64_t i = 0; i < kCount; ++i)
+        EXPECT_EQ(swapped[size_t(s * kCount + i)], 100 * s + 10 * rank + i);
+
+    // reduce_scatter: the sum over ranks of their block `rank`.
+    DeviceTensor scattered(DType::kFloat32, {kCount}, 0);
+    comm.reduce_scatter(blocks.view().data, scattered.view().data, kCount, DType::kFloat32)->wait();
+    const std::vector<float> reduced = values(scattered);
+    for (int64_t i = 0; i < kCount; ++i)
+      EXPECT_EQ(reduced[size_t(i)], 100 * (0 + 1 + 2 + 3) + 4 * (10 * rank + i));
+  });
+}
+
+TEST_F(GpuDeviceComm, AHostBufferIsRefusedByName) {
+  run_in_process_on_device(1, 0, [](int, DeviceCommunicator& comm) {
+    std::vector<float> host(kCount, 1.0f);
+    try {
+      comm.send(host.data(), host.size() * sizeof(float), 0, 0);
+      ADD_FAILURE() << "a host pointer was taken as device memory";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(error.argument(), "data");
+    }
+  });
+}
+
+TEST_F(GpuDeviceComm, AFailingRankReleasesTheOthers) {
+  // Rank 1 fails before sending; rank 0 waits for its message and must throw, not hang.
+  EXPECT_THROW(
+      run_in_process_on_device(2, 0,
+                               [](int rank, DeviceCommunicator& comm) {
+                                 DeviceTensor in(DType::kFloat32, {kCount}, 0);
+                                 if (rank == 1)
+                                   throw Error(ErrorCode::kInvalidArgument, "test", "fails");
+                                 comm.recv(in.view().data, kCount * sizeof(float), 1, 0)->wait();
+                               }),
+      Error);
+}
+
+}  // namespace
+}  // namespace dpa::test
