@@ -24,6 +24,7 @@
 #include "cp/cp_layout.h"
 #include "cp/cp_setup.h"
 #include "cp/device_ring.h"
+#include "cp/device_sets.h"
 #include "cp/host_staging.h"
 #include "cp/tile.h"
 #include "cp/window_gather.h"
@@ -48,9 +49,30 @@ double sink_of(const AttentionConfig& config, const TensorView& offsets, int64_t
   return -std::numeric_limits<double>::infinity();
 }
 
+// A set's rows as a device block of `count` one-row "sequences" (rows from `first`), the layout
+// the device merge kernels index: their [batch, heads, rows] LSE is then the set's [rows, H].
+cuda::RowBlock row_items(const Packed& set, int64_t first, int64_t count) {
+  const int64_t width = set.heads * set.dim;
+  cuda::RowBlock block;
+  block.data = static_cast<unsigned char*>(const_cast<void*>(set.data())) +
+               size_t(first * width) * dtype_size(set.dtype);
+  block.batch = count;
+  block.rows = 1;
+  block.width = width;
+  block.batch_stride = width;
+  block.row_stride = width;
+  return block;
+}
+
 // fp32 LSE merge of a tile's partial into the accumulators (rows from `first_row`).
 void merge_partial(Packed& o_acc, Packed& lse_acc, int64_t first_row, const TileForwardOut& tile) {
   const int64_t heads = lse_acc.heads, dv = o_acc.dim;
+  if (o_acc.place.on_device()) {
+    merge_device_rows(row_items(o_acc, first_row, tile.lse.rows),
+                      lse_acc.f32_data() + first_row * heads, row_items(tile.o, 0, tile.lse.rows),
+                      tile.o.dtype, static_cast<const float*>(tile.lse.data()), heads, o_acc.place);
+    return;
+  }
   for (int64_t r = 0; r < tile.lse.rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
       const float tile_lse = tile.lse.f32()[r * heads + h];
@@ -91,12 +113,35 @@ void add_sink(const AttentionConfig& config, const TensorView& offsets, int64_t 
   }
 }
 
+// After every tile: the sink once per row and o in the storage dtype (device sets: one kernel).
+struct FinalRows {
+  Packed o, lse;
+};
+FinalRows finish_rows(const AttentionConfig& config, const TensorView& offsets, int64_t head_offset,
+                      Packed& o_acc, Packed& lse_acc, DType dtype) {
+  if (!o_acc.place.on_device()) {
+    add_sink(config, offsets, head_offset, o_acc, lse_acc);
+    return {convert(o_acc, dtype), lse_acc};
+  }
+  FinalRows out{Packed::alike(o_acc, dtype, o_acc.rows, o_acc.heads, o_acc.dim),
+                Packed::alike(lse_acc, DType::kFloat32, lse_acc.rows, lse_acc.heads, 1)};
+  const float* head_offsets =
+      offsets.defined() ? static_cast<const float*>(offsets.data) + head_offset : nullptr;
+  finalize_device_rows(row_items(out.o, 0, o_acc.rows), dtype, out.lse.f32_data(),
+                       row_items(o_acc, 0, o_acc.rows), lse_acc.f32_data(), lse_acc.heads,
+                       int(config.softmax_type), head_offsets, o_acc.place);
+  return out;
+}
+
 }  // namespace
 
-// Where the tiles of one CP call run (the CP algorithm itself moves host buffers).
+// Where one CP call's tiles run and its chunk sets live: host sets and tiles; host sets with
+// GPU tiles (host staging: CUDA tensors over a host communicator); or device sets with GPU
+// tiles (device-resident: CUDA tensors over a device communicator).
 struct TileDevice {
   Device device = Device::kCPU;
   int index = 0;
+  Placement sets;
 };
 
 ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_config,
@@ -107,25 +152,28 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
   require_like(args.o, args.in.q, args.in.v.shape[args.in.v.ndim - 1], "o");
-  require(args.lse.dtype == DType::kFloat32 && args.lse.device == Device::kCPU, "lse",
-          "must be a host fp32 tensor");
+  require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device, "lse",
+          "must be an fp32 tensor on q's device");
+  const Placement& sets = tiles.sets;
 
-  Packed k_local = pack_local(g, g.kv, args.in.k), v_local = pack_local(g, g.kv, args.in.v);
+  Packed k_local = pack_local(g, g.kv, args.in.k, sets),
+         v_local = pack_local(g, g.kv, args.in.v, sets);
   if (plan.kv_replication > 1) {
     k_local = replicate_heads(k_local, plan.kv_replication);
     v_local = replicate_heads(v_local, plan.kv_replication);
   }
-  const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q));
+  const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
   Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
 
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
   ctx.backends = &tile_backends;
   ctx.device = tiles.device;
   ctx.device_index = tiles.index;
+  ctx.sets = sets;
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
-  Packed o_acc = zeros_f32(q.rows, q.heads, v.dim);
-  Packed lse_acc(DType::kFloat32, q.rows, q.heads, 1);
-  std::fill(lse_acc.f32(), lse_acc.f32() + lse_acc.numel(), kNegInf);
+  Packed o_acc = zeros_f32(q.rows, q.heads, v.dim, sets);
+  Packed lse_acc(DType::kFloat32, q.rows, q.heads, 1, sets);
+  fill(lse_acc, kNegInf);
   BackendKind used = BackendKind::kAuto;
 
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks) {
@@ -157,12 +205,14 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
       }
     }
   }
-  add_sink(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc);
+  FinalRows final_rows =
+      finish_rows(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc, q.dtype);
 
-  const Packed o = to_sequence(comm, plan, convert(o_acc, q.dtype));
-  const Packed lse = to_sequence(comm, plan, lse_acc);
+  const Packed o = to_sequence(comm, plan, final_rows.o);
+  const Packed lse = to_sequence(comm, plan, final_rows.lse);
   unpack_local(g, g.q, o, args.o);
   unpack_lse(g, lse, args.lse);
+  if (sets.on_device()) synchronize(sets);  // the outputs are in place, for any stream
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;  // no visible tile on this rank
   return {used, rng};
 }
@@ -199,21 +249,29 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
                 args.dsoftmax_offset.numel() == plan.heads_q &&
                 args.dsoftmax_offset.is_contiguous(),
             "dsoftmax_offset", "must be a contiguous fp32 [H] tensor (softmax_type learnable)");
+  const Placement& sets = tiles.sets;
+  if (wants_dalpha)
+    require(args.dsoftmax_offset.device == args.in.q.device, "dsoftmax_offset",
+            "must be on q's device");
+  require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device, "lse",
+          "must be an fp32 tensor on q's device");
 
-  Packed k_local = pack_local(g, g.kv, args.in.k), v_local = pack_local(g, g.kv, args.in.v);
+  Packed k_local = pack_local(g, g.kv, args.in.k, sets),
+         v_local = pack_local(g, g.kv, args.in.v, sets);
   if (plan.kv_replication > 1) {
     k_local = replicate_heads(k_local, plan.kv_replication);
     v_local = replicate_heads(v_local, plan.kv_replication);
   }
-  const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q));
-  const Packed o = to_heads(comm, plan, pack_local(g, g.q, args.o));
-  const Packed d_o = to_heads(comm, plan, pack_local(g, g.q, args.d_o));
-  const Packed lse = to_heads(comm, plan, pack_lse(g, args.lse, plan.heads_q));
+  const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
+  const Packed o = to_heads(comm, plan, pack_local(g, g.q, args.o, sets));
+  const Packed d_o = to_heads(comm, plan, pack_local(g, g.q, args.d_o, sets));
+  const Packed lse = to_heads(comm, plan, pack_lse(g, args.lse, plan.heads_q, sets));
   Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
 
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
   ctx.device = tiles.device;
   ctx.device_index = tiles.index;
+  ctx.sets = sets;
   // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to.
   std::vector<float> dbias_acc(wants_dbias ? size_t(args.dbias.numel()) : 0, 0.0f);
   if (wants_dbias)
@@ -221,13 +279,21 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
         dbias_acc.data(), DType::kFloat32,
         {args.dbias.shape[0], args.dbias.shape[1], args.dbias.shape[2], args.dbias.shape[3]});
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
-  Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim);
+  Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim, sets);
   BackendKind used = BackendKind::kAuto;
 
   // dalpha_h = -sum_i exp(sigma_h - LSE_i) D_i, once per row, from the final LSE. This rank's
-  // partial covers its rows (and, under a2a, its heads).
+  // partial covers its rows (and, under a2a, its heads). Device sets: one kernel with a fixed
+  // reduction order writes the local heads of an fp32 [H] set.
   std::vector<float> dalpha(size_t(plan.heads_q), 0.0f);
-  if (wants_dalpha)
+  Packed device_dalpha;
+  if (wants_dalpha && sets.on_device()) {
+    device_dalpha = zeros_f32(plan.heads_q, 1, 1, sets);
+    sink_gradient_device(
+        device_dalpha.f32_data() + ctx.head_offset, row_items(o, 0, q.rows),
+        row_items(d_o, 0, q.rows), o.dtype, static_cast<const float*>(lse.data()), q.heads,
+        static_cast<const float*>(args.in.softmax_offset.data) + ctx.head_offset, sets);
+  } else if (wants_dalpha) {
     for (int64_t r = 0; r < q.rows; ++r)
       for (int64_t h = 0; h < q.heads; ++h) {
         const float row_lse = lse.f32()[r * q.heads + h];
@@ -241,6 +307,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
         dalpha[size_t(global_head)] -=
             float(std::exp(sink_of(config, args.in.softmax_offset, global_head) - row_lse) * d_row);
       }
+  }
 
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
                     Packed& dk_acc, Packed& dv_acc) {
@@ -263,11 +330,12 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       }
   };
 
-  Packed dk_acc = zeros_f32(k.rows, k.heads, k.dim), dv_acc = zeros_f32(v.rows, v.heads, v.dim);
+  Packed dk_acc = zeros_f32(k.rows, k.heads, k.dim, sets),
+         dv_acc = zeros_f32(v.rows, v.heads, v.dim, sets);
   if (plan.all_gather) {
     const GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
-    Packed dk_gathered = zeros_f32(gathered.k.rows, k.heads, k.dim);
-    Packed dv_gathered = zeros_f32(gathered.v.rows, v.heads, v.dim);
+    Packed dk_gathered = zeros_f32(gathered.k.rows, k.heads, k.dim, sets);
+    Packed dv_gathered = zeros_f32(gathered.v.rows, v.heads, v.dim, sets);
     attend(gathered.k, gathered.v, gathered.chunks, dk_gathered, dv_gathered);
     return_gradients(comm, plan, ctx, gathered, dk_gathered, dv_gathered, dk_acc, dv_acc);
   } else {
@@ -302,7 +370,13 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   unpack_local(g, g.q, to_sequence(comm, plan, dq_acc), args.dq);
   unpack_local(g, g.kv, dk_local, args.dk);
   unpack_local(g, g.kv, dv_local, args.dv);
-  if (wants_dalpha) {
+  if (wants_dalpha && sets.on_device()) {
+    if (cp_config.reduce_dalpha) {
+      order_for_comm(comm, device_dalpha);
+      comm.all_reduce(device_dalpha.data(), plan.heads_q, DType::kFloat32)->wait();
+    }
+    copy_bytes(args.dsoftmax_offset.data, device_dalpha.data(), device_dalpha.size_bytes(), sets);
+  } else if (wants_dalpha) {
     if (cp_config.reduce_dalpha)
       comm.all_reduce(dalpha.data(), int64_t(dalpha.size()), DType::kFloat32)->wait();
     for (int64_t h = 0; h < plan.heads_q; ++h) store(args.dsoftmax_offset, h, dalpha[size_t(h)]);
@@ -312,19 +386,50 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       comm.all_reduce(dbias_acc.data(), int64_t(dbias_acc.size()), DType::kFloat32)->wait();
     for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
   }
+  if (sets.on_device()) synchronize(sets);  // the gradients are in place, for any stream
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;
   return used;
 }
+
+namespace {
+
+// Why a call over a device communicator cannot keep its chunk sets on the device (empty: it
+// can). Such a call takes the general algorithms through a host-staged view instead.
+std::string device_resident_refusal(const DeviceCommunicator& comm, const AttentionInputs& in,
+                                    bool wants_dbias) {
+  if (in.q.device != Device::kCUDA) return "q is a host tensor";
+  if (in.q.device_index != comm.device())
+    return "q is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
+           std::to_string(comm.device());
+  if (wants_dbias)
+    return "a bias gradient is requested (tile-local bias gradients are placed on the host)";
+  return {};
+}
+
+// The device-resident call's placement: tiles and sets on q's device, on the caller's stream.
+TileDevice resident_placement(const TensorView& q, void* stream) {
+  return {Device::kCUDA, q.device_index, {Device::kCUDA, q.device_index, stream}};
+}
+
+}  // namespace
 
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
                       RingWorkspace* workspace, const std::vector<const Backend*>& tile_backends) {
   if (DeviceCommunicator* device_comm = comm.device_communicator()) {
-    // Device buffers: the device ring where it applies, else the general algorithms over
-    // host buffers through a host-staged view of the same communicator.
+    // Device buffers: the device ring where it applies, else the general algorithms with their
+    // chunk sets on the device, else (host tensors) through a host-staged view of the same
+    // communicator.
     const bool registry = &tile_backends == &registered_backends();
     if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_forward(config, *device_comm, args, rng, workspace);
+    if (device_resident_refusal(*device_comm, args.in, false).empty()) {
+      HostStaging tables(args.in.q, args.stream);
+      ForwardArgs resident = args;
+      stage_sequence_tables(tables, resident.in);
+      return forward_staged(config, cp_config, *device_comm, resident, dropout, rng, tile_backends,
+                            resident_placement(args.in.q, args.stream));
+    }
     const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
     return forward(config, cp_config, *staged, args, dropout, rng, nullptr, tile_backends);
   }
@@ -337,7 +442,7 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
   host.lse = staging.out(args.lse, "lse");
   const ForwardResult result =
       forward_staged(config, cp_config, comm, host, dropout, rng, tile_backends,
-                     {Device::kCUDA, args.in.q.device_index});
+                     {Device::kCUDA, args.in.q.device_index, {}});
   staging.copy_outputs_back();
   return result;
 }
@@ -347,6 +452,13 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   if (DeviceCommunicator* device_comm = comm.device_communicator()) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_backward(config, cp_config, *device_comm, args, workspace);
+    if (device_resident_refusal(*device_comm, args.in, args.dbias.ndim > 0).empty()) {
+      HostStaging tables(args.in.q, args.stream);
+      BackwardArgs resident = args;
+      stage_sequence_tables(tables, resident.in);
+      return backward_staged(config, cp_config, *device_comm, resident, dropout,
+                             resident_placement(args.in.q, args.stream));
+    }
     const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
     return backward(config, cp_config, *staged, args, dropout);
   }
@@ -364,7 +476,7 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   host.dsoftmax_offset = staging.out(args.dsoftmax_offset, "dsoftmax_offset");
   host.dbias = staging.out(args.dbias, "dbias");
   const BackendKind used = backward_staged(config, cp_config, comm, host, dropout,
-                                           {Device::kCUDA, args.in.q.device_index});
+                                           {Device::kCUDA, args.in.q.device_index, {}});
   staging.copy_outputs_back();
   return used;
 }

@@ -17,7 +17,12 @@ constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherD
 Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send);
 Packed to_heads(Communicator& comm, const Plan& plan, const Packed& local);
 Packed to_sequence(Communicator& comm, const Plan& plan, const Packed& heads);
-Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim);
+Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim, const Placement& where = {});
+
+// Before a device set is sent or received into over a device communicator, the communicator's
+// stream waits for the work queued on the set's stream so far (which wrote it, or still reads
+// the buffer a receive overwrites). Host sets need nothing.
+void order_for_comm(Communicator& comm, const Packed& set);
 
 // One step of a ring: sends `a`, `b` to the next rank, receives the previous rank's into
 // `next_a`, `next_b`; the caller computes meanwhile and waits on the handles.

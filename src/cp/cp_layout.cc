@@ -1,16 +1,61 @@
 #include "cp/cp_layout.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/element_access.h"
+#include "cp/device_sets.h"
 
 namespace dpa::cp {
 
+Packed::Packed(DType type, int64_t r, int64_t h, int64_t d, Placement where)
+    : dtype(type), rows(r), heads(h), dim(d), place(where) {
+  if (place.on_device())
+    device_ = allocate_device_bytes(size_bytes(), place);
+  else
+    host_.assign(size_bytes(), 0);
+}
+
+Packed::Packed(const Packed& other)
+    : dtype(other.dtype), rows(other.rows), heads(other.heads), dim(other.dim), place(other.place) {
+  if (place.on_device()) {
+    device_ = allocate_device_bytes(size_bytes(), place);
+    copy_bytes(device_.get(), other.data(), size_bytes(), place);
+  } else {
+    host_ = other.host_;
+  }
+}
+
+Packed& Packed::operator=(const Packed& other) {
+  if (this != &other) *this = Packed(other);
+  return *this;
+}
+
 TensorView Packed::view(int64_t first, int64_t count) const {
   const size_t offset = size_t(first) * row_bytes();
-  void* base = const_cast<unsigned char*>(bytes.data()) + offset;
-  return TensorView::contiguous(base, dtype, {count, heads, dim});
+  void* base = static_cast<unsigned char*>(const_cast<void*>(data())) + offset;
+  TensorView v = TensorView::contiguous(base, dtype, {count, heads, dim}, place.device);
+  v.device_index = place.on_device() ? place.index : 0;
+  return v;
 }
+
+namespace {
+
+// The device side of the element operations (cuda/cp_ring_ops.h): a set's rows as one batch.
+cuda::RowBlock rows_of(const Packed& set, int64_t first, int64_t count) {
+  const int64_t width = set.heads * set.dim;
+  cuda::RowBlock block;
+  block.data = static_cast<unsigned char*>(const_cast<void*>(set.data())) +
+               size_t(first * width) * dtype_size(set.dtype);
+  block.batch = 1;
+  block.rows = count;
+  block.width = width;
+  block.batch_stride = 0;
+  block.row_stride = width;
+  return block;
+}
+
+}  // namespace
 
 namespace {
 
@@ -40,9 +85,54 @@ void for_each_local_row(const Geometry& g, const SideGeometry& side, Fn&& fn) {
 
 }  // namespace
 
-Packed pack_local(const Geometry& g, const SideGeometry& side, const TensorView& local) {
+namespace {
+
+// The row stride (elements) of a user-local tensor along its sequence axis.
+int64_t local_row_stride(const Geometry& g, const TensorView& t) {
+  return g.format == Format::kBSHD ? t.strides[1] : t.strides[0];
+}
+
+// Device sets: each (slot, sequence) block of rows is one 2-D copy per head (one for all heads
+// when they are contiguous), `to_local` choosing the direction.
+void copy_local_rows(const Geometry& g, const SideGeometry& side, const Packed& packed,
+                     const TensorView& local, bool to_local) {
+  const int64_t heads = packed.heads, dim = packed.dim;
+  const int64_t head_stride = local.strides[local.ndim - 2];
+  const size_t esize = dtype_size(local.dtype);
+  const size_t local_pitch = size_t(local_row_stride(g, local)) * esize;
+  const bool heads_together = head_stride == dim;
+  auto* set = static_cast<unsigned char*>(const_cast<void*>(packed.data()));
+  for (int64_t slot = 0; slot < 2; ++slot)
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const int64_t rows = side.chunk[size_t(b)];
+      auto* set_rows =
+          set + size_t(slot * side.rows_per_chunk + side.prefix[size_t(b)]) * packed.row_bytes();
+      auto* local_rows = static_cast<unsigned char*>(local.data) +
+                         size_t(local_row_offset(g, side, local, b, slot * rows)) * esize;
+      for (int64_t h = 0; h < (heads_together ? 1 : heads); ++h) {
+        const size_t width = size_t(heads_together ? heads * dim : dim) * esize;
+        unsigned char* set_at = set_rows + size_t(h * dim) * esize;
+        unsigned char* local_at = local_rows + size_t(h * head_stride) * esize;
+        if (to_local)
+          copy_rows(local_at, local_pitch, set_at, packed.row_bytes(), width, size_t(rows),
+                    packed.place);
+        else
+          copy_rows(set_at, packed.row_bytes(), local_at, local_pitch, width, size_t(rows),
+                    packed.place);
+      }
+    }
+}
+
+}  // namespace
+
+Packed pack_local(const Geometry& g, const SideGeometry& side, const TensorView& local,
+                  const Placement& where) {
   const int64_t heads = local.shape[local.ndim - 2], dim = local.shape[local.ndim - 1];
-  Packed out(local.dtype, 2 * side.rows_per_chunk, heads, dim);
+  Packed out(local.dtype, 2 * side.rows_per_chunk, heads, dim, where);
+  if (where.on_device()) {
+    copy_local_rows(g, side, out, local, false);
+    return out;
+  }
   const int64_t head_stride = local.strides[local.ndim - 2];
   const size_t esize = dtype_size(local.dtype);
   for_each_local_row(g, side, [&](int64_t row, int64_t b, int64_t local_row) {
@@ -58,6 +148,13 @@ Packed pack_local(const Geometry& g, const SideGeometry& side, const TensorView&
 
 void unpack_local(const Geometry& g, const SideGeometry& side, const Packed& packed,
                   const TensorView& local) {
+  if (packed.place.on_device()) {
+    if (packed.dtype == local.dtype)
+      copy_local_rows(g, side, packed, local, true);
+    else
+      copy_local_rows(g, side, convert(packed, local.dtype), local, true);
+    return;
+  }
   const int64_t heads = packed.heads, dim = packed.dim;
   const int64_t head_stride = local.strides[local.ndim - 2];
   for_each_local_row(g, side, [&](int64_t row, int64_t b, int64_t local_row) {
@@ -77,8 +174,39 @@ int64_t lse_offset(const Geometry& g, const TensorView& t, int64_t b, int64_t h,
 }
 }  // namespace
 
-Packed pack_lse(const Geometry& g, const TensorView& local, int64_t heads) {
-  Packed out(DType::kFloat32, 2 * g.q.rows_per_chunk, heads, 1);
+namespace {
+
+// Device sets: LSE [.., H, rows] <-> [rows, H, 1], one strided 2-D copy of 4-byte elements per
+// (slot, sequence, head).
+void copy_lse_rows(const Geometry& g, const Packed& packed, const TensorView& local,
+                   bool to_local) {
+  const int64_t heads = packed.heads;
+  const size_t row_pitch = sizeof(float) * size_t(local.strides[local.ndim - 1]);
+  auto* set = static_cast<float*>(const_cast<void*>(packed.data()));
+  for (int64_t slot = 0; slot < 2; ++slot)
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const int64_t rows = g.q.chunk[size_t(b)];
+      for (int64_t h = 0; h < heads; ++h) {
+        float* set_at = set + (slot * g.q.rows_per_chunk + g.q.prefix[size_t(b)]) * heads + h;
+        float* local_at = static_cast<float*>(local.data) + lse_offset(g, local, b, h, slot * rows);
+        if (to_local)
+          copy_rows(local_at, row_pitch, set_at, sizeof(float) * size_t(heads), sizeof(float),
+                    size_t(rows), packed.place);
+        else
+          copy_rows(set_at, sizeof(float) * size_t(heads), local_at, row_pitch, sizeof(float),
+                    size_t(rows), packed.place);
+      }
+    }
+}
+
+}  // namespace
+
+Packed pack_lse(const Geometry& g, const TensorView& local, int64_t heads, const Placement& where) {
+  Packed out(DType::kFloat32, 2 * g.q.rows_per_chunk, heads, 1, where);
+  if (where.on_device()) {
+    copy_lse_rows(g, out, local, false);
+    return out;
+  }
   float* data = out.f32();
   for_each_local_row(g, g.q, [&](int64_t row, int64_t b, int64_t local_row) {
     for (int64_t h = 0; h < heads; ++h)
@@ -88,6 +216,10 @@ Packed pack_lse(const Geometry& g, const TensorView& local, int64_t heads) {
 }
 
 void unpack_lse(const Geometry& g, const Packed& packed, const TensorView& local) {
+  if (packed.place.on_device()) {
+    copy_lse_rows(g, packed, local, true);
+    return;
+  }
   const float* data = packed.f32();
   for_each_local_row(g, g.q, [&](int64_t row, int64_t b, int64_t local_row) {
     for (int64_t h = 0; h < packed.heads; ++h)
@@ -97,10 +229,16 @@ void unpack_lse(const Geometry& g, const Packed& packed, const TensorView& local
 
 Packed split_heads(const Packed& in, int parts) {
   const int64_t part_heads = in.heads / parts;
-  Packed out(in.dtype, int64_t(parts) * in.rows, part_heads, in.dim);
+  Packed out = Packed::alike(in, in.dtype, int64_t(parts) * in.rows, part_heads, in.dim);
   const size_t piece = size_t(part_heads * in.dim) * dtype_size(in.dtype);
   auto* dst = static_cast<unsigned char*>(out.data());
   const auto* src = static_cast<const unsigned char*>(in.data());
+  if (in.place.on_device()) {
+    for (int p = 0; p < parts; ++p)
+      copy_rows(dst + size_t(p) * size_t(in.rows) * piece, piece, src + size_t(p) * piece,
+                in.row_bytes(), piece, size_t(in.rows), in.place);
+    return out;
+  }
   for (int p = 0; p < parts; ++p)
     for (int64_t r = 0; r < in.rows; ++r)
       std::memcpy(dst + (size_t(p) * size_t(in.rows) + size_t(r)) * piece,
@@ -110,10 +248,16 @@ Packed split_heads(const Packed& in, int parts) {
 
 Packed merge_heads(const Packed& in, int parts) {
   const int64_t rows = in.rows / parts;
-  Packed out(in.dtype, rows, in.heads * parts, in.dim);
+  Packed out = Packed::alike(in, in.dtype, rows, in.heads * parts, in.dim);
   const size_t piece = in.row_bytes();
   auto* dst = static_cast<unsigned char*>(out.data());
   const auto* src = static_cast<const unsigned char*>(in.data());
+  if (in.place.on_device()) {
+    for (int p = 0; p < parts; ++p)
+      copy_rows(dst + size_t(p) * piece, out.row_bytes(), src + size_t(p) * size_t(rows) * piece,
+                piece, piece, size_t(rows), in.place);
+    return out;
+  }
   for (int p = 0; p < parts; ++p)
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(dst + size_t(r) * out.row_bytes() + size_t(p) * piece,
@@ -122,10 +266,17 @@ Packed merge_heads(const Packed& in, int parts) {
 }
 
 Packed replicate_heads(const Packed& in, int64_t factor) {
-  Packed out(in.dtype, in.rows, in.heads * factor, in.dim);
+  Packed out = Packed::alike(in, in.dtype, in.rows, in.heads * factor, in.dim);
   const size_t head_bytes = size_t(in.dim) * dtype_size(in.dtype);
   auto* dst = static_cast<unsigned char*>(out.data());
   const auto* src = static_cast<const unsigned char*>(in.data());
+  if (in.place.on_device()) {
+    for (int64_t h = 0; h < out.heads; ++h)
+      copy_rows(dst + size_t(h) * head_bytes, out.row_bytes(),
+                src + size_t(h / factor) * head_bytes, in.row_bytes(), head_bytes, size_t(in.rows),
+                in.place);
+    return out;
+  }
   for (int64_t r = 0; r < in.rows; ++r)
     for (int64_t h = 0; h < out.heads; ++h)
       std::memcpy(dst + size_t(r * out.heads + h) * head_bytes,
@@ -134,7 +285,23 @@ Packed replicate_heads(const Packed& in, int64_t factor) {
 }
 
 Packed sum_replicas(const Packed& in, int64_t factor) {
-  Packed out(DType::kFloat32, in.rows, in.heads / factor, in.dim);
+  Packed out = Packed::alike(in, DType::kFloat32, in.rows, in.heads / factor, in.dim);
+  if (in.place.on_device()) {
+    // Replica k of head g is head g * factor + k: per k, a [G, rows, d] block with head stride d
+    // (out) or factor * d (in).
+    fill_device_f32(out.data(), 0.0f, out.numel(), in.place);
+    for (int64_t k = 0; k < factor; ++k) {
+      cuda::RowBlock acc{out.data(), out.heads, in.rows, in.dim, in.dim, out.heads * in.dim};
+      cuda::RowBlock add{const_cast<float*>(static_cast<const float*>(in.data())) + k * in.dim,
+                         out.heads,
+                         in.rows,
+                         in.dim,
+                         factor * in.dim,
+                         in.heads * in.dim};
+      accumulate_device_rows(acc, add, DType::kFloat32, in.place);
+    }
+    return out;
+  }
   std::fill(out.f32(), out.f32() + out.numel(), 0.0f);
   const float* src = in.f32();
   for (int64_t r = 0; r < in.rows; ++r)
@@ -146,7 +313,18 @@ Packed sum_replicas(const Packed& in, int64_t factor) {
 }
 
 Packed convert(const Packed& in, DType dtype) {
-  Packed out(dtype, in.rows, in.heads, in.dim);
+  Packed out = Packed::alike(in, dtype, in.rows, in.heads, in.dim);
+  if (in.place.on_device()) {
+    if (in.dtype == dtype)
+      copy_bytes(out.data(), in.data(), in.size_bytes(), in.place);
+    else if (in.dtype == DType::kFloat32)
+      convert_device_rows(rows_of(out, 0, in.rows), dtype, rows_of(in, 0, in.rows), in.place);
+    else
+      throw Error(
+          ErrorCode::kNotSupported, "dtype",
+          "a device chunk set converts from fp32 only, got " + std::string(to_string(in.dtype)));
+    return out;
+  }
   for (int64_t n = 0; n < in.numel(); ++n)
     store_element(out.data(), dtype, n, load_element(in.data(), in.dtype, n));
   return out;
@@ -154,10 +332,22 @@ Packed convert(const Packed& in, DType dtype) {
 
 void accumulate_rows(Packed& dst, int64_t dst_row, const Packed& src, int64_t src_row,
                      int64_t count) {
+  if (dst.place.on_device()) {
+    accumulate_device_rows(rows_of(dst, dst_row, count), rows_of(src, src_row, count), src.dtype,
+                           dst.place);
+    return;
+  }
   const int64_t width = src.heads * src.dim;
   float* out = dst.f32() + dst_row * width;
   for (int64_t n = 0; n < count * width; ++n)
     out[n] += float(load_element(src.data(), src.dtype, src_row * width + n));
+}
+
+void fill(Packed& set, float value) {
+  if (set.place.on_device())
+    fill_device_f32(set.data(), value, set.numel(), set.place);
+  else
+    std::fill(set.f32(), set.f32() + set.numel(), value);
 }
 
 }  // namespace dpa::cp

@@ -12,7 +12,8 @@ std::string str(int64_t value) { return std::to_string(value); }
 
 std::vector<int64_t> read_host_int32(const TensorView& t, const char* name) {
   require(t.ndim == 1 && t.dtype == DType::kInt32, name, "must be a 1-D int32 tensor [b + 1]");
-  require(t.device == Device::kCPU, name, "must be a host tensor for the CPU CP path");
+  require(t.device == Device::kCPU, name,
+          "must be a host tensor here (CP copies device sequence tables to the host first)");
   std::vector<int64_t> values(size_t(t.shape[0]));
   for (int64_t i = 0; i < t.shape[0]; ++i)
     values[size_t(i)] = static_cast<const int32_t*>(t.data)[i * t.strides[0]];
@@ -137,8 +138,8 @@ void require_unsharded(const TensorView& t, const char* name, const Geometry& g,
   expected += row_broadcast ? "|1, " : ", ";
   expected += str(skv);
   expected += "]";
-  require(t.ndim == 4 && t.device == Device::kCPU, name,
-          "must be a host tensor " + expected +
+  require(t.ndim == 4, name,
+          "must be a tensor " + expected +
               " of the unsharded sequences (every rank passes the whole tensor)");
   require((t.shape[0] == g.batch || t.shape[0] == 1) && (t.shape[1] == heads || t.shape[1] == 1) &&
               (t.shape[2] == sq || (row_broadcast && t.shape[2] == 1)) && t.shape[3] == skv,
@@ -148,8 +149,9 @@ void require_unsharded(const TensorView& t, const char* name, const Geometry& g,
 }  // namespace
 
 void require_like(const TensorView& t, const TensorView& like, int64_t dim, const char* name) {
-  require(t.ndim == like.ndim && t.dtype == like.dtype && t.device == Device::kCPU, name,
-          "must be a host tensor like the local q shard");
+  require(t.ndim == like.ndim && t.dtype == like.dtype && t.device == like.device &&
+              t.device_index == like.device_index,
+          name, "must be a tensor like the local q shard, on its device");
   for (int d = 0; d + 1 < like.ndim; ++d)
     require(t.shape[d] == like.shape[d], name, "must have the local shard's shape");
   require(t.shape[t.ndim - 1] == dim && t.strides[t.ndim - 1] == 1, name,
@@ -162,9 +164,14 @@ Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicato
   require(comm.size() >= 1 && comm.rank() >= 0 && comm.rank() < comm.size(), "communicator",
           "has an invalid rank/size");
   const int expected_ndim = config.format == Format::kTHD ? 3 : 4;
+  // Every tensor on q's device (the host, or one GPU for the device-resident algorithms); the
+  // sequence tables on the host (cp_attention.cc copies device tables first).
+  auto on_q_device = [&](const TensorView& t) {
+    return t.device == in.q.device && t.device_index == in.q.device_index;
+  };
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) {
-    require(t->ndim == expected_ndim && t->device == Device::kCPU, name,
-            "must be a host tensor with " + str(expected_ndim) + " dims");
+    require(t->ndim == expected_ndim && on_q_device(*t), name,
+            "must have " + str(expected_ndim) + " dims, on q's device");
     require(t->strides[t->ndim - 1] == 1, name, "must have a contiguous head dim");
     require(t->dtype == in.q.dtype && is_floating(t->dtype), name, "must share q's floating dtype");
   }
@@ -180,12 +187,16 @@ Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicato
   if (config.softmax_type == SoftmaxType::kLearnable) {
     const TensorView& s = in.softmax_offset;
     require(s.ndim == 1 && s.shape[0] == heads_q && s.dtype == DType::kFloat32 &&
-                s.is_contiguous() && s.device == Device::kCPU,
-            "softmax_offset", "must be a host fp32 [H] tensor (the full, unsharded offsets)");
+                s.is_contiguous() && on_q_device(s),
+            "softmax_offset",
+            "must be a contiguous fp32 [H] tensor on q's device (the full, unsharded offsets)");
   }
   if (in.alibi_slopes.ndim > 0)
-    require(in.alibi_slopes.is_contiguous() && in.alibi_slopes.dtype == DType::kFloat32,
-            "alibi_slopes", "must be contiguous fp32");
+    require(in.alibi_slopes.is_contiguous() && in.alibi_slopes.dtype == DType::kFloat32 &&
+                on_q_device(in.alibi_slopes),
+            "alibi_slopes", "must be contiguous fp32 on q's device");
+  for (const auto& [t, name] : {std::pair{&in.bias, "bias"}, {&in.attn_mask, "attn_mask"}})
+    require(t->ndim == 0 || on_q_device(*t), name, "must be on q's device");
 
   Setup s;
   Geometry& g = s.geometry;

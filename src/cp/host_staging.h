@@ -78,6 +78,16 @@ class HostStaging {
   std::vector<std::pair<TensorView, TensorView>> outputs_;
 };
 
+// Host copies of the sequence tables alone (the device-resident algorithms read them on the
+// host to lay out the chunks; every other tensor stays on the device).
+inline void stage_sequence_tables(HostStaging& staging, AttentionInputs& in) {
+  for (auto [t, name] : {std::pair{&in.cu_seqlens_q, "cu_seqlens_q"},
+                         {&in.cu_seqlens_kv, "cu_seqlens_kv"},
+                         {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
+                         {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"}})
+    *t = staging.in(*t, name);
+}
+
 inline void stage_inputs(HostStaging& staging, AttentionInputs& in) {
   for (auto [t, name] : {std::pair{&in.q, "q"},
                          {&in.k, "k"},
@@ -85,12 +95,9 @@ inline void stage_inputs(HostStaging& staging, AttentionInputs& in) {
                          {&in.softmax_offset, "softmax_offset"},
                          {&in.alibi_slopes, "alibi_slopes"},
                          {&in.bias, "bias"},
-                         {&in.attn_mask, "attn_mask"},
-                         {&in.cu_seqlens_q, "cu_seqlens_q"},
-                         {&in.cu_seqlens_kv, "cu_seqlens_kv"},
-                         {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
-                         {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"}})
+                         {&in.attn_mask, "attn_mask"}})
     *t = staging.in(*t, name);
+  stage_sequence_tables(staging, in);
 }
 
 }  // namespace dpa::cp

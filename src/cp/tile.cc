@@ -5,6 +5,7 @@
 
 #include "core/problem_builder.h"
 #include "core/selector.h"
+#include "cp/device_sets.h"
 #include "cp/device_stage.h"
 
 namespace dpa::cp {
@@ -35,20 +36,33 @@ SideTables side_tables(const Geometry& g, const SideGeometry& side, int chunk) {
 // The tile's sink offsets and ALiBi slopes: the local heads' slice of the full tensors.
 struct HeadSlices {
   std::vector<float> alibi;  // [b, Hl] copy when the slopes are per batch
+  Packed device_alibi;       // the same on the device, for device-resident tiles
   TensorView softmax_offset, alibi_slopes;
 };
 
 HeadSlices head_slices(const TileContext& ctx, int64_t local_heads) {
   HeadSlices s;
-  if (ctx.softmax_offset.defined())
-    s.softmax_offset =
-        TensorView::contiguous(static_cast<float*>(ctx.softmax_offset.data) + ctx.head_offset,
-                               DType::kFloat32, {local_heads});
+  // A slice of a full [H] tensor, on its device.
+  auto slice = [&](const TensorView& full) {
+    TensorView v = TensorView::contiguous(static_cast<float*>(full.data) + ctx.head_offset,
+                                          DType::kFloat32, {local_heads}, full.device);
+    v.device_index = full.device_index;
+    return v;
+  };
+  if (ctx.softmax_offset.defined()) s.softmax_offset = slice(ctx.softmax_offset);
   if (ctx.alibi_slopes.defined()) {
     const TensorView& a = ctx.alibi_slopes;
     if (a.ndim == 1) {
-      s.alibi_slopes = TensorView::contiguous(static_cast<float*>(a.data) + ctx.head_offset,
-                                              DType::kFloat32, {local_heads});
+      s.alibi_slopes = slice(a);
+    } else if (ctx.sets.on_device()) {  // the slopes are on the device too: a strided copy
+      const int64_t batch = a.shape[0];
+      s.device_alibi = Packed(DType::kFloat32, batch, local_heads, 1, ctx.sets);
+      copy_rows(s.device_alibi.data(), size_t(local_heads) * sizeof(float),
+                static_cast<float*>(a.data) + ctx.head_offset, size_t(a.shape[1]) * sizeof(float),
+                size_t(local_heads) * sizeof(float), size_t(batch), ctx.sets);
+      s.alibi_slopes = TensorView::contiguous(s.device_alibi.data(), DType::kFloat32,
+                                              {batch, local_heads}, Device::kCUDA);
+      s.alibi_slopes.device_index = ctx.sets.index;
     } else {
       const int64_t batch = a.shape[0];
       for (int64_t b = 0; b < batch; ++b)
@@ -103,6 +117,30 @@ void attach_aux(const TileContext& ctx, AttentionProblem& p) {
     p.dbias_layout = BroadcastLayout::of(ctx.dbias);
     p.wants_dbias = true;
   }
+}
+
+// Device-resident tiles: [Hl, rows] (the backends' thd LSE) <-> the rows [rows, Hl] of a set,
+// one strided copy of 4-byte elements per head.
+void copy_lse_heads(float* heads_major, float* rows_major, int64_t heads, int64_t rows,
+                    bool to_rows, const Placement& where) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* row_side = rows_major + h;
+    float* head_side = heads_major + h * rows;
+    if (to_rows)
+      copy_rows(row_side, size_t(heads) * sizeof(float), head_side, sizeof(float), sizeof(float),
+                size_t(rows), where);
+    else
+      copy_rows(head_side, sizeof(float), row_side, size_t(heads) * sizeof(float), sizeof(float),
+                size_t(rows), where);
+  }
+}
+
+// A device view of an fp32 [heads, rows] scratch set.
+TensorView heads_major_view(const Packed& scratch, int64_t heads, int64_t rows) {
+  TensorView v = TensorView::contiguous(const_cast<void*>(scratch.data()), DType::kFloat32,
+                                        {heads, rows}, Device::kCUDA);
+  v.device_index = scratch.place.index;
+  return v;
 }
 
 // [Hl, rows] (the backends' thd LSE) <-> Packed [rows, Hl, 1].
@@ -238,7 +276,7 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
   HeadSlices slices = head_slices(ctx, local_heads);
 
   TileForwardOut out;
-  out.o = Packed(q.set->dtype, rows_q, local_heads, v.set->dim);
+  out.o = Packed::alike(*q.set, q.set->dtype, rows_q, local_heads, v.set->dim);
   std::vector<float> lse(size_t(local_heads * rows_q));
   ForwardArgs args;
   args.in.q = q.set->view(q.slot * rows_q, rows_q);
@@ -254,6 +292,16 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
   args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {local_heads, rows_q});
 
   const AttentionConfig config = tile_config(ctx);
+  if (q.set->place.on_device()) {  // device-resident: the sets are the tile's tensors
+    const Packed scratch(DType::kFloat32, local_heads, rows_q, 1, q.set->place);
+    args.lse = heads_major_view(scratch, local_heads, rows_q);
+    args.stream = q.set->place.stream;
+    out.backend = run_tile_forward(ctx, config, args, q.chunk, k.chunk);
+    out.lse = Packed::alike(*q.set, DType::kFloat32, rows_q, local_heads, 1);
+    copy_lse_heads(static_cast<float*>(const_cast<void*>(scratch.data())), out.lse.f32_data(),
+                   local_heads, rows_q, true, q.set->place);
+    return out;
+  }
   if (ctx.device == Device::kCUDA) {
     DeviceStage stage(ctx.device_index);
     ForwardArgs on_device = args;
@@ -280,16 +328,25 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
   HeadSlices slices = head_slices(ctx, local_heads);
 
   // The final LSE of the q chunk, heads-major as the backends store thd LSE.
-  std::vector<float> lse(size_t(local_heads * rows_q));
-  const float* packed_lse = in.lse->f32() + in.q.slot * rows_q * local_heads;
-  for (int64_t r = 0; r < rows_q; ++r)
-    for (int64_t h = 0; h < local_heads; ++h)
-      lse[size_t(h * rows_q + r)] = packed_lse[r * local_heads + h];
+  const bool resident = in.q.set->place.on_device();
+  std::vector<float> lse(resident ? 0 : size_t(local_heads * rows_q));
+  Packed lse_scratch;
+  if (resident) {
+    lse_scratch = Packed(DType::kFloat32, local_heads, rows_q, 1, in.q.set->place);
+    copy_lse_heads(lse_scratch.f32_data(),
+                   const_cast<Packed*>(in.lse)->f32_data() + in.q.slot * rows_q * local_heads,
+                   local_heads, rows_q, false, in.q.set->place);
+  } else {
+    const float* packed_lse = in.lse->f32() + in.q.slot * rows_q * local_heads;
+    for (int64_t r = 0; r < rows_q; ++r)
+      for (int64_t h = 0; h < local_heads; ++h)
+        lse[size_t(h * rows_q + r)] = packed_lse[r * local_heads + h];
+  }
 
   TileBackwardOut out;
-  out.dq = Packed(in.q.set->dtype, rows_q, local_heads, in.q.set->dim);
-  out.dk = Packed(in.k.set->dtype, rows_kv, in.k.set->heads, in.k.set->dim);
-  out.dv = Packed(in.v.set->dtype, rows_kv, in.v.set->heads, in.v.set->dim);
+  out.dq = Packed::alike(*in.q.set, in.q.set->dtype, rows_q, local_heads, in.q.set->dim);
+  out.dk = Packed::alike(*in.k.set, in.k.set->dtype, rows_kv, in.k.set->heads, in.k.set->dim);
+  out.dv = Packed::alike(*in.v.set, in.v.set->dtype, rows_kv, in.v.set->heads, in.v.set->dim);
   BackwardArgs args;
   args.in.q = in.q.set->view(in.q.slot * rows_q, rows_q);
   args.in.k = in.k.set->view(in.k.slot * rows_kv, rows_kv);
@@ -309,6 +366,12 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
   args.rng = ctx.rng;
 
   const AttentionConfig config = tile_config(ctx);
+  if (resident) {  // the sets are the tile's tensors; bias gradients are not taken here
+    args.lse = heads_major_view(lse_scratch, local_heads, rows_q);
+    args.stream = in.q.set->place.stream;
+    out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
+    return out;
+  }
   if (ctx.device == Device::kCUDA) {
     DeviceStage stage(ctx.device_index);
     BackwardArgs on_device = args;

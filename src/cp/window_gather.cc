@@ -5,6 +5,7 @@
 
 #include "cp/comm_requests.h"
 #include "cp/cp_exchange.h"
+#include "cp/device_sets.h"
 
 namespace dpa::cp {
 namespace {
@@ -44,6 +45,14 @@ const unsigned char* slot_bytes(const Packed& set, int64_t slot, int64_t rows) {
   return static_cast<const unsigned char*>(set.data()) + size_t(slot * rows) * set.row_bytes();
 }
 
+void copy_slot(Packed& dst, int64_t dst_slot, const Packed& src, int64_t src_slot, int64_t rows) {
+  const size_t bytes = size_t(rows) * src.row_bytes();
+  if (src.place.on_device())
+    copy_bytes(slot_bytes(dst, dst_slot, rows), slot_bytes(src, src_slot, rows), bytes, src.place);
+  else
+    std::memcpy(slot_bytes(dst, dst_slot, rows), slot_bytes(src, src_slot, rows), bytes);
+}
+
 }  // namespace
 
 GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext& ctx,
@@ -53,9 +62,10 @@ GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext
   GatheredKv out;
   out.chunks = chunks_needed(ctx, cp, me);
   const int64_t n = int64_t(out.chunks.size());
-  out.k = Packed(k.dtype, n * rows, k.heads, k.dim);
-  out.v = Packed(v.dtype, n * rows, v.heads, v.dim);
+  out.k = Packed::alike(k, k.dtype, n * rows, k.heads, k.dim);
+  out.v = Packed::alike(v, v.dtype, n * rows, v.heads, v.dim);
   const size_t k_bytes = size_t(rows) * k.row_bytes(), v_bytes = size_t(rows) * v.row_bytes();
+  order_for_comm(comm, k);
   std::vector<CommHandle> pending;
   for (int peer = 0; peer < cp; ++peer) {  // my chunks each peer needs, ascending, K then V
     if (peer == me) continue;
@@ -69,8 +79,8 @@ GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext
   for (int64_t i = 0; i < n; ++i) {  // in the same order, from each owner
     const ChunkOwner owner = owner_of(cp, out.chunks[size_t(i)]);
     if (owner.rank == me) {
-      std::memcpy(slot_bytes(out.k, i, rows), slot_bytes(k, owner.slot, rows), k_bytes);
-      std::memcpy(slot_bytes(out.v, i, rows), slot_bytes(v, owner.slot, rows), v_bytes);
+      copy_slot(out.k, i, k, owner.slot, rows);
+      copy_slot(out.v, i, v, owner.slot, rows);
       continue;
     }
     pending.push_back(comm.recv(slot_bytes(out.k, i, rows), k_bytes, owner.rank, kTagGatherK));
@@ -88,6 +98,7 @@ void return_gradients(Communicator& comm, const Plan& plan, const TileContext& c
   const int cp = plan.cp, me = plan.rank;
   const int64_t rows = dk_own.rows / 2;
   const size_t k_bytes = size_t(rows) * dk.row_bytes(), v_bytes = size_t(rows) * dv.row_bytes();
+  order_for_comm(comm, dk);
   std::vector<CommHandle> pending;
   for (size_t i = 0; i < gathered.chunks.size(); ++i) {
     const ChunkOwner owner = owner_of(cp, gathered.chunks[i]);
@@ -111,8 +122,8 @@ void return_gradients(Communicator& comm, const Plan& plan, const TileContext& c
     for (int c : chunks_needed(ctx, cp, peer)) {
       const ChunkOwner owner = owner_of(cp, c);
       if (owner.rank == me)
-        incoming.push_back({owner.slot, Packed(DType::kFloat32, rows, dk.heads, dk.dim),
-                            Packed(DType::kFloat32, rows, dv.heads, dv.dim)});
+        incoming.push_back({owner.slot, Packed::alike(dk, DType::kFloat32, rows, dk.heads, dk.dim),
+                            Packed::alike(dv, DType::kFloat32, rows, dv.heads, dv.dim)});
     }
   }
   size_t next = 0;

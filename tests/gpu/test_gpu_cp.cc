@@ -221,7 +221,7 @@ struct GpuCpRun {
 
 // How the virtual ranks exchange: the in-process group's host communicators (the general
 // algorithms stage CUDA tensors through the host), or its device communicators (the device
-// ring where it applies, else the general algorithms through a host-staged view of them).
+// ring where it applies, else the general algorithms with their chunk sets on the GPU).
 enum class Transport { kHost, kDevice };
 
 GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& layout,
@@ -397,13 +397,11 @@ std::vector<Param> params_for(const std::vector<Layout>& layouts, Transport tran
 INSTANTIATE_TEST_SUITE_P(VirtualRanks, GpuCp,
                          ::testing::ValuesIn(params_for(gpu_layouts(), Transport::kHost)),
                          param_name);
-// The device communicators: p2p takes the device ring where it applies; all_gather always takes
-// the general algorithm over the host-staged view.
+// The device communicators: p2p takes the device ring where it applies; every other call the
+// device-resident general algorithms (chunk sets in GPU memory), except a bias gradient, which
+// goes through the host-staged view.
 INSTANTIATE_TEST_SUITE_P(DeviceCommunicator, GpuCp,
-                         ::testing::ValuesIn(params_for({{CpCommType::kP2P, 2, 0},
-                                                         {CpCommType::kP2P, 4, 0},
-                                                         {CpCommType::kAllGather, 2, 0}},
-                                                        Transport::kDevice)),
+                         ::testing::ValuesIn(params_for(gpu_layouts(), Transport::kDevice)),
                          param_name);
 
 }  // namespace
