@@ -152,8 +152,9 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
   require_like(args.o, args.in.q, args.in.v.shape[args.in.v.ndim - 1], "o");
-  require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device, "lse",
-          "must be an fp32 tensor on q's device");
+  require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device &&
+              args.lse.device_index == args.in.q.device_index,
+          "lse", "must be an fp32 tensor on q's device");
   const Placement& sets = tiles.sets;
 
   Packed k_local = pack_local(g, g.kv, args.in.k, sets),
@@ -251,10 +252,12 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
             "dsoftmax_offset", "must be a contiguous fp32 [H] tensor (softmax_type learnable)");
   const Placement& sets = tiles.sets;
   if (wants_dalpha)
-    require(args.dsoftmax_offset.device == args.in.q.device, "dsoftmax_offset",
-            "must be on q's device");
-  require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device, "lse",
-          "must be an fp32 tensor on q's device");
+    require(args.dsoftmax_offset.device == args.in.q.device &&
+                args.dsoftmax_offset.device_index == args.in.q.device_index,
+            "dsoftmax_offset", "must be on q's device");
+  require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device &&
+              args.lse.device_index == args.in.q.device_index,
+          "lse", "must be an fp32 tensor on q's device");
 
   Packed k_local = pack_local(g, g.kv, args.in.k, sets),
          v_local = pack_local(g, g.kv, args.in.v, sets);

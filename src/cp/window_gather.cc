@@ -126,6 +126,9 @@ void return_gradients(Communicator& comm, const Plan& plan, const TileContext& c
                             Packed::alike(dv, DType::kFloat32, rows, dv.heads, dv.dim)});
     }
   }
+  // The receive buffers were just allocated on the compute stream: the communicator's stream
+  // waits for that too.
+  order_for_comm(comm, dk);
   size_t next = 0;
   for (int peer = 0; peer < cp; ++peer) {
     if (peer == me) continue;

@@ -98,6 +98,9 @@ __global__ void merge_kernel(RowBlock o_acc, float* lse_acc, int64_t lse_rows,
     const RowItem r = row_item(n, o_acc.rows, heads);
     float* lse = lse_acc + (r.b * heads + r.h) * lse_rows + lse_first_row + r.t;
     const float tile_lse = lse_tile[(r.b * heads + r.h) * o_acc.rows + r.t];
+    // No visible key in the tile: nothing to merge (and its o, which should be 0, is not read,
+    // as on the host).
+    if (tile_lse == -INFINITY) continue;
     const float old_lse = *lse;
     const float merged = log_add_exp(old_lse, tile_lse);
     const float keep = old_lse == -INFINITY ? 0.f : expf(old_lse - merged);
@@ -177,7 +180,8 @@ unsigned warp_grid(int64_t items) {
   return unsigned(blocks < 1 ? 1 : (blocks < 65536 ? blocks : 65536));
 }
 
-// Calls f(T{}) with T the storage type of `dtype` (fp16 or bf16).
+// Calls f(T{}) with T the element type of `dtype`: fp16 or bf16 (the ring's storage), or fp32
+// (the device-resident general algorithms also sum fp32 gradients and take fp32 tiles).
 template <typename F>
 void with_storage_type(DType dtype, F&& f) {
   switch (dtype) {
@@ -185,8 +189,10 @@ void with_storage_type(DType dtype, F&& f) {
       return f(__half{});
     case DType::kBFloat16:
       return f(__nv_bfloat16{});
+    case DType::kFloat32:
+      return f(float{});
     default:
-      throw Error(ErrorCode::kInternal, "dtype", "the CP ring stores fp16 or bf16 only");
+      throw Error(ErrorCode::kInternal, "dtype", "CP device rows are fp16, bf16 or fp32");
   }
 }
 

@@ -1,6 +1,7 @@
 // Device-side pieces of the device-resident p2p ring of context parallelism (cp/device_ring.h):
 // the fp32 LSE merge of partial outputs, gradient accumulation, the sink's final step and its
-// gradient, and stream ordering. No CUDA headers here: streams are cudaStream_t passed as
+// gradient, and stream ordering; the device-resident general algorithms use them too (element
+// dtypes fp16, bf16 or fp32). No CUDA headers here: streams are cudaStream_t passed as
 // void* (nullptr: the legacy default stream). Every function enqueues and returns.
 #pragma once
 
