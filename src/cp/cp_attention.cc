@@ -275,12 +275,24 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   ctx.device = tiles.device;
   ctx.device_index = tiles.index;
   ctx.sets = sets;
-  // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to.
-  std::vector<float> dbias_acc(wants_dbias ? size_t(args.dbias.numel()) : 0, 0.0f);
-  if (wants_dbias)
+  // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to (on the
+  // device with device sets).
+  std::vector<float> dbias_acc(wants_dbias && !sets.on_device() ? size_t(args.dbias.numel()) : 0,
+                               0.0f);
+  Packed device_dbias;
+  if (wants_dbias && sets.on_device()) {
+    const int64_t* shape = args.dbias.shape.data();  // rows of keys: the conversion's rows
+    device_dbias = zeros_f32(shape[0] * shape[1] * shape[2], 1, shape[3], sets);
+    ctx.dbias = TensorView::contiguous(
+        device_dbias.data(), DType::kFloat32,
+        {args.dbias.shape[0], args.dbias.shape[1], args.dbias.shape[2], args.dbias.shape[3]},
+        Device::kCUDA);
+    ctx.dbias.device_index = sets.index;
+  } else if (wants_dbias) {
     ctx.dbias = TensorView::contiguous(
         dbias_acc.data(), DType::kFloat32,
         {args.dbias.shape[0], args.dbias.shape[1], args.dbias.shape[2], args.dbias.shape[3]});
+  }
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim, sets);
   BackendKind used = BackendKind::kAuto;
@@ -384,7 +396,15 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       comm.all_reduce(dalpha.data(), int64_t(dalpha.size()), DType::kFloat32)->wait();
     for (int64_t h = 0; h < plan.heads_q; ++h) store(args.dsoftmax_offset, h, dalpha[size_t(h)]);
   }
-  if (wants_dbias) {
+  if (wants_dbias && sets.on_device()) {
+    if (cp_config.reduce_dbias) {
+      order_for_comm(comm, device_dbias);
+      comm.all_reduce(device_dbias.data(), args.dbias.numel(), DType::kFloat32)->wait();
+    }
+    // dbias is contiguous: its elements are the accumulator's, in order.
+    const Packed out = convert(device_dbias, args.dbias.dtype);
+    copy_bytes(args.dbias.data, out.data(), out.size_bytes(), sets);
+  } else if (wants_dbias) {
     if (cp_config.reduce_dbias)
       comm.all_reduce(dbias_acc.data(), int64_t(dbias_acc.size()), DType::kFloat32)->wait();
     for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
@@ -398,14 +418,11 @@ namespace {
 
 // Why a call over a device communicator cannot keep its chunk sets on the device (empty: it
 // can). Such a call takes the general algorithms through a host-staged view instead.
-std::string device_resident_refusal(const DeviceCommunicator& comm, const AttentionInputs& in,
-                                    bool wants_dbias) {
+std::string device_resident_refusal(const DeviceCommunicator& comm, const AttentionInputs& in) {
   if (in.q.device != Device::kCUDA) return "q is a host tensor";
   if (in.q.device_index != comm.device())
     return "q is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
            std::to_string(comm.device());
-  if (wants_dbias)
-    return "a bias gradient is requested (tile-local bias gradients are placed on the host)";
   return {};
 }
 
@@ -426,7 +443,7 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
     const bool registry = &tile_backends == &registered_backends();
     if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_forward(config, *device_comm, args, rng, workspace);
-    if (device_resident_refusal(*device_comm, args.in, false).empty()) {
+    if (device_resident_refusal(*device_comm, args.in).empty()) {
       HostStaging tables(args.in.q, args.stream);
       ForwardArgs resident = args;
       stage_sequence_tables(tables, resident.in);
@@ -455,7 +472,7 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   if (DeviceCommunicator* device_comm = comm.device_communicator()) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_backward(config, cp_config, *device_comm, args, workspace);
-    if (device_resident_refusal(*device_comm, args.in, args.dbias.ndim > 0).empty()) {
+    if (device_resident_refusal(*device_comm, args.in).empty()) {
       HostStaging tables(args.in.q, args.stream);
       BackwardArgs resident = args;
       stage_sequence_tables(tables, resident.in);

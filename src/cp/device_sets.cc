@@ -81,6 +81,15 @@ void sink_gradient_device(float* dalpha, const cuda::RowBlock& o, const cuda::Ro
   cuda::sink_gradient(dalpha, o, d_o, dtype, lse, heads, offsets, where.stream);
 }
 
+void add_tile_bias_gradient_device(float* out, const int64_t (&strides)[4], const float* tile,
+                                   int64_t batch, int64_t heads, int64_t rows, int64_t cols,
+                                   const int64_t* sequences, int64_t head_offset,
+                                   const Placement& where) {
+  const cuda::DeviceGuard guard(where.index);
+  cuda::add_tile_bias_gradient(out, strides, tile, batch, heads, rows, cols, sequences, head_offset,
+                               where.stream);
+}
+
 void order_after_device(void* waiting, const Placement& where) {
   const cuda::DeviceGuard guard(where.index);
   cuda::order_after(waiting, where.stream);
@@ -118,6 +127,10 @@ void finalize_device_rows(const cuda::RowBlock&, DType, float*, const cuda::RowB
 }
 void sink_gradient_device(float*, const cuda::RowBlock&, const cuda::RowBlock&, DType, const float*,
                           int64_t, const float*, const Placement&) {
+  throw no_cuda();
+}
+void add_tile_bias_gradient_device(float*, const int64_t (&)[4], const float*, int64_t, int64_t,
+                                   int64_t, int64_t, const int64_t*, int64_t, const Placement&) {
   throw no_cuda();
 }
 void order_after_device(void*, const Placement&) { throw no_cuda(); }

@@ -45,6 +45,10 @@ void finalize_device_rows(const cuda::RowBlock& o, DType dtype, float* lse,
 void sink_gradient_device(float* dalpha, const cuda::RowBlock& o, const cuda::RowBlock& d_o,
                           DType dtype, const float* lse, int64_t heads, const float* offsets,
                           const Placement& where);
+void add_tile_bias_gradient_device(float* out, const int64_t (&strides)[4], const float* tile,
+                                   int64_t batch, int64_t heads, int64_t rows, int64_t cols,
+                                   const int64_t* sequences, int64_t head_offset,
+                                   const Placement& where);
 // Work enqueued on `waiting` from now on runs after the placement's stream's work so far.
 void order_after_device(void* waiting, const Placement& where);
 

@@ -178,6 +178,7 @@ struct TileDbias {
   std::vector<float> values;
   int64_t batch = 0, heads = 0, rows = 0, cols = 0;
   std::vector<int64_t> valid_q, valid_kv;  // [b] rows / keys of each sequence in the tile
+  int64_t numel() const { return batch * heads * rows * cols; }
   TensorView view() {
     return TensorView::contiguous(values.data(), DType::kFloat32, {batch, heads, rows, cols});
   }
@@ -198,8 +199,35 @@ TileDbias tile_dbias(const TileContext& ctx, const SideTables& q_tables,
   d.heads = ctx.dbias.shape[1] == 1 ? 1 : local_heads;
   d.rows = ctx.dbias.shape[2] == 1 ? 1 : max_q;
   d.cols = max_kv;
-  d.values.assign(size_t(d.batch * d.heads * d.rows * d.cols), 0.0f);
+  // Device-resident tiles write theirs into a device set (add_tile_dbias_on_device).
+  if (!ctx.sets.on_device()) d.values.assign(size_t(d.numel()), 0.0f);
   return d;
+}
+
+// The same on the device: the tile-local gradient `local` (a device set of d.numel() fp32)
+// joins the unsharded device accumulator ctx.dbias at the tile's global positions.
+void add_tile_dbias_on_device(const TileContext& ctx, const TileDbias& d, const Packed& local,
+                              int q_chunk, int kv_chunk) {
+  const Geometry& g = *ctx.geometry;
+  const bool rows_broadcast = ctx.dbias.shape[2] == 1;
+  std::vector<int64_t> sequences;  // per b: valid rows, valid keys, q position, kv position
+  for (int64_t b = 0; b < d.batch; ++b) {
+    sequences.push_back(rows_broadcast ? 1 : d.valid_q[size_t(b)]);
+    sequences.push_back(d.valid_kv[size_t(b)]);
+    sequences.push_back(g.q.position(b, q_chunk));
+    sequences.push_back(g.kv.position(b, kv_chunk));
+  }
+  const size_t bytes = sequences.size() * sizeof(int64_t);
+  const std::shared_ptr<void> table = allocate_device_bytes(bytes, ctx.sets);
+  copy_bytes(table.get(), sequences.data(), bytes, ctx.sets);
+  synchronize(ctx.sets);  // the host table is released at return
+  const BroadcastLayout layout = BroadcastLayout::of(ctx.dbias);
+  const int64_t strides[4] = {layout.stride_batch, layout.stride_head, layout.stride_q,
+                              layout.stride_kv};
+  add_tile_bias_gradient_device(static_cast<float*>(ctx.dbias.data), strides,
+                                static_cast<const float*>(local.data()), d.batch, d.heads, d.rows,
+                                d.cols, static_cast<const int64_t*>(table.get()), ctx.head_offset,
+                                ctx.sets);
 }
 
 // Adds a tile-local bias gradient into the unsharded fp32 dbias at the tile's global positions.
@@ -366,10 +394,25 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
   args.rng = ctx.rng;
 
   const AttentionConfig config = tile_config(ctx);
-  if (resident) {  // the sets are the tile's tensors; bias gradients are not taken here
+  if (resident) {  // the sets are the tile's tensors
     args.lse = heads_major_view(lse_scratch, local_heads, rows_q);
     args.stream = in.q.set->place.stream;
-    out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
+    if (!ctx.dbias.defined()) {
+      out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
+      return out;
+    }
+    // The GPU tiles write dbias tile-local (as in the staged branch below); it joins the
+    // unsharded device accumulator at the tile's global positions.
+    const TileDbias local = tile_dbias(ctx, q_tables, kv_tables, local_heads);
+    Packed local_values(DType::kFloat32, local.numel(), 1, 1, ctx.sets);
+    fill(local_values, 0.0f);
+    TileContext local_ctx = ctx;
+    local_ctx.dbias =
+        TensorView::contiguous(local_values.data(), DType::kFloat32,
+                               {local.batch, local.heads, local.rows, local.cols}, Device::kCUDA);
+    local_ctx.dbias.device_index = ctx.sets.index;
+    out.backend = run_tile_backward(local_ctx, config, args, in.q.chunk, in.k.chunk, true);
+    add_tile_dbias_on_device(ctx, local, local_values, in.q.chunk, in.k.chunk);
     return out;
   }
   if (ctx.device == Device::kCUDA) {

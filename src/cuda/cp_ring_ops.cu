@@ -169,6 +169,27 @@ __global__ void sink_gradient_kernel(float* dalpha, RowBlock o, RowBlock d_o, co
   }
 }
 
+struct BiasStrides {
+  int64_t v[4];
+};
+
+__global__ void add_tile_bias_gradient_kernel(float* out, BiasStrides strides, const float* tile,
+                                              int64_t batch, int64_t heads, int64_t rows,
+                                              int64_t cols, const int64_t* sequences,
+                                              int64_t head_offset) {
+  const int64_t n = int64_t(heads) * rows * cols;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = e / (rows * cols), i = (e / cols) % rows, j = e % cols;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t* s = sequences + 4 * b;
+      if (i >= s[0] || j >= s[1]) continue;
+      out[b * strides.v[0] + (h + head_offset) * strides.v[1] + (i + s[2]) * strides.v[2] +
+          (j + s[3]) * strides.v[3]] += tile[((b * heads + h) * rows + i) * cols + j];
+    }
+  }
+}
+
 __global__ void fill_kernel(float* data, float value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -273,6 +294,17 @@ void copy_lse_rows(float* dst, const float* src, int64_t planes, int64_t src_row
   DPA_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(rows) * sizeof(float), src + first_row,
                                    size_t(src_rows) * sizeof(float), size_t(rows) * sizeof(float),
                                    size_t(planes), cudaMemcpyDeviceToDevice, as_stream(stream)));
+}
+
+void add_tile_bias_gradient(float* out, const int64_t (&strides)[4], const float* tile,
+                            int64_t batch, int64_t heads, int64_t rows, int64_t cols,
+                            const int64_t* sequences, int64_t head_offset, void* stream) {
+  const int64_t n = heads * rows * cols;
+  if (n == 0 || batch == 0) return;
+  const BiasStrides s{{strides[0], strides[1], strides[2], strides[3]}};
+  add_tile_bias_gradient_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(
+      out, s, tile, batch, heads, rows, cols, sequences, head_offset);
+  DPA_CUDA_CHECK_LAUNCH();
 }
 
 void fill_f32(float* data, float value, int64_t n, void* stream) {

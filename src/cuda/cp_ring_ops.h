@@ -49,6 +49,17 @@ void finalize_forward_rows(const RowBlock& o, DType dtype, float* lse, const Row
 void sink_gradient(float* dalpha, const RowBlock& o, const RowBlock& d_o, DType dtype,
                    const float* lse, int64_t heads, const float* offsets, void* stream);
 
+// Adds a tile-local fp32 bias gradient `tile` [batch, heads, rows, cols] (contiguous) into an
+// unsharded fp32 accumulator at the tile's global positions: element (b, h, i, j) goes to
+// out[b * strides[0] + (h + head_offset) * strides[1] + (i + q_position_b) * strides[2] +
+// (j + kv_position_b) * strides[3]] for i < valid_q_b and j < valid_kv_b (a broadcast dim has
+// stride 0 there). `sequences` (device memory) holds per b: valid_q, valid_kv, q_position,
+// kv_position. One thread per (h, i, j) takes the sequences in order, so a batch-broadcast
+// accumulator gets its sums in a fixed order.
+void add_tile_bias_gradient(float* out, const int64_t (&strides)[4], const float* tile,
+                            int64_t batch, int64_t heads, int64_t rows, int64_t cols,
+                            const int64_t* sequences, int64_t head_offset, void* stream);
+
 // dst [planes, rows] = src [planes, src_rows] columns [first_row, first_row + rows) (fp32).
 void copy_lse_rows(float* dst, const float* src, int64_t planes, int64_t src_rows,
                    int64_t first_row, int64_t rows, void* stream);
