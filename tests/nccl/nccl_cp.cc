@@ -458,15 +458,34 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
   CpConfig cp_config;
   cp_config.comm_type = CpCommType::kP2P;
   DeviceCall together_call(together, t, q, k, v, d_o, lse_shape_of(together, per_gpu), device);
-  auto run_cp = [&](Communicator& through, int runs) {
-    ContextParallelAttention attention(together.config, cp_config, through);
+  auto run_cp = [&](Communicator& through, int runs, const CpConfig& with) {
+    ContextParallelAttention attention(together.config, with, through);
     return time_call(
         together_call, runs, [&](const ForwardArgs& a) { return attention.forward(a); },
         [&](const BackwardArgs& a) { attention.backward(a); });
   };
   const std::string ring_refusal =
       cp::device_ring_refusal(together.config, cp_config, device_shaped(t, q, k, v), 0.0);
-  const Times ring = run_cp(*nccl, 20);
+  const Times ring = run_cp(*nccl, 20, cp_config);
+  // The other comm types over the same NCCL communicator: the device-resident general
+  // algorithms (docs/context_parallel.md). a2a needs H = 16 to be a multiple of cp; a2a_p2p
+  // takes groups of 2 from 4 ranks on.
+  struct General {
+    std::string name;
+    CpConfig config;
+    Times times;
+  };
+  std::vector<General> general;
+  auto add_general = [&](const std::string& name, CpCommType type, int group) {
+    CpConfig with;
+    with.comm_type = type;
+    with.a2a_group_size = group;
+    general.push_back({name, with, run_cp(*nccl, 10, with)});
+  };
+  add_general("all_gather", CpCommType::kAllGather, 0);
+  if (together.heads_q % cp == 0) add_general("a2a", CpCommType::kA2A, 0);
+  if (cp >= 4 && cp % 2 == 0 && together.heads_q % 2 == 0)
+    add_general("a2a_p2p (groups of 2)", CpCommType::kA2AP2P, 2);
   // One ring transfer of the backward's fp32 dK and dV (what the last step cannot hide).
   const size_t dkv_bytes = size_t(2 * per_gpu * together.heads_kv * together.head_dim_qk) * 4;
   DeviceTensor send_buffer(DType::kFloat32, {int64_t(dkv_bytes / 4)}, device);
@@ -479,7 +498,7 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
     received->wait();
   });
   const bool with_staged = settings.bench_staged;
-  const Times staged = with_staged ? run_cp(*comm, 3) : Times{};
+  const Times staged = with_staged ? run_cp(*comm, 3, cp_config) : Times{};
   if (env.rank == 0) {
     const double one_fwd = flops(alone, false) / one.forward * 1e-12;
     const double one_all = flops(alone, true) / one.forward_backward * 1e-12;
@@ -488,15 +507,18 @@ void run_cp_scaling(const LaunchEnv& env, int device, const CpPhaseSettings& set
       const double fwd = flops(together, false) / forward_s / cp * 1e-12;
       const double all = flops(together, true) / forward_backward_s / cp * 1e-12;
       std::printf(
-          "dpa_nccl_tests: cp scaling (p2p, causal, softcap 50, learnable sink, bf16, H=16, "
+          "dpa_nccl_tests: cp scaling (causal, softcap 50, learnable sink, bf16, H=16, "
           "d=128, %lld tokens per GPU, %s): forward cp=1 %.1f, cp=%d %.1f TFLOP/s per GPU "
           "(%.1f%% of ideal); forward+backward cp=1 %.1f, cp=%d %.1f TFLOP/s per GPU (%.1f%% of "
           "ideal)\n",
           static_cast<long long>(per_gpu), what.c_str(), one_fwd, cp, fwd, 100.0 * fwd / one_fwd,
           one_all, cp, all, 100.0 * all / one_all);
     };
-    report(ring_refusal.empty() ? "device ring" : "host-staged: " + ring_refusal, ring.forward,
+    report(ring_refusal.empty() ? "device ring" : "general p2p: " + ring_refusal, ring.forward,
            ring.forward_backward);
+    for (const General& g : general)
+      report(g.name + ", device-resident general algorithm, median of 10", g.times.forward,
+             g.times.forward_backward);
     report("the ring's tiles alone on one GPU, no communication or merges",
            one.forward + (cp - 1) * half_tile.forward,
            one.forward_backward + (cp - 1) * half_tile.forward_backward);
