@@ -176,26 +176,22 @@ int64_t lse_offset(const Geometry& g, const TensorView& t, int64_t b, int64_t h,
 
 namespace {
 
-// Device sets: LSE [.., H, rows] <-> [rows, H, 1], one strided 2-D copy of 4-byte elements per
-// (slot, sequence, head).
+// Device sets: LSE [.., H, rows] <-> [rows, H, 1], one strided copy per (slot, sequence).
 void copy_lse_rows(const Geometry& g, const Packed& packed, const TensorView& local,
                    bool to_local) {
   const int64_t heads = packed.heads;
-  const size_t row_pitch = sizeof(float) * size_t(local.strides[local.ndim - 1]);
+  const int64_t set_strides[2] = {heads, 1};  // (row, head)
+  const int64_t local_strides[2] = {local.strides[local.ndim - 1], local.strides[local.ndim - 2]};
   auto* set = static_cast<float*>(const_cast<void*>(packed.data()));
   for (int64_t slot = 0; slot < 2; ++slot)
     for (int64_t b = 0; b < g.batch; ++b) {
       const int64_t rows = g.q.chunk[size_t(b)];
-      for (int64_t h = 0; h < heads; ++h) {
-        float* set_at = set + (slot * g.q.rows_per_chunk + g.q.prefix[size_t(b)]) * heads + h;
-        float* local_at = static_cast<float*>(local.data) + lse_offset(g, local, b, h, slot * rows);
-        if (to_local)
-          copy_rows(local_at, row_pitch, set_at, sizeof(float) * size_t(heads), sizeof(float),
-                    size_t(rows), packed.place);
-        else
-          copy_rows(set_at, sizeof(float) * size_t(heads), local_at, row_pitch, sizeof(float),
-                    size_t(rows), packed.place);
-      }
+      float* set_at = set + (slot * g.q.rows_per_chunk + g.q.prefix[size_t(b)]) * heads;
+      float* local_at = static_cast<float*>(local.data) + lse_offset(g, local, b, 0, slot * rows);
+      if (to_local)
+        copy_strided(local_at, local_strides, set_at, set_strides, rows, heads, packed.place);
+      else
+        copy_strided(set_at, set_strides, local_at, local_strides, rows, heads, packed.place);
     }
 }
 

@@ -38,6 +38,13 @@ void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, s
                                    static_cast<cudaStream_t>(where.stream)));
 }
 
+void copy_strided(float* dst, const int64_t (&dst_strides)[2], const float* src,
+                  const int64_t (&src_strides)[2], int64_t extent0, int64_t extent1,
+                  const Placement& where) {
+  const cuda::DeviceGuard guard(where.index);
+  cuda::copy_strided_f32(dst, dst_strides, src, src_strides, extent0, extent1, where.stream);
+}
+
 void fill_device_f32(void* data, float value, int64_t n, const Placement& where) {
   if (n == 0) return;
   const cuda::DeviceGuard guard(where.index);
@@ -107,6 +114,10 @@ Error no_cuda() {
 std::shared_ptr<void> allocate_device_bytes(size_t, const Placement&) { throw no_cuda(); }
 void copy_bytes(void*, const void*, size_t, const Placement&) { throw no_cuda(); }
 void copy_rows(void*, size_t, const void*, size_t, size_t, size_t, const Placement&) {
+  throw no_cuda();
+}
+void copy_strided(float*, const int64_t (&)[2], const float*, const int64_t (&)[2], int64_t,
+                  int64_t, const Placement&) {
   throw no_cuda();
 }
 void fill_device_f32(void*, float, int64_t, const Placement&) { throw no_cuda(); }

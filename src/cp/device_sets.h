@@ -24,6 +24,11 @@ void copy_bytes(void* dst, const void* src, size_t bytes, const Placement& where
 void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                size_t height, const Placement& where);
 
+// fp32 elements between two strided 2-D layouts (cuda/cp_ring_ops.h, copy_strided_f32).
+void copy_strided(float* dst, const int64_t (&dst_strides)[2], const float* src,
+                  const int64_t (&src_strides)[2], int64_t extent0, int64_t extent1,
+                  const Placement& where);
+
 // n fp32 values set to `value`.
 void fill_device_f32(void* data, float value, int64_t n, const Placement& where);
 

@@ -119,20 +119,14 @@ void attach_aux(const TileContext& ctx, AttentionProblem& p) {
   }
 }
 
-// Device-resident tiles: [Hl, rows] (the backends' thd LSE) <-> the rows [rows, Hl] of a set,
-// one strided copy of 4-byte elements per head.
+// Device-resident tiles: [Hl, rows] (the backends' thd LSE) <-> the rows [rows, Hl] of a set.
 void copy_lse_heads(float* heads_major, float* rows_major, int64_t heads, int64_t rows,
                     bool to_rows, const Placement& where) {
-  for (int64_t h = 0; h < heads; ++h) {
-    float* row_side = rows_major + h;
-    float* head_side = heads_major + h * rows;
-    if (to_rows)
-      copy_rows(row_side, size_t(heads) * sizeof(float), head_side, sizeof(float), sizeof(float),
-                size_t(rows), where);
-    else
-      copy_rows(head_side, sizeof(float), row_side, size_t(heads) * sizeof(float), sizeof(float),
-                size_t(rows), where);
-  }
+  const int64_t by_heads[2] = {rows, 1}, by_rows[2] = {1, heads};  // (head, row)
+  if (to_rows)
+    copy_strided(rows_major, by_rows, heads_major, by_heads, heads, rows, where);
+  else
+    copy_strided(heads_major, by_heads, rows_major, by_rows, heads, rows, where);
 }
 
 // A device view of an fp32 [heads, rows] scratch set.

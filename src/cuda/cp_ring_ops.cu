@@ -190,6 +190,16 @@ __global__ void add_tile_bias_gradient_kernel(float* out, BiasStrides strides, c
   }
 }
 
+__global__ void copy_strided_kernel(float* dst, int64_t dst0, int64_t dst1, const float* src,
+                                    int64_t src0, int64_t src1, int64_t extent0, int64_t extent1) {
+  const int64_t n = extent0 * extent1;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / extent1, j = e % extent1;
+    dst[i * dst0 + j * dst1] = src[i * src0 + j * src1];
+  }
+}
+
 __global__ void fill_kernel(float* data, float value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -304,6 +314,16 @@ void add_tile_bias_gradient(float* out, const int64_t (&strides)[4], const float
   const BiasStrides s{{strides[0], strides[1], strides[2], strides[3]}};
   add_tile_bias_gradient_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(
       out, s, tile, batch, heads, rows, cols, sequences, head_offset);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void copy_strided_f32(float* dst, const int64_t (&dst_strides)[2], const float* src,
+                      const int64_t (&src_strides)[2], int64_t extent0, int64_t extent1,
+                      void* stream) {
+  const int64_t n = extent0 * extent1;
+  if (n == 0) return;
+  copy_strided_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(
+      dst, dst_strides[0], dst_strides[1], src, src_strides[0], src_strides[1], extent0, extent1);
   DPA_CUDA_CHECK_LAUNCH();
 }
 

@@ -60,6 +60,13 @@ void add_tile_bias_gradient(float* out, const int64_t (&strides)[4], const float
                             int64_t batch, int64_t heads, int64_t rows, int64_t cols,
                             const int64_t* sequences, int64_t head_offset, void* stream);
 
+// dst[i * dst_strides[0] + j * dst_strides[1]] = src[i * src_strides[0] + j * src_strides[1]]
+// for i < extent0, j < extent1 (fp32, strides in elements): the LSE's transposes between a
+// chunk set's [rows, H] and the tensors' [.., H, rows].
+void copy_strided_f32(float* dst, const int64_t (&dst_strides)[2], const float* src,
+                      const int64_t (&src_strides)[2], int64_t extent0, int64_t extent1,
+                      void* stream);
+
 // dst [planes, rows] = src [planes, src_rows] columns [first_row, first_row + rows) (fp32).
 void copy_lse_rows(float* dst, const float* src, int64_t planes, int64_t src_rows,
                    int64_t first_row, int64_t rows, void* stream);
