@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/call_rng.h"
@@ -164,7 +165,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     v_local = replicate_heads(v_local, plan.kv_replication);
   }
   const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
-  Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
+  Packed k = to_heads(comm, plan, std::move(k_local)), v = to_heads(comm, plan, std::move(v_local));
 
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
   ctx.backends = &tile_backends;
@@ -194,7 +195,9 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     attend(gathered.k, gathered.v, gathered.chunks);
   } else {
     const int n = plan.ring_size();
-    Packed next_k = k, next_v = v;
+    // Receive buffers (every one is received into before it is read).
+    Packed next_k = Packed::alike(k, k.dtype, k.rows, k.heads, k.dim);
+    Packed next_v = Packed::alike(v, v.dtype, v.rows, v.heads, v.dim);
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending;
       if (step + 1 < n) pending = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
@@ -209,8 +212,8 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   FinalRows final_rows =
       finish_rows(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc, q.dtype);
 
-  const Packed o = to_sequence(comm, plan, final_rows.o);
-  const Packed lse = to_sequence(comm, plan, final_rows.lse);
+  const Packed o = to_sequence(comm, plan, std::move(final_rows.o));
+  const Packed lse = to_sequence(comm, plan, std::move(final_rows.lse));
   unpack_local(g, g.q, o, args.o);
   unpack_lse(g, lse, args.lse);
   if (sets.on_device()) synchronize(sets);  // the outputs are in place, for any stream
@@ -269,7 +272,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   const Packed o = to_heads(comm, plan, pack_local(g, g.q, args.o, sets));
   const Packed d_o = to_heads(comm, plan, pack_local(g, g.q, args.d_o, sets));
   const Packed lse = to_heads(comm, plan, pack_lse(g, args.lse, plan.heads_q, sets));
-  Packed k = to_heads(comm, plan, k_local), v = to_heads(comm, plan, v_local);
+  Packed k = to_heads(comm, plan, std::move(k_local)), v = to_heads(comm, plan, std::move(v_local));
 
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
   ctx.device = tiles.device;
@@ -357,7 +360,11 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     // KV travels the ring ahead of the compute; dKV follows it after each step and arrives
     // back at its owner after n transfers.
     const int n = plan.ring_size();
-    Packed next_k = k, next_v = v, next_dk = dk_acc, next_dv = dv_acc;
+    // Receive buffers (every one is received into before it is read).
+    Packed next_k = Packed::alike(k, k.dtype, k.rows, k.heads, k.dim);
+    Packed next_v = Packed::alike(v, v.dtype, v.rows, v.heads, v.dim);
+    Packed next_dk = Packed::alike(dk_acc, DType::kFloat32, dk_acc.rows, dk_acc.heads, dk_acc.dim);
+    Packed next_dv = Packed::alike(dv_acc, DType::kFloat32, dv_acc.rows, dv_acc.heads, dv_acc.dim);
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending_kv;
       if (step + 1 < n) pending_kv = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
@@ -377,12 +384,13 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     }
   }
 
-  Packed dk_local = to_sequence(comm, plan, dk_acc), dv_local = to_sequence(comm, plan, dv_acc);
+  Packed dk_local = to_sequence(comm, plan, std::move(dk_acc)),
+         dv_local = to_sequence(comm, plan, std::move(dv_acc));
   if (plan.kv_replication > 1) {
     dk_local = sum_replicas(dk_local, plan.kv_replication);
     dv_local = sum_replicas(dv_local, plan.kv_replication);
   }
-  unpack_local(g, g.q, to_sequence(comm, plan, dq_acc), args.dq);
+  unpack_local(g, g.q, to_sequence(comm, plan, std::move(dq_acc)), args.dq);
   unpack_local(g, g.kv, dk_local, args.dk);
   unpack_local(g, g.kv, dv_local, args.dv);
   if (wants_dalpha && sets.on_device()) {

@@ -44,13 +44,13 @@ Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send
 }
 
 // Sequence shards -> head shards: [2T, H, d] -> [a * 2T, H / a, d] (the group's chunks).
-Packed to_heads(Communicator& comm, const Plan& plan, const Packed& local) {
+Packed to_heads(Communicator& comm, const Plan& plan, Packed local) {
   if (plan.a2a == 1) return local;
   return group_all_to_all(comm, plan, split_heads(local, plan.a2a));
 }
 
 // Head shards -> sequence shards: the inverse of to_heads.
-Packed to_sequence(Communicator& comm, const Plan& plan, const Packed& heads) {
+Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads) {
   if (plan.a2a == 1) return heads;
   return merge_heads(group_all_to_all(comm, plan, heads), plan.a2a);
 }

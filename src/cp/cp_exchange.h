@@ -15,8 +15,9 @@ constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherD
 
 // [a][rows][h][d] blocks: block d goes to group member d; block s comes from member s.
 Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send);
-Packed to_heads(Communicator& comm, const Plan& plan, const Packed& local);
-Packed to_sequence(Communicator& comm, const Plan& plan, const Packed& heads);
+// By value: without a2a the set passes through (moved, not copied).
+Packed to_heads(Communicator& comm, const Plan& plan, Packed local);
+Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads);
 Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim, const Placement& where = {});
 
 // Before a device set is sent or received into over a device communicator, the communicator's
