@@ -114,6 +114,13 @@ void add_sink(const AttentionConfig& config, const TensorView& offsets, int64_t 
   }
 }
 
+// 0, 1, ..., n - 1: every slot of a set of n chunks.
+std::vector<size_t> every_slot(size_t n) {
+  std::vector<size_t> slots(n);
+  for (size_t i = 0; i < n; ++i) slots[i] = i;
+  return slots;
+}
+
 // After every tile: the sink once per row and o in the storage dtype (device sets: one kernel).
 struct FinalRows {
   Packed o, lse;
@@ -178,9 +185,11 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   fill(lse_acc, kNegInf);
   BackendKind used = BackendKind::kAuto;
 
-  auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks) {
+  // The tiles of the query chunks against key slots `slots` of a set holding `kv_chunks`.
+  auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
+                    const std::vector<size_t>& slots) {
     for (size_t qs = 0; qs < q_chunks.size(); ++qs)
-      for (size_t ks = 0; ks < kv_chunks.size(); ++ks) {
+      for (size_t ks : slots) {
         if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
         TileForwardOut tile =
             tile_forward(ctx, {&q, int64_t(qs), q_chunks[qs]}, {&keys, int64_t(ks), kv_chunks[ks]},
@@ -191,8 +200,11 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   };
 
   if (plan.all_gather) {
-    const GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
-    attend(gathered.k, gathered.v, gathered.chunks);
+    // This rank's own chunks first, while the peers' are in flight.
+    GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
+    attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots);
+    wait_all(gathered.pending);
+    attend(gathered.k, gathered.v, gathered.chunks, gathered.peer_slots);
   } else {
     const int n = plan.ring_size();
     // Receive buffers (every one is received into before it is read).
@@ -201,7 +213,8 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending;
       if (step + 1 < n) pending = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
-      attend(k, v, plan.group_chunks((plan.group - step + n) % n));
+      const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
+      attend(k, v, chunks, every_slot(chunks.size()));
       wait_all(pending);
       if (step + 1 < n) {
         std::swap(k, next_k);
@@ -328,9 +341,9 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   }
 
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
-                    Packed& dk_acc, Packed& dv_acc) {
+                    const std::vector<size_t>& slots, Packed& dk_acc, Packed& dv_acc) {
     for (size_t qs = 0; qs < q_chunks.size(); ++qs)
-      for (size_t ks = 0; ks < kv_chunks.size(); ++ks) {
+      for (size_t ks : slots) {
         if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
         TileBackwardIn in;
         in.q = {&q, int64_t(qs), q_chunks[qs]};
@@ -351,10 +364,12 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   Packed dk_acc = zeros_f32(k.rows, k.heads, k.dim, sets),
          dv_acc = zeros_f32(v.rows, v.heads, v.dim, sets);
   if (plan.all_gather) {
-    const GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
+    GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
     Packed dk_gathered = zeros_f32(gathered.k.rows, k.heads, k.dim, sets);
     Packed dv_gathered = zeros_f32(gathered.v.rows, v.heads, v.dim, sets);
-    attend(gathered.k, gathered.v, gathered.chunks, dk_gathered, dv_gathered);
+    attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots, dk_gathered, dv_gathered);
+    wait_all(gathered.pending);
+    attend(gathered.k, gathered.v, gathered.chunks, gathered.peer_slots, dk_gathered, dv_gathered);
     return_gradients(comm, plan, ctx, gathered, dk_gathered, dv_gathered, dk_acc, dv_acc);
   } else {
     // KV travels the ring ahead of the compute; dKV follows it after each step and arrives
@@ -368,7 +383,8 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending_kv;
       if (step + 1 < n) pending_kv = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
-      attend(k, v, plan.group_chunks((plan.group - step + n) % n), dk_acc, dv_acc);
+      const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
+      attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc);
       if (n > 1) {
         std::vector<CommHandle> pending_dkv =
             ring_exchange(comm, plan, dk_acc, dv_acc, next_dk, next_dv, kTagDk, kTagDv);

@@ -1,6 +1,7 @@
 #include "cp/window_gather.h"
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cp/comm_requests.h"
@@ -81,12 +82,15 @@ GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext
     if (owner.rank == me) {
       copy_slot(out.k, i, k, owner.slot, rows);
       copy_slot(out.v, i, v, owner.slot, rows);
+      out.own_slots.push_back(size_t(i));
       continue;
     }
+    out.peer_slots.push_back(size_t(i));
     pending.push_back(comm.recv(slot_bytes(out.k, i, rows), k_bytes, owner.rank, kTagGatherK));
     pending.push_back(comm.recv(slot_bytes(out.v, i, rows), v_bytes, owner.rank, kTagGatherV));
   }
-  wait_all(pending);
+  if (DeviceCommunicator* device_comm = comm.device_communicator()) device_comm->start_pending();
+  out.pending = std::move(pending);
   return out;
 }
 

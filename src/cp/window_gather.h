@@ -10,10 +10,15 @@
 
 namespace dpa::cp {
 
-// The chunks this rank needs, K and V each in one set (slot i holds chunks[i]).
+// The chunks this rank needs, K and V each in one set (slot i holds chunks[i]). gather_needed
+// returns once every transfer is posted: the own slots (this rank's chunks) are filled, the
+// peer slots are being received; wait on `pending` (which also holds the sends of this rank's
+// chunks to the peers that need them) before reading those.
 struct GatheredKv {
   std::vector<int> chunks;
+  std::vector<size_t> own_slots, peer_slots;
   Packed k, v;
+  std::vector<CommHandle> pending;
 };
 
 GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext& ctx,
