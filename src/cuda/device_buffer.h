@@ -1,5 +1,6 @@
 // Device workspace. Inside a WorkspaceScope (a call given the caller's workspace) buffers are
-// carved from that block; otherwise they are stream-ordered (cudaMallocAsync / cudaFreeAsync):
+// carved from that block; otherwise they are stream-ordered (from the library's pool,
+// cuda/memory_pool.h, and cudaFreeAsync):
 // allocation and release are ordered with the kernels that use them, so no synchronisation is
 // needed either way.
 #pragma once
@@ -12,6 +13,7 @@
 
 #include "core/workspace.h"
 #include "cuda/cuda_check.h"
+#include "cuda/memory_pool.h"
 
 namespace dpa::cuda {
 
@@ -51,13 +53,17 @@ class DeviceBuffer {
     if (bytes == 0) return;
     if (arena != nullptr) data_ = arena->take(bytes);
     owned_ = data_ == nullptr;
-    if (owned_) DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+    if (!owned_) return;
+    if (cudaMemPool_t pool = library_memory_pool())
+      DPA_CUDA_CHECK(cudaMallocFromPoolAsync(&data_, bytes, pool, stream));
+    else
+      DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
   }
 
   void* data_ = nullptr;
   cudaStream_t stream_ = nullptr;
   size_t bytes_ = 0;
-  bool owned_ = false;  // from cudaMallocAsync (else a block of the caller's workspace)
+  bool owned_ = false;  // stream-ordered memory of its own (else a block of the caller's workspace)
 };
 
 // Uploads a small host array (e.g. per-sequence lengths) into a fresh device buffer.
