@@ -253,8 +253,9 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   if (wants_dbias) {
     require(config.bias_type != BiasType::kNoBias, "dbias", "is requested but there is no bias");
     require(args.dbias.dtype == args.in.bias.dtype && args.dbias.is_contiguous() &&
-                args.dbias.ndim == 4,
-            "dbias", "must be a contiguous tensor with bias's dtype");
+                args.dbias.ndim == 4 && args.dbias.device == args.in.q.device &&
+                args.dbias.device_index == args.in.q.device_index,
+            "dbias", "must be a contiguous tensor with bias's dtype, on q's device");
     for (int d = 0; d < 4; ++d)
       require(args.dbias.shape[d] == args.in.bias.shape[d], "dbias",
               "must have the shape of bias " + args.in.bias.shape_string());
@@ -442,8 +443,11 @@ namespace {
 
 // Why a call over a device communicator cannot keep its chunk sets on the device (empty: it
 // can). Such a call takes the general algorithms through a host-staged view instead.
-std::string device_resident_refusal(const DeviceCommunicator& comm, const AttentionInputs& in) {
+std::string device_resident_refusal(const DeviceCommunicator& comm, const AttentionInputs& in,
+                                    const TensorView& dbias = {}) {
   if (in.q.device != Device::kCUDA) return "q is a host tensor";
+  if (dbias.ndim > 0 && dbias.dtype == DType::kFloat64)
+    return "an fp64 bias gradient is requested (the device conversion takes fp16, bf16, fp32)";
   if (in.q.device_index != comm.device())
     return "q is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
            std::to_string(comm.device());
@@ -496,7 +500,7 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   if (DeviceCommunicator* device_comm = comm.device_communicator()) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_backward(config, cp_config, *device_comm, args, workspace);
-    if (device_resident_refusal(*device_comm, args.in).empty()) {
+    if (device_resident_refusal(*device_comm, args.in, args.dbias).empty()) {
       HostStaging tables(args.in.q, args.stream);
       BackwardArgs resident = args;
       stage_sequence_tables(tables, resident.in);

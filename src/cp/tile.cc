@@ -213,8 +213,8 @@ void add_tile_dbias_on_device(const TileContext& ctx, const TileDbias& d, const 
   }
   const size_t bytes = sequences.size() * sizeof(int64_t);
   const std::shared_ptr<void> table = allocate_device_bytes(bytes, ctx.sets);
+  // A pageable-memory copy is staged before cudaMemcpyAsync returns: the host table may go.
   copy_bytes(table.get(), sequences.data(), bytes, ctx.sets);
-  synchronize(ctx.sets);  // the host table is released at return
   const BroadcastLayout layout = BroadcastLayout::of(ctx.dbias);
   const int64_t strides[4] = {layout.stride_batch, layout.stride_head, layout.stride_q,
                               layout.stride_kv};

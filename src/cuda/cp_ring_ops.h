@@ -54,8 +54,9 @@ void sink_gradient(float* dalpha, const RowBlock& o, const RowBlock& d_o, DType 
 // out[b * strides[0] + (h + head_offset) * strides[1] + (i + q_position_b) * strides[2] +
 // (j + kv_position_b) * strides[3]] for i < valid_q_b and j < valid_kv_b (a broadcast dim has
 // stride 0 there). `sequences` (device memory) holds per b: valid_q, valid_kv, q_position,
-// kv_position. One thread per (h, i, j) takes the sequences in order, so a batch-broadcast
-// accumulator gets its sums in a fixed order.
+// kv_position. One thread per (h, i, j) takes the sequences in order; with a batch-broadcast
+// accumulator (strides[0] == 0) each sequence is its own launch, in order, so that sums never
+// race and come in a fixed order.
 void add_tile_bias_gradient(float* out, const int64_t (&strides)[4], const float* tile,
                             int64_t batch, int64_t heads, int64_t rows, int64_t cols,
                             const int64_t* sequences, int64_t head_offset, void* stream);

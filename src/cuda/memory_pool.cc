@@ -7,33 +7,53 @@
 #include "cuda/cuda_check.h"
 
 namespace dpa::cuda {
+namespace {
 
-cudaMemPool_t library_memory_pool() {
-  static std::mutex mutex;
-  static std::vector<cudaMemPool_t> pools;  // by device; nullptr: not created or unsupported
-  static std::vector<bool> asked;
-  int device = 0;
-  DPA_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (size_t(device) >= pools.size()) {
-    pools.resize(size_t(device) + 1, nullptr);
-    asked.resize(size_t(device) + 1, false);
-  }
-  if (asked[size_t(device)]) return pools[size_t(device)];
-  asked[size_t(device)] = true;
+// A pool on `device` keeping kLibraryPoolKeptBytes, or nullptr when the device has no pools or
+// the driver refuses one (the default pool then serves, as before).
+cudaMemPool_t create_pool(int device) {
   int supported = 0;
-  DPA_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
-  if (!supported) return nullptr;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
+      !supported) {
+    cudaGetLastError();
+    return nullptr;
+  }
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = device;
   cudaMemPool_t pool = nullptr;
-  DPA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
   uint64_t kept = kLibraryPoolKeptBytes;
-  DPA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &kept));
-  pools[size_t(device)] = pool;  // lives as long as the process (the driver frees it at exit)
-  return pool;
+  if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &kept) != cudaSuccess) {
+    cudaGetLastError();
+    cudaMemPoolDestroy(pool);
+    return nullptr;
+  }
+  return pool;  // lives as long as the process (the driver frees it at exit)
+}
+
+}  // namespace
+
+cudaMemPool_t library_memory_pool(cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;  // by device
+  static std::vector<bool> created;
+  int device = 0;
+  DPA_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (size_t(device) >= pools.size()) {
+    pools.resize(size_t(device) + 1, nullptr);
+    created.resize(size_t(device) + 1, false);
+  }
+  if (!created[size_t(device)]) {
+    pools[size_t(device)] = create_pool(device);
+    created[size_t(device)] = true;
+  }
+  return pools[size_t(device)];
 }
 
 }  // namespace dpa::cuda

@@ -14,8 +14,9 @@ namespace dpa::cuda {
 
 constexpr size_t kLibraryPoolKeptBytes = size_t(4) << 30;
 
-// The current device's pool, created on first use; nullptr where the device has no memory
-// pools (cudaDevAttrMemoryPoolsSupported is 0), in which case the caller takes the default one.
-cudaMemPool_t library_memory_pool();
+// The pool of `stream`'s device (the legacy default stream: the current device), created on
+// first use; nullptr where the device has no memory pools or the driver refuses one, in which
+// case the caller takes the default pool.
+cudaMemPool_t library_memory_pool(cudaStream_t stream);
 
 }  // namespace dpa::cuda
