@@ -441,17 +441,15 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
 
 namespace {
 
-// Why a call over a device communicator cannot keep its chunk sets on the device (empty: it
-// can). Such a call takes the general algorithms through a host-staged view instead.
-std::string device_resident_refusal(const DeviceCommunicator& comm, const AttentionInputs& in,
-                                    const TensorView& dbias = {}) {
-  if (in.q.device != Device::kCUDA) return "q is a host tensor";
-  if (dbias.ndim > 0 && dbias.dtype == DType::kFloat64)
-    return "an fp64 bias gradient is requested (the device conversion takes fp16, bf16, fp32)";
-  if (in.q.device_index != comm.device())
-    return "q is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
-           std::to_string(comm.device());
-  return {};
+// Whether a call over a device communicator keeps its chunk sets on the device: CUDA tensors
+// do, on the communicator's device (another device is an error, not a slower path); host
+// tensors go through a host-staged view of the communicator.
+bool device_resident(const DeviceCommunicator& comm, const AttentionInputs& in) {
+  if (in.q.device != Device::kCUDA) return false;
+  require(in.q.device_index == comm.device(), "q",
+          "is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
+              std::to_string(comm.device()));
+  return true;
 }
 
 // The device-resident call's placement: tiles and sets on q's device, on the caller's stream.
@@ -471,7 +469,7 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
     const bool registry = &tile_backends == &registered_backends();
     if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_forward(config, *device_comm, args, rng, workspace);
-    if (device_resident_refusal(*device_comm, args.in).empty()) {
+    if (device_resident(*device_comm, args.in)) {
       HostStaging tables(args.in.q, args.stream);
       ForwardArgs resident = args;
       stage_sequence_tables(tables, resident.in);
@@ -500,7 +498,7 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
   if (DeviceCommunicator* device_comm = comm.device_communicator()) {
     if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
       return device_ring_backward(config, cp_config, *device_comm, args, workspace);
-    if (device_resident_refusal(*device_comm, args.in, args.dbias).empty()) {
+    if (device_resident(*device_comm, args.in)) {
       HostStaging tables(args.in.q, args.stream);
       BackwardArgs resident = args;
       stage_sequence_tables(tables, resident.in);

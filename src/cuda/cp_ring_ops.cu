@@ -256,6 +256,11 @@ void accumulate_rows(const RowBlock& acc, const RowBlock& tile, DType tile_dtype
 void convert_rows(const RowBlock& dst, DType dst_dtype, const RowBlock& src, void* stream) {
   const int64_t rows = dst.batch * dst.rows;
   if (rows == 0 || dst.width == 0) return;
+  if (dst_dtype == DType::kFloat64) {  // an fp64 bias gradient (the only fp64 rows)
+    convert_kernel<double><<<row_grid(rows), kRowThreads, 0, as_stream(stream)>>>(dst, src, false);
+    DPA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const bool vectorized = vectorizable(src, dst);
   with_storage_type(dst_dtype, [&](auto t) {
     convert_kernel<decltype(t)>

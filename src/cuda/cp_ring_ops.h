@@ -24,7 +24,7 @@ struct RowBlock {
 // width.
 void accumulate_rows(const RowBlock& acc, const RowBlock& tile, DType tile_dtype, void* stream);
 
-// dst (dtype) = src (fp32).
+// dst (dtype: fp16, bf16, fp32 or fp64) = src (fp32).
 void convert_rows(const RowBlock& dst, DType dst_dtype, const RowBlock& src, void* stream);
 
 // Merges a partial (o_tile in `tile_dtype`, lse_tile fp32 [batch, heads, rows] contiguous) into

@@ -27,6 +27,10 @@ template <>
 __device__ __forceinline__ float from_float<float>(float x) {
   return x;
 }
+template <>
+__device__ __forceinline__ double from_float<double>(float x) {
+  return double(x);
+}
 
 // max(a, b) that keeps NaN (fmaxf drops it): a row max over logits with a NaN must be NaN,
 // or a row whose logits are all NaN (or NaN among -inf) would read as an empty row

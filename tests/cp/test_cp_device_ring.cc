@@ -245,6 +245,30 @@ TEST(DeviceRing, ChecksArgumentsBeforeTheFirstTransfer) {
   expect_error(uneven_heads, five_kv_heads, "k");
 }
 
+// A call the ring does not take (a window) goes to the device-resident general algorithms; CUDA
+// tensors on another device than the communicator's are an error there too, not a slower path.
+TEST(DeviceRing, TheGeneralAlgorithmsRefuseAnotherDeviceByName) {
+  UnusedNccl comm;
+  RingCall call;
+  call.config.window_left = 255;
+  ASSERT_NE(call.refusal(), "") << "the ring must not take a windowed call";
+  ForwardArgs args;
+  args.in = call.in;
+  args.o = RingCall::cuda_tensor({1, 4096, 16, 128});
+  args.lse = RingCall::cuda_tensor({1, 16, 4096}, DType::kFloat32);
+  for (TensorView* t :
+       {&args.in.q, &args.in.k, &args.in.v, &args.o, &args.lse, &args.in.softmax_offset})
+    t->device_index = 1;
+  ContextParallelAttention attention(call.config, call.cp, comm);
+  try {
+    attention.forward(args);
+    ADD_FAILURE() << "a q on device 1 over a communicator on device 0 was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_EQ(e.argument(), "q") << e.what();
+  }
+}
+
 #else
 
 TEST(DeviceRing, NeedsCuda) { EXPECT_EQ(RingCall().refusal(), "a build without CUDA"); }
