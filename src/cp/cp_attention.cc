@@ -50,27 +50,12 @@ double sink_of(const AttentionConfig& config, const TensorView& offsets, int64_t
   return -std::numeric_limits<double>::infinity();
 }
 
-// A set's rows as a device block of `count` one-row "sequences" (rows from `first`), the layout
-// the device merge kernels index: their [batch, heads, rows] LSE is then the set's [rows, H].
-cuda::RowBlock row_items(const Packed& set, int64_t first, int64_t count) {
-  const int64_t width = set.heads * set.dim;
-  cuda::RowBlock block;
-  block.data = static_cast<unsigned char*>(const_cast<void*>(set.data())) +
-               size_t(first * width) * dtype_size(set.dtype);
-  block.batch = count;
-  block.rows = 1;
-  block.width = width;
-  block.batch_stride = width;
-  block.row_stride = width;
-  return block;
-}
-
 // fp32 LSE merge of a tile's partial into the accumulators (rows from `first_row`).
 void merge_partial(Packed& o_acc, Packed& lse_acc, int64_t first_row, const TileForwardOut& tile) {
   const int64_t heads = lse_acc.heads, dv = o_acc.dim;
   if (o_acc.place.on_device()) {
-    merge_device_rows(row_items(o_acc, first_row, tile.lse.rows),
-                      lse_acc.f32_data() + first_row * heads, row_items(tile.o, 0, tile.lse.rows),
+    merge_device_rows(set_rows(o_acc, first_row, tile.lse.rows),
+                      lse_acc.f32_data() + first_row * heads, set_rows(tile.o, 0, tile.lse.rows),
                       tile.o.dtype, static_cast<const float*>(tile.lse.data()), heads, o_acc.place);
     return;
   }
@@ -135,8 +120,8 @@ FinalRows finish_rows(const AttentionConfig& config, const TensorView& offsets, 
                 Packed::alike(lse_acc, DType::kFloat32, lse_acc.rows, lse_acc.heads, 1)};
   const float* head_offsets =
       offsets.defined() ? static_cast<const float*>(offsets.data) + head_offset : nullptr;
-  finalize_device_rows(row_items(out.o, 0, o_acc.rows), dtype, out.lse.f32_data(),
-                       row_items(o_acc, 0, o_acc.rows), lse_acc.f32_data(), lse_acc.heads,
+  finalize_device_rows(set_rows(out.o, 0, o_acc.rows), dtype, out.lse.f32_data(),
+                       set_rows(o_acc, 0, o_acc.rows), lse_acc.f32_data(), lse_acc.heads,
                        int(config.softmax_type), head_offsets, o_acc.place);
   return out;
 }
@@ -322,8 +307,8 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   if (wants_dalpha && sets.on_device()) {
     device_dalpha = zeros_f32(plan.heads_q, 1, 1, sets);
     sink_gradient_device(
-        device_dalpha.f32_data() + ctx.head_offset, row_items(o, 0, q.rows),
-        row_items(d_o, 0, q.rows), o.dtype, static_cast<const float*>(lse.data()), q.heads,
+        device_dalpha.f32_data() + ctx.head_offset, set_rows(o, 0, q.rows),
+        set_rows(d_o, 0, q.rows), o.dtype, static_cast<const float*>(lse.data()), q.heads,
         static_cast<const float*>(args.in.softmax_offset.data) + ctx.head_offset, sets);
   } else if (wants_dalpha) {
     for (int64_t r = 0; r < q.rows; ++r)

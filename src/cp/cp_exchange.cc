@@ -1,7 +1,6 @@
 #include "cp/cp_exchange.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "cp/device_sets.h"
 
@@ -28,10 +27,7 @@ Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send
   std::vector<CommHandle> pending;
   for (int d = 0; d < plan.a2a; ++d) {
     if (d == plan.member) {
-      if (send.place.on_device())
-        copy_bytes(dst + size_t(d) * block, src + size_t(d) * block, block, send.place);
-      else
-        std::memcpy(dst + size_t(d) * block, src + size_t(d) * block, block);
+      copy_bytes(dst + size_t(d) * block, src + size_t(d) * block, block, send.place);
       continue;
     }
     pending.push_back(

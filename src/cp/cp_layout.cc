@@ -41,24 +41,6 @@ TensorView Packed::view(int64_t first, int64_t count) const {
 
 namespace {
 
-// The device side of the element operations (cuda/cp_ring_ops.h): a set's rows as one batch.
-cuda::RowBlock rows_of(const Packed& set, int64_t first, int64_t count) {
-  const int64_t width = set.heads * set.dim;
-  cuda::RowBlock block;
-  block.data = static_cast<unsigned char*>(const_cast<void*>(set.data())) +
-               size_t(first * width) * dtype_size(set.dtype);
-  block.batch = 1;
-  block.rows = count;
-  block.width = width;
-  block.batch_stride = 0;
-  block.row_stride = width;
-  return block;
-}
-
-}  // namespace
-
-namespace {
-
 // Offset of (b, local row, head 0) in a user-local [.., s, H, d] tensor.
 int64_t local_row_offset(const Geometry& g, const SideGeometry& side, const TensorView& t,
                          int64_t b, int64_t row) {
@@ -314,7 +296,7 @@ Packed convert(const Packed& in, DType dtype) {
     if (in.dtype == dtype)
       copy_bytes(out.data(), in.data(), in.size_bytes(), in.place);
     else if (in.dtype == DType::kFloat32)
-      convert_device_rows(rows_of(out, 0, in.rows), dtype, rows_of(in, 0, in.rows), in.place);
+      convert_device_rows(set_rows(out, 0, in.rows), dtype, set_rows(in, 0, in.rows), in.place);
     else
       throw Error(
           ErrorCode::kNotSupported, "dtype",
@@ -329,7 +311,7 @@ Packed convert(const Packed& in, DType dtype) {
 void accumulate_rows(Packed& dst, int64_t dst_row, const Packed& src, int64_t src_row,
                      int64_t count) {
   if (dst.place.on_device()) {
-    accumulate_device_rows(rows_of(dst, dst_row, count), rows_of(src, src_row, count), src.dtype,
+    accumulate_device_rows(set_rows(dst, dst_row, count), set_rows(src, src_row, count), src.dtype,
                            dst.place);
     return;
   }

@@ -1,5 +1,7 @@
 #include "cp/device_sets.h"
 
+#include <cstring>
+
 #include "dpa/error.h"
 
 #if defined(DPA_WITH_CUDA)
@@ -13,6 +15,19 @@
 
 namespace dpa::cp {
 
+cuda::RowBlock set_rows(const Packed& set, int64_t first, int64_t count) {
+  const int64_t width = set.heads * set.dim;
+  cuda::RowBlock block;
+  block.data = static_cast<unsigned char*>(const_cast<void*>(set.data())) +
+               size_t(first * width) * dtype_size(set.dtype);
+  block.batch = count;
+  block.rows = 1;
+  block.width = width;
+  block.batch_stride = width;
+  block.row_stride = width;
+  return block;
+}
+
 #if defined(DPA_WITH_CUDA)
 
 std::shared_ptr<void> allocate_device_bytes(size_t bytes, const Placement& where) {
@@ -25,6 +40,10 @@ std::shared_ptr<void> allocate_device_bytes(size_t bytes, const Placement& where
 
 void copy_bytes(void* dst, const void* src, size_t bytes, const Placement& where) {
   if (bytes == 0) return;
+  if (!where.on_device()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   const cuda::DeviceGuard guard(where.index);
   DPA_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(where.stream)));
@@ -112,7 +131,10 @@ Error no_cuda() {
 }  // namespace
 
 std::shared_ptr<void> allocate_device_bytes(size_t, const Placement&) { throw no_cuda(); }
-void copy_bytes(void*, const void*, size_t, const Placement&) { throw no_cuda(); }
+void copy_bytes(void* dst, const void* src, size_t bytes, const Placement& where) {
+  if (where.on_device()) throw no_cuda();
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
 void copy_rows(void*, size_t, const void*, size_t, size_t, size_t, const Placement&) {
   throw no_cuda();
 }

@@ -17,7 +17,8 @@ namespace dpa::cp {
 // sees it; a communicator's work must be waited for first, as its handles require).
 std::shared_ptr<void> allocate_device_bytes(size_t bytes, const Placement& where);
 
-// dst <- src, `bytes` bytes (either side host or device memory).
+// dst <- src, `bytes` bytes: a memcpy for a host placement; else an asynchronous copy on its
+// stream (either side host or device memory).
 void copy_bytes(void* dst, const void* src, size_t bytes, const Placement& where);
 
 // `height` rows of `width` bytes, rows `src_pitch` / `dst_pitch` bytes apart.
@@ -34,6 +35,11 @@ void fill_device_f32(void* data, float value, int64_t n, const Placement& where)
 
 // Waits for everything enqueued on the placement's stream.
 void synchronize(const Placement& where);
+
+// Rows [first, first + count) of a device set as a block of `count` one-row sequences: the
+// layout every kernel of cuda/cp_ring_ops.h walks row by row, and whose [batch, heads, rows]
+// LSE is then the set's [rows, H].
+cuda::RowBlock set_rows(const Packed& set, int64_t first, int64_t count);
 
 // The element operations of cuda/cp_ring_ops.h on the placement's device and stream (see
 // there).

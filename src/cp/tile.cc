@@ -299,7 +299,8 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
 
   TileForwardOut out;
   out.o = Packed::alike(*q.set, q.set->dtype, rows_q, local_heads, v.set->dim);
-  std::vector<float> lse(size_t(local_heads * rows_q));
+  const bool resident = q.set->place.on_device();
+  std::vector<float> lse(resident ? 0 : size_t(local_heads * rows_q));
   ForwardArgs args;
   args.in.q = q.set->view(q.slot * rows_q, rows_q);
   args.in.k = k.set->view(k.slot * rows_kv, rows_kv);
@@ -314,7 +315,7 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
   args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {local_heads, rows_q});
 
   const AttentionConfig config = tile_config(ctx);
-  if (q.set->place.on_device()) {  // device-resident: the sets are the tile's tensors
+  if (resident) {  // the sets are the tile's tensors
     const Packed scratch(DType::kFloat32, local_heads, rows_q, 1, q.set->place);
     args.lse = heads_major_view(scratch, local_heads, rows_q);
     args.stream = q.set->place.stream;

@@ -1,6 +1,5 @@
 #include "cp/window_gather.h"
 
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -48,10 +47,7 @@ const unsigned char* slot_bytes(const Packed& set, int64_t slot, int64_t rows) {
 
 void copy_slot(Packed& dst, int64_t dst_slot, const Packed& src, int64_t src_slot, int64_t rows) {
   const size_t bytes = size_t(rows) * src.row_bytes();
-  if (src.place.on_device())
-    copy_bytes(slot_bytes(dst, dst_slot, rows), slot_bytes(src, src_slot, rows), bytes, src.place);
-  else
-    std::memcpy(slot_bytes(dst, dst_slot, rows), slot_bytes(src, src_slot, rows), bytes);
+  copy_bytes(slot_bytes(dst, dst_slot, rows), slot_bytes(src, src_slot, rows), bytes, src.place);
 }
 
 }  // namespace

@@ -276,15 +276,21 @@ KvCacheCaseSpec small_decode() {
 }
 
 // Expects the call to fail with `code` naming `argument`, the caches and o unwritten.
-void expect_refused(const KvCacheConfig& config, const KvCacheCase& c, ErrorCode code,
-                    const std::string& argument) {
+// `call` throws code naming `argument`.
+template <typename Call>
+void expect_error(const Call& call, ErrorCode code, const std::string& argument) {
   try {
-    run_on_device(config, c);
-    ADD_FAILURE() << "the call ran";
+    call();
+    ADD_FAILURE() << "the call ran; expected an error naming " << argument;
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), code) << error.what();
     EXPECT_EQ(error.argument(), argument) << error.what();
   }
+}
+
+void expect_refused(const KvCacheConfig& config, const KvCacheCase& c, ErrorCode code,
+                    const std::string& argument) {
+  expect_error([&] { run_on_device(config, c); }, code, argument);
 }
 
 TEST(GpuKvCacheTables, CheckedInDebugModeWithNothingWritten) {
@@ -300,13 +306,8 @@ TEST(GpuKvCacheTables, CheckedInDebugModeWithNothingWritten) {
   KvCacheArgs a = device_inputs(c, mirror);
   const DeviceTensor o(o_host);  // a sentinel, not NaN: NaN != NaN would hide a write
   a.o = o.view();
-  try {
-    KvCacheAttention(spec.config).forward(a);
-    ADD_FAILURE() << "a page outside the pool ran";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
-    EXPECT_EQ(error.argument(), "block_table") << error.what();
-  }
+  expect_error([&] { KvCacheAttention(spec.config).forward(a); }, ErrorCode::kInvalidArgument,
+               "block_table");
   EXPECT_EQ(max_abs_error(mirror.copy_of(c.k_cache).download(), c.k_cache), 0.0);
   EXPECT_EQ(max_abs_error(o.download(), o_host), 0.0);
   // Lengths beyond the capacity, too.
@@ -347,13 +348,8 @@ TEST(GpuKvCacheRefusals, WhatTheKernelsDoNotTakeIsRefusedNamingTheTensor) {
     a.k_cache.data = static_cast<char*>(a.k_cache.data) + 2;
     const DeviceTensor o(c.make_o());
     a.o = o.view();
-    try {
-      KvCacheAttention(spec.config).forward(a);
-      ADD_FAILURE() << "an unaligned cache ran";
-    } catch (const Error& error) {
-      EXPECT_EQ(error.code(), ErrorCode::kNotSupported) << error.what();
-      EXPECT_EQ(error.argument(), "k_cache") << error.what();
-    }
+    expect_error([&] { KvCacheAttention(spec.config).forward(a); }, ErrorCode::kNotSupported,
+                 "k_cache");
   }
 }
 
