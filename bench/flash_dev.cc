@@ -385,13 +385,21 @@ int main(int argc, char** argv) {
     }
     if (do_variants) {
       // Every variant is checked against cpu_exact before it is timed.
-      const Shape small{2, 4, 2, 97, 203, 128, 128};
-      for (int v = 0; cuda::flash_variant_name(v); ++v)
-        for (const Features& f : {plain, cap1, causal_cap, causal_sink})
-          failures += !check(small, f, v);
-      const Shape big{2, 16, 16, 8192, 8192, 128, 128};
-      for (int v = 0; cuda::flash_variant_name(v); ++v)
+      for (int v = 0; cuda::flash_variant_name(v); ++v) {
+        const int d = cuda::flash_variant_head_dim(v);
+        for (const Features& f : {plain, cap1, causal_cap, causal_sink, gptoss})
+          failures += !check({2, 4, 2, 97, 203, d, d}, f, v);
+        failures += !check({1, 8, 2, 300, 300, d, d}, causal_sink, v);  // 3 blocks of work
+      }
+      for (int v = 0; cuda::flash_variant_name(v); ++v) {
+        if (cuda::flash_variant_head_dim(v) == 64) {  // gpt-oss: GQA 64/8, window 128, sink
+          for (const Features& f : {gptoss, plain})
+            time_config({2, 64, 8, 8192, 8192, 64, 64}, f, v);
+          continue;
+        }
+        const Shape big{2, 16, 16, 8192, 8192, 128, 128};
         for (const Features& f : {plain, cap, causal_cap, causal_sink}) time_config(big, f, v);
+      }
     }
     if (do_backward) {
       const Shape big{2, 16, 16, 8192, 8192, 128, 128};

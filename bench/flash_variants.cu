@@ -1,5 +1,6 @@
-// Kernel variants of the flash forward for the dev bench (bf16, head dim 128), so a single
-// device call can compare them: wgmma tile shapes and the mma.sync family.
+// Kernel variants of the flash forward for the dev bench (bf16, head dim 128; the last two 64),
+// so a single device call can compare them: wgmma tile shapes, the mma.sync family, and the
+// warp-specialised kernel's persistent grid against one block per block of work.
 #include "bench/flash_variants.h"
 #include "cuda/flash/flash_forward_launch.cuh"
 #include "cuda/flash/flash_forward_plan.h"
@@ -21,13 +22,16 @@ void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
 }
 
 template <typename Traits>
-void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream, bool tma = true) {
+void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream, bool tma = true,
+                  bool persistent = true) {
   FlashTileShape shape = shape_of<Traits>(true);
   shape.warp_specialized = true;
   FlashForwardPlan plan = plan_flash_forward(p, shape, stream);
   plan.params.tma = plan.params.tma && tma;
-  launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, plan.params, stream);
-  if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
+  if (!persistent) plan.params.persistent_blocks = 0;
+  launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, plan.params, stream);
+  if (plan.params.num_splits > 1)
+    launch_merge_partials(plan.params, p.dtype, Traits::kHeadDimV, stream);
 }
 
 template <int kWarps, int kBlockN, int kSlabs>
@@ -63,10 +67,18 @@ const char* flash_variant_name(int variant) {
       return "wgmma warp-specialised ping-pong, block_n 64, 3 stages";
     case 6:
       return "wgmma warp-specialised ping-pong, block_n 128, 3 stages, cp.async producer";
+    case 7:
+      return "wgmma warp-specialised ping-pong, block_n 128, 3 stages, one block per work block";
+    case 8:
+      return "d64 wgmma warp-specialised ping-pong (library on sm_90)";
+    case 9:
+      return "d64 wgmma warp-specialised ping-pong, one block per work block";
     default:
       return nullptr;
   }
 }
+
+int flash_variant_head_dim(int variant) { return variant >= 8 ? 64 : 128; }
 
 void run_flash_variant(int variant, const AttentionProblem& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
@@ -85,6 +97,14 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 64, 3>>(p, stream);
     case 6:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream, /*tma=*/false);
+    case 7:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream, /*tma=*/true,
+                                                                      /*persistent=*/false);
+    case 8:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64>>(p, stream);
+    case 9:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64>>(p, stream, /*tma=*/true,
+                                                                    /*persistent=*/false);
     default:
       return;
   }

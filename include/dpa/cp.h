@@ -115,6 +115,15 @@ class DeviceCommunicator : public Communicator {
 // kNotSupported in a build without CUDA.
 std::unique_ptr<Communicator> make_host_staged_communicator(DeviceCommunicator& device_comm);
 
+// Device buffers over a host communicator: every operation copies its device input to host
+// memory (after the work ordered before it, DeviceCommunicator's rules), runs on `host`, and
+// copies its output to the device buffer when its wait() returns. Context parallelism gives
+// CUDA tensors over a host communicator this view, so their tiles and chunk sets stay on the
+// GPU and only the messages cross the host; the copies block the posting thread, so transfers
+// do not overlap compute. `host` must outlive the result. abort() fails the result, not
+// `host`. Throws kNotSupported in a build without CUDA.
+std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator& host, int device);
+
 // N ranks as threads of one process, sharing a rendezvous object. Sends are buffered, so a
 // ring never deadlocks; a wait that exceeds `timeout`, or any rank calling abort(), makes
 // every pending and later wait throw instead of hanging.

@@ -26,7 +26,7 @@
 #include "cp/cp_setup.h"
 #include "cp/device_ring.h"
 #include "cp/device_sets.h"
-#include "cp/host_staging.h"
+#include "cp/sequence_tables.h"
 #include "cp/tile.h"
 #include "cp/window_gather.h"
 
@@ -128,19 +128,10 @@ FinalRows finish_rows(const AttentionConfig& config, const TensorView& offsets, 
 
 }  // namespace
 
-// Where one CP call's tiles run and its chunk sets live: host sets and tiles; host sets with
-// GPU tiles (host staging: CUDA tensors over a host communicator); or device sets with GPU
-// tiles (device-resident: CUDA tensors over a device communicator).
-struct TileDevice {
-  Device device = Device::kCPU;
-  int index = 0;
-  Placement sets;
-};
-
 ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_config,
                              Communicator& comm, const ForwardArgs& args, double dropout,
                              const RngState& rng, const std::vector<const Backend*>& tile_backends,
-                             TileDevice tiles) {
+                             const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
@@ -148,7 +139,6 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   require(args.lse.dtype == DType::kFloat32 && args.lse.device == args.in.q.device &&
               args.lse.device_index == args.in.q.device_index,
           "lse", "must be an fp32 tensor on q's device");
-  const Placement& sets = tiles.sets;
 
   Packed k_local = pack_local(g, g.kv, args.in.k, sets),
          v_local = pack_local(g, g.kv, args.in.v, sets);
@@ -161,8 +151,6 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
 
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
   ctx.backends = &tile_backends;
-  ctx.device = tiles.device;
-  ctx.device_index = tiles.index;
   ctx.sets = sets;
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   Packed o_acc = zeros_f32(q.rows, q.heads, v.dim, sets);
@@ -221,7 +209,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
 
 BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_config,
                             Communicator& comm, const BackwardArgs& args, double dropout,
-                            TileDevice tiles) {
+                            const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
@@ -252,7 +240,6 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
                 args.dsoftmax_offset.numel() == plan.heads_q &&
                 args.dsoftmax_offset.is_contiguous(),
             "dsoftmax_offset", "must be a contiguous fp32 [H] tensor (softmax_type learnable)");
-  const Placement& sets = tiles.sets;
   if (wants_dalpha)
     require(args.dsoftmax_offset.device == args.in.q.device &&
                 args.dsoftmax_offset.device_index == args.in.q.device_index,
@@ -274,8 +261,6 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   Packed k = to_heads(comm, plan, std::move(k_local)), v = to_heads(comm, plan, std::move(v_local));
 
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
-  ctx.device = tiles.device;
-  ctx.device_index = tiles.index;
   ctx.sets = sets;
   // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to (on the
   // device with device sets).
@@ -437,9 +422,16 @@ bool device_resident(const DeviceCommunicator& comm, const AttentionInputs& in) 
   return true;
 }
 
-// The device-resident call's placement: tiles and sets on q's device, on the caller's stream.
-TileDevice resident_placement(const TensorView& q, void* stream) {
-  return {Device::kCUDA, q.device_index, {Device::kCUDA, q.device_index, stream}};
+// The device-resident call's placement: chunk sets and tiles on q's device, on the caller's
+// stream.
+Placement resident_placement(const TensorView& q, void* stream) {
+  return {Device::kCUDA, q.device_index, stream};
+}
+
+// CUDA tensors over a host communicator: a host-bounced device view of it, so that the chunk
+// sets and tiles stay on the GPU and only the messages cross the host.
+bool needs_bounce(Communicator& comm, const AttentionInputs& in) {
+  return in.q.device == Device::kCUDA && comm.device_communicator() == nullptr;
 }
 
 }  // namespace
@@ -447,69 +439,51 @@ TileDevice resident_placement(const TensorView& q, void* stream) {
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
                       RingWorkspace* workspace, const std::vector<const Backend*>& tile_backends) {
-  if (DeviceCommunicator* device_comm = comm.device_communicator()) {
-    // Device buffers: the device ring where it applies, else the general algorithms with their
-    // chunk sets on the device, else (host tensors) through a host-staged view of the same
-    // communicator.
-    const bool registry = &tile_backends == &registered_backends();
-    if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
-      return device_ring_forward(config, *device_comm, args, rng, workspace);
-    if (device_resident(*device_comm, args.in)) {
-      HostStaging tables(args.in.q, args.stream);
-      ForwardArgs resident = args;
-      stage_sequence_tables(tables, resident.in);
-      return forward_staged(config, cp_config, *device_comm, resident, dropout, rng, tile_backends,
-                            resident_placement(args.in.q, args.stream));
-    }
-    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
-    return forward(config, cp_config, *staged, args, dropout, rng, nullptr, tile_backends);
+  if (needs_bounce(comm, args.in)) {
+    const std::unique_ptr<DeviceCommunicator> bounced =
+        make_host_bounced_communicator(comm, args.in.q.device_index);
+    return forward(config, cp_config, *bounced, args, dropout, rng, workspace, tile_backends);
   }
-  if (args.in.q.device != Device::kCUDA)
+  DeviceCommunicator* device_comm = comm.device_communicator();
+  if (device_comm == nullptr)  // host tensors over a host communicator
     return forward_staged(config, cp_config, comm, args, dropout, rng, tile_backends, {});
-  HostStaging staging(args.in.q, args.stream);
-  ForwardArgs host = args;
-  stage_inputs(staging, host.in);
-  host.o = staging.out(args.o, "o");
-  host.lse = staging.out(args.lse, "lse");
-  const ForwardResult result =
-      forward_staged(config, cp_config, comm, host, dropout, rng, tile_backends,
-                     {Device::kCUDA, args.in.q.device_index, {}});
-  staging.copy_outputs_back();
-  return result;
+  // Device buffers: the device ring where it applies, else the general algorithms with their
+  // chunk sets on the device, else (host tensors) through a host-staged view of the same
+  // communicator.
+  const bool registry = &tile_backends == &registered_backends();
+  if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
+    return device_ring_forward(config, *device_comm, args, rng, workspace);
+  if (device_resident(*device_comm, args.in)) {
+    SequenceTables tables(args.in.q, args.stream);
+    ForwardArgs resident = args;
+    tables.to_host(resident.in);
+    return forward_staged(config, cp_config, *device_comm, resident, dropout, rng, tile_backends,
+                          resident_placement(args.in.q, args.stream));
+  }
+  const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
+  return forward_staged(config, cp_config, *staged, args, dropout, rng, tile_backends, {});
 }
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                      const BackwardArgs& args, double dropout, RingWorkspace* workspace) {
-  if (DeviceCommunicator* device_comm = comm.device_communicator()) {
-    if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
-      return device_ring_backward(config, cp_config, *device_comm, args, workspace);
-    if (device_resident(*device_comm, args.in)) {
-      HostStaging tables(args.in.q, args.stream);
-      BackwardArgs resident = args;
-      stage_sequence_tables(tables, resident.in);
-      return backward_staged(config, cp_config, *device_comm, resident, dropout,
-                             resident_placement(args.in.q, args.stream));
-    }
-    const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
-    return backward(config, cp_config, *staged, args, dropout);
+  if (needs_bounce(comm, args.in)) {
+    const std::unique_ptr<DeviceCommunicator> bounced =
+        make_host_bounced_communicator(comm, args.in.q.device_index);
+    return backward(config, cp_config, *bounced, args, dropout, workspace);
   }
-  if (args.in.q.device != Device::kCUDA)
-    return backward_staged(config, cp_config, comm, args, dropout, {});
-  HostStaging staging(args.in.q, args.stream);
-  BackwardArgs host = args;
-  stage_inputs(staging, host.in);
-  host.o = staging.in(args.o, "o");
-  host.d_o = staging.in(args.d_o, "d_o");
-  host.lse = staging.in(args.lse, "lse");
-  host.dq = staging.out(args.dq, "dq");
-  host.dk = staging.out(args.dk, "dk");
-  host.dv = staging.out(args.dv, "dv");
-  host.dsoftmax_offset = staging.out(args.dsoftmax_offset, "dsoftmax_offset");
-  host.dbias = staging.out(args.dbias, "dbias");
-  const BackendKind used = backward_staged(config, cp_config, comm, host, dropout,
-                                           {Device::kCUDA, args.in.q.device_index, {}});
-  staging.copy_outputs_back();
-  return used;
+  DeviceCommunicator* device_comm = comm.device_communicator();
+  if (device_comm == nullptr) return backward_staged(config, cp_config, comm, args, dropout, {});
+  if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
+    return device_ring_backward(config, cp_config, *device_comm, args, workspace);
+  if (device_resident(*device_comm, args.in)) {
+    SequenceTables tables(args.in.q, args.stream);
+    BackwardArgs resident = args;
+    tables.to_host(resident.in);
+    return backward_staged(config, cp_config, *device_comm, resident, dropout,
+                           resident_placement(args.in.q, args.stream));
+  }
+  const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
+  return backward_staged(config, cp_config, *staged, args, dropout, {});
 }
 
 }  // namespace dpa::cp

@@ -15,7 +15,7 @@
 #include <thread>
 #include <tuple>
 
-#include "cp/in_process_device.h"
+#include "cp/host_bounced_communicator.h"
 #include "dpa/cp.h"
 #include "dpa/error.h"
 
@@ -308,7 +308,7 @@ std::unique_ptr<DeviceCommunicator> InProcessGroup::device_communicator(int rank
     std::lock_guard<std::mutex> lock(state->mutex);
     return !state->failed;
   };
-  return cp::make_in_process_device_communicator(communicator(rank), device, std::move(control));
+  return cp::make_host_bounced_communicator(communicator(rank), device, std::move(control));
 }
 
 void InProcessGroup::abort(const std::string& reason) {

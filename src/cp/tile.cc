@@ -6,7 +6,6 @@
 #include "core/problem_builder.h"
 #include "core/selector.h"
 #include "cp/device_sets.h"
-#include "cp/device_stage.h"
 
 namespace dpa::cp {
 namespace {
@@ -145,37 +144,13 @@ Packed lse_from_heads_major(const std::vector<float>& lse, int64_t heads, int64_
   return out;
 }
 
-// A tile's inputs on the device (its sequence tables stay on the host, which the backends
-// take), and a context whose unsharded bias and mask are device copies.
-AttentionInputs upload_inputs(DeviceStage& stage, const AttentionInputs& host) {
-  AttentionInputs in = host;
-  in.q = stage.upload(host.q);
-  in.k = stage.upload(host.k);
-  in.v = stage.upload(host.v);
-  in.softmax_offset = stage.upload(host.softmax_offset);
-  in.alibi_slopes = stage.upload(host.alibi_slopes);
-  return in;
-}
-
-TileContext upload_context(DeviceStage& stage, const TileContext& ctx) {
-  TileContext device_ctx = ctx;
-  device_ctx.bias = stage.upload(ctx.bias);
-  device_ctx.attn_mask = stage.upload(ctx.attn_mask);
-  device_ctx.dbias = {};  // a GPU tile writes its own, tile-local (tile_dbias)
-  return device_ctx;
-}
-
 // A tile-local fp32 bias gradient [b, H|1, sq|1, skv] of the tile's own sizes (the layout
 // cuda_unfused's reduction writes), kept apart per sequence: sequences sit at different global
 // rows, so even a batch-broadcast dbias is summed only when it is placed.
 struct TileDbias {
-  std::vector<float> values;
   int64_t batch = 0, heads = 0, rows = 0, cols = 0;
   std::vector<int64_t> valid_q, valid_kv;  // [b] rows / keys of each sequence in the tile
   int64_t numel() const { return batch * heads * rows * cols; }
-  TensorView view() {
-    return TensorView::contiguous(values.data(), DType::kFloat32, {batch, heads, rows, cols});
-  }
 };
 
 TileDbias tile_dbias(const TileContext& ctx, const SideTables& q_tables,
@@ -193,8 +168,6 @@ TileDbias tile_dbias(const TileContext& ctx, const SideTables& q_tables,
   d.heads = ctx.dbias.shape[1] == 1 ? 1 : local_heads;
   d.rows = ctx.dbias.shape[2] == 1 ? 1 : max_q;
   d.cols = max_kv;
-  // Device-resident tiles write theirs into a device set (add_tile_dbias_on_device).
-  if (!ctx.sets.on_device()) d.values.assign(size_t(d.numel()), 0.0f);
   return d;
 }
 
@@ -222,28 +195,6 @@ void add_tile_dbias_on_device(const TileContext& ctx, const TileDbias& d, const 
                                 static_cast<const float*>(local.data()), d.batch, d.heads, d.rows,
                                 d.cols, static_cast<const int64_t*>(table.get()), ctx.head_offset,
                                 ctx.sets);
-}
-
-// Adds a tile-local bias gradient into the unsharded fp32 dbias at the tile's global positions.
-void add_tile_dbias(const TileContext& ctx, const TileDbias& d, int q_chunk, int kv_chunk) {
-  const Geometry& g = *ctx.geometry;
-  const BroadcastLayout layout = BroadcastLayout::of(ctx.dbias);
-  float* out = static_cast<float*>(ctx.dbias.data);
-  // Broadcast dims are those of the unsharded dbias (a tile extent of 1 can be a real one: one
-  // local head under a2a, one valid row in a chunk); its layout has stride 0 along them.
-  const bool rows_broadcast = ctx.dbias.shape[2] == 1;
-  for (int64_t b = 0; b < d.batch; ++b) {
-    const int64_t q_position = g.q.position(b, q_chunk), kv_position = g.kv.position(b, kv_chunk);
-    const int64_t rows = rows_broadcast ? 1 : d.valid_q[size_t(b)];
-    for (int64_t h = 0; h < d.heads; ++h)
-      for (int64_t i = 0; i < rows; ++i) {
-        const float* row = d.values.data() + ((b * d.heads + h) * d.rows + i) * d.cols;
-        const int64_t head = h + ctx.head_offset;
-        const int64_t global_row = i + q_position;
-        for (int64_t j = 0; j < d.valid_kv[size_t(b)]; ++j)
-          out[layout.offset(b, head, global_row, j + kv_position)] += row[j];
-      }
-  }
 }
 
 // Builds the tile's problem (global positions, unsharded aux tensors), selects a backend that
@@ -325,19 +276,7 @@ TileForwardOut tile_forward(const TileContext& ctx, ChunkRef q, ChunkRef k, Chun
                    local_heads, rows_q, true, q.set->place);
     return out;
   }
-  if (ctx.device == Device::kCUDA) {
-    DeviceStage stage(ctx.device_index);
-    ForwardArgs on_device = args;
-    on_device.in = upload_inputs(stage, args.in);
-    on_device.o = stage.allocate_like(args.o);
-    on_device.lse = stage.allocate_like(args.lse);
-    const TileContext device_ctx = upload_context(stage, ctx);
-    out.backend = run_tile_forward(device_ctx, config, on_device, q.chunk, k.chunk);
-    stage.download(on_device.o, args.o);
-    stage.download(on_device.lse, args.lse);
-  } else {
-    out.backend = run_tile_forward(ctx, config, args, q.chunk, k.chunk);
-  }
+  out.backend = run_tile_forward(ctx, config, args, q.chunk, k.chunk);
   out.lse = lse_from_heads_major(lse, local_heads, rows_q);
   return out;
 }
@@ -396,8 +335,8 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
       out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
       return out;
     }
-    // The GPU tiles write dbias tile-local (as in the staged branch below); it joins the
-    // unsharded device accumulator at the tile's global positions.
+    // The GPU tiles write dbias tile-local; it joins the unsharded device accumulator at the
+    // tile's global positions.
     const TileDbias local = tile_dbias(ctx, q_tables, kv_tables, local_heads);
     Packed local_values(DType::kFloat32, local.numel(), 1, 1, ctx.sets);
     fill(local_values, 0.0f);
@@ -410,35 +349,7 @@ TileBackwardOut tile_backward(const TileContext& ctx, const TileBackwardIn& in) 
     add_tile_dbias_on_device(ctx, local, local_values, in.q.chunk, in.k.chunk);
     return out;
   }
-  if (ctx.device == Device::kCUDA) {
-    DeviceStage stage(ctx.device_index);
-    BackwardArgs on_device = args;
-    on_device.in = upload_inputs(stage, args.in);
-    on_device.o = stage.upload(args.o);
-    on_device.d_o = stage.upload(args.d_o);
-    on_device.lse = stage.upload(args.lse);
-    on_device.dq = stage.allocate_like(args.dq);
-    on_device.dk = stage.allocate_like(args.dk);
-    on_device.dv = stage.allocate_like(args.dv);
-    TileContext device_ctx = upload_context(stage, ctx);
-    // The GPU tiles write dbias tile-local; it is added into the unsharded one here.
-    TileDbias local_dbias;
-    if (ctx.dbias.defined()) {
-      local_dbias = tile_dbias(ctx, q_tables, kv_tables, local_heads);
-      device_ctx.dbias = stage.upload(local_dbias.view());
-    }
-    out.backend = run_tile_backward(device_ctx, config, on_device, in.q.chunk, in.k.chunk,
-                                    ctx.dbias.defined());
-    stage.download(on_device.dq, args.dq);
-    stage.download(on_device.dk, args.dk);
-    stage.download(on_device.dv, args.dv);
-    if (ctx.dbias.defined()) {
-      stage.download(device_ctx.dbias, local_dbias.view());
-      add_tile_dbias(ctx, local_dbias, in.q.chunk, in.k.chunk);
-    }
-  } else {
-    out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
-  }
+  out.backend = run_tile_backward(ctx, config, args, in.q.chunk, in.k.chunk);
   return out;
 }
 

@@ -25,12 +25,9 @@ struct TileContext {
   RngState rng;
   // The backends a tile chooses from (the registry, or a test's).
   const std::vector<const Backend*>* backends = &registered_backends();
-  // Where the tiles run: the host, or a CUDA device. With host chunk sets (the tensors above
-  // then host tensors too) each GPU tile's inputs are copied there and its outputs back
-  // (device_stage.h); with device sets (`sets` on the device, the tensors above device
-  // tensors) a tile runs on the sets themselves, on their stream.
-  Device device = Device::kCPU;
-  int device_index = 0;
+  // Where the tiles run: with host chunk sets on the host (the tensors above host tensors);
+  // with device sets on the sets themselves, on their stream (the tensors above device
+  // tensors of the sets' device).
   Placement sets;
 };
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <numeric>
 
 #include "dpa/cp.h"
@@ -110,6 +111,23 @@ TEST(CpComm, ADeviceCommunicatorOfAMissingRankIsRefusedByName) {
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
     EXPECT_EQ(error.argument(), "rank");
+  }
+}
+
+TEST(CpComm, ABouncedCommunicatorOfANegativeDeviceIsRefusedByName) {
+  // Checked before any CUDA call; without CUDA there is no device view at all.
+  InProcessGroup group(1);
+  const std::unique_ptr<Communicator> host = group.communicator(0);
+  try {
+    make_host_bounced_communicator(*host, -1);
+    FAIL() << "device -1 was accepted";
+  } catch (const Error& error) {
+#if defined(DPA_WITH_CUDA)
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+#else
+    EXPECT_EQ(error.code(), ErrorCode::kNotSupported);
+#endif
+    EXPECT_EQ(error.argument(), "device");
   }
 }
 

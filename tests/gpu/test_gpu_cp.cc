@@ -219,9 +219,10 @@ struct GpuCpRun {
   BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
 };
 
-// How the virtual ranks exchange: the in-process group's host communicators (the general
-// algorithms stage CUDA tensors through the host), or its device communicators (the device
-// ring where it applies, else the general algorithms with their chunk sets on the GPU).
+// How the virtual ranks exchange: the in-process group's host communicators (CP gives CUDA
+// tensors a host-bounced device view of them, make_host_bounced_communicator), or its device
+// communicators. Either way the device ring runs where it applies, else the general
+// algorithms with their chunk sets on the GPU.
 enum class Transport { kHost, kDevice };
 
 GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& layout,
@@ -253,6 +254,7 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
   const DeviceTensor slopes =
       t.alibi_slopes.defined() ? DeviceTensor(t.alibi_slopes) : DeviceTensor();
   const DeviceTensor bias = t.bias.defined() ? DeviceTensor(t.bias) : DeviceTensor();
+  const DeviceTensor mask = t.attn_mask.defined() ? DeviceTensor(t.attn_mask) : DeviceTensor();
   std::mutex mutex;
 
   auto rank_body = [&](int rank, Communicator& comm) {
@@ -280,6 +282,7 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
     in.softmax_offset = offsets.defined() ? offsets.view() : TensorView{};
     in.alibi_slopes = slopes.defined() ? slopes.view() : TensorView{};
     in.bias = bias.defined() ? bias.view() : TensorView{};
+    in.attn_mask = mask.defined() ? mask.view() : TensorView{};
     if (thd) {
       in.cu_seqlens_q_padded = t.cu_seqlens_q_padded.view();
       in.cu_seqlens_kv_padded = t.cu_seqlens_kv_padded.view();

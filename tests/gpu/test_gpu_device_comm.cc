@@ -1,8 +1,10 @@
-// The in-process group's device communicators (include/dpa/cp.h): virtual ranks on one GPU
-// exchange device buffers with the host communicators' rules, so the device CP algorithms can
-// be tested on one GPU.
+// Device communicators over host ones (include/dpa/cp.h): the in-process group's, where
+// virtual ranks on one GPU exchange device buffers with the host communicators' rules, so the
+// device CP algorithms can be tested on one GPU; and make_host_bounced_communicator over any
+// host communicator.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,79 @@ TEST_F(GpuDeviceComm, AFailingRankReleasesTheOthers) {
                                  comm.recv(in.view().data, kCount * sizeof(float), 1, 0)->wait();
                                }),
       Error);
+}
+
+// A host communicator whose sends read their buffer only when waited on, as an unbuffered
+// transport may: a bounced send must keep its host copy alive until then.
+class DeferredSends final : public Communicator {
+ public:
+  explicit DeferredSends(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
+    struct Deferred final : CommRequest {
+      Communicator* inner = nullptr;
+      const void* data = nullptr;
+      size_t bytes = 0;
+      int peer = 0, tag = 0;
+      void wait() override {
+        if (inner) inner->send(data, bytes, peer, tag)->wait();
+        inner = nullptr;
+      }
+    };
+    auto request = std::make_unique<Deferred>();
+    request->inner = &inner_;
+    request->data = data;
+    request->bytes = bytes;
+    request->peer = peer;
+    request->tag = tag;
+    return request;
+  }
+  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
+    return inner_.recv(data, bytes, peer, tag);
+  }
+  CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
+    return inner_.all_reduce(data, count, dtype);
+  }
+  CommHandle all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
+    return inner_.all_gather(send, recv, bytes_per_rank);
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
+                            DType dtype) override {
+    return inner_.reduce_scatter(send, recv, count_per_rank, dtype);
+  }
+  CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) override {
+    return inner_.all_to_all(send, recv, bytes_per_rank);
+  }
+
+ private:
+  Communicator& inner_;
+};
+
+TEST_F(GpuDeviceComm, ABouncedCommunicatorKeepsSendsAliveAndFailsAlone) {
+  run_in_process(2, [](int rank, Communicator& host) {
+    DeferredSends deferred(host);
+    const std::unique_ptr<DeviceCommunicator> comm = make_host_bounced_communicator(deferred, 0);
+    EXPECT_EQ(comm->device_communicator(), comm.get());
+    EXPECT_EQ(comm->rank(), rank);
+    const int peer = 1 - rank;
+    const DeviceTensor out = filled(1, [rank](int64_t, int64_t i) { return float(10 * rank + i); });
+    DeviceTensor in(DType::kFloat32, {kCount}, 0);
+    CommHandle sent = comm->send(out.view().data, kCount * sizeof(float), peer, 5);
+    CommHandle received = comm->recv(in.view().data, kCount * sizeof(float), peer, 5);
+    sent->wait();  // only now does the deferred send read the bounced host copy
+    received->wait();
+    const std::vector<float> got = values(in);
+    for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 10 * peer + i);
+
+    // Every rank is done with the group before one aborts its own view.
+    DeviceTensor sum = filled(1, [](int64_t, int64_t) { return 1.0f; });
+    comm->all_reduce(sum.view().data, kCount, DType::kFloat32)->wait();
+    EXPECT_EQ(values(sum)[0], 2.0f);
+    comm->abort("test");
+    EXPECT_FALSE(comm->healthy());
+    EXPECT_THROW(comm->send(out.view().data, kCount * sizeof(float), peer, 6), Error);
+  });
 }
 
 }  // namespace

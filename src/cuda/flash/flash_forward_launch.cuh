@@ -4,6 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_forward_kernel.cuh"
 #include "cuda/flash/flash_forward_launch.h"
@@ -25,6 +28,22 @@ void launch_flash_forward_kernel(Kernel kernel, const FlashForwardParams& p, cud
   DPA_CUDA_CHECK_LAUNCH();
 }
 
+// The warp-specialised kernel's one-dimensional grid over the blocks of work
+// (flash_forward_sm90_ws.cuh): one block per block of work, or at most p.persistent_blocks
+// looping over them.
+template <typename Traits, typename Kernel>
+void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
+                                    cudaStream_t stream) {
+  DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Traits::kSharedBytes));
+  const int64_t work = int64_t((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
+                       p.heads_q * p.batch * p.num_splits;
+  const int64_t blocks =
+      p.persistent_blocks > 0 ? std::min<int64_t>(work, p.persistent_blocks) : work;
+  kernel<<<unsigned(blocks), Traits::kThreads, Traits::kSharedBytes, stream>>>(p);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
 template <typename Traits>
 void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t stream) {
   launch_flash_forward_kernel<Traits>(flash_forward_kernel<Traits>, p, stream);
@@ -35,7 +54,8 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
-      return launch_flash_forward_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p, stream);
+      return launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p,
+                                                    stream);
     }
     if (p.wgmma) {
       using Traits = FlashSm90Traits<Element, kHeadDimQK, kHeadDimV>;

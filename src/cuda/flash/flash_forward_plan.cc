@@ -125,6 +125,8 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
+  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway).
+  if (shape.warp_specialized) params.persistent_blocks = device_info(p.device_index).sm_count;
   plan_tensor_maps(p, shape, params);
   params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
   if (params.num_splits > 1) {

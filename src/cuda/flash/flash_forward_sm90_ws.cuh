@@ -19,6 +19,13 @@
 //   24 / 240 spilled).
 // - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
 //   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
+// - Persistent grid (p.persistent_blocks): each block loops over blocks of work w = blockIdx.x,
+//   + gridDim.x, ... (query blocks fastest and last first, so the longest causal blocks start
+//   early and concurrent blocks share their heads' K and V in L2). The stage ring runs on across
+//   blocks of work, and Q has a second barrier, q_empty, which the consumers arrive on once
+//   their last S = Q K^T of a block is done: the producer loads the next block's Q and first
+//   K, V tiles while the consumers finish the last tile and store O. The ping-pong alternation
+//   runs on across blocks of work too (both consumers visit the same tiles).
 #pragma once
 
 #include "cuda/flash/flash_forward_sm90.cuh"
@@ -48,7 +55,7 @@ struct FlashSm90WsTraits {
   static constexpr int kSharedBytes =
       kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(2 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
 };
 
@@ -113,11 +120,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       shared_base + Traits::kQBytes + kStages * (Traits::kKBytes + Traits::kVBytes);
   auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
   auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
-  const uint32_t q_barrier = barriers + 8u * (2 * kStages);
+  const uint32_t q_full = barriers + 8u * (2 * kStages);
+  const uint32_t q_empty = barriers + 8u * (2 * kStages + 1);
 
-  FlashBlock<Element> b;
-  if (!make_flash_block(p, kBlockM, kBlockN, b)) return;
-  const int tiles = b.n_block_end - b.n_block_begin;
+  // Blocks of work: query blocks (fastest, last first), heads, batch * splits.
+  const int m_blocks = (p.max_seqlen_q + kBlockM - 1) / kBlockM;
+  const int work_count = m_blocks * p.heads_q * p.batch * p.num_splits;
+  auto block_of = [&](int w, FlashBlock<Element>& b) {
+    const int rest = w / m_blocks;
+    return make_flash_block(p, kBlockM, kBlockN, m_blocks - 1 - w % m_blocks, rest % p.heads_q,
+                            rest / p.heads_q, b);
+  };
 
   // A stage is full after one expect-tx arrival and its bytes (TMA), or after the 128 producer
   // threads' cp.async arrivals.
@@ -127,59 +140,77 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbarrier_init(full_barrier(s), producer_arrivals);
       ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
     }
-    ptx::mbarrier_init(q_barrier, producer_arrivals);
+    ptx::mbarrier_init(q_full, producer_arrivals);
+    ptx::mbarrier_init(q_empty, kConsumerThreads);
   }
   __syncthreads();
 
+  // Producer and consumers count the same tiles: `round` blocks of work with tiles (Q's
+  // barrier phases) and `issued` KV tiles (the stage ring's position).
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0 && p.tma) {
     // Producer with TMA: one thread issues every copy (64-column boxes), the copy engine
     // writes the swizzled tiles and counts their bytes on the stage's barrier.
     ptx::setmaxnreg_decrease<40>();
-    if (tiles == 0 || threadIdx.x != 0) return;
+    if (threadIdx.x != 0) return;
     ptx::prefetch_tensor_map(&p.q_map);
     ptx::prefetch_tensor_map(&p.k_map);
     ptx::prefetch_tensor_map(&p.v_map);
-    const int kv_head = b.head / p.group_size;
-    ptx::mbarrier_arrive_expect_tx(q_barrier, Traits::kQBytes);
-#pragma unroll
-    for (int c = 0; c < kDimQK / 64; ++c)
-      ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, b.m0, b.head, b.batch,
-                       q_barrier);
+    int round = 0, issued = 0;
 #pragma unroll 1
-    for (int it = 0; it < tiles; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
-      const int n0 = (b.n_block_begin + it) * kBlockN;
-      ptx::mbarrier_arrive_expect_tx(full_barrier(stage), Traits::kKBytes + Traits::kVBytes);
+    for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
+      FlashBlock<Element> b;
+      if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
+      if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
+      ++round;
+      const int kv_head = b.head / p.group_size;
+      ptx::mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
 #pragma unroll
       for (int c = 0; c < kDimQK / 64; ++c)
-        ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128), &p.k_map, 64 * c, n0, kv_head,
-                         b.batch, full_barrier(stage));
+        ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, b.m0, b.head, b.batch,
+                         q_full);
+#pragma unroll 1
+      for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
+        const int stage = issued % kStages;
+        if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
+        const int n0 = n_block * kBlockN;
+        ptx::mbarrier_arrive_expect_tx(full_barrier(stage), Traits::kKBytes + Traits::kVBytes);
 #pragma unroll
-      for (int c = 0; c < kDimV / 64; ++c)
-        ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128), &p.v_map, 64 * c, n0, kv_head,
-                         b.batch, full_barrier(stage));
+        for (int c = 0; c < kDimQK / 64; ++c)
+          ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128), &p.k_map, 64 * c, n0, kv_head,
+                           b.batch, full_barrier(stage));
+#pragma unroll
+        for (int c = 0; c < kDimV / 64; ++c)
+          ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128), &p.v_map, 64 * c, n0, kv_head,
+                           b.batch, full_barrier(stage));
+      }
     }
     return;
   }
   if (warpgroup == 0) {
     // Producer with cp.async: each thread issues its copies of a stage and an arrive that
-    // fires when they land; it waits only for a stage to be freed.
+    // fires when they land; it waits only for a stage (or Q's buffer) to be freed.
     ptx::setmaxnreg_decrease<40>();
-    if (tiles == 0) return;
-    produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
-    ptx::cp_async_mbarrier_arrive_noinc(q_barrier);
+    int round = 0, issued = 0;
 #pragma unroll 1
-    for (int it = 0; it < tiles; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (it / kStages - 1) & 1);
-      const int n0 = (b.n_block_begin + it) * kBlockN;
-      produce_swizzled_tile<Element, kBlockN, kDimQK>(
-          k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, b.seqlen_kv - n0);
-      produce_swizzled_tile<Element, kBlockN, kDimV>(
-          v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, b.seqlen_kv - n0);
-      ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+    for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
+      FlashBlock<Element> b;
+      if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
+      if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
+      ++round;
+      produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
+      ptx::cp_async_mbarrier_arrive_noinc(q_full);
+#pragma unroll 1
+      for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
+        const int stage = issued % kStages;
+        if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
+        const int n0 = n_block * kBlockN;
+        produce_swizzled_tile<Element, kBlockN, kDimQK>(
+            k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, b.seqlen_kv - n0);
+        produce_swizzled_tile<Element, kBlockN, kDimV>(
+            v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, b.seqlen_kv - n0);
+        ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+      }
     }
     ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
     ptx::cp_async_wait<0>();
@@ -191,120 +222,134 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warp_in_group = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
   const int my_turn = 1 + consumer, their_turn = 2 - consumer;  // named barrier ids
 
-  RowStats stats = initial_row_stats(block_sink_log2(p, b.head), quad_col);
-  float o_acc[kVTiles][4];
-#pragma unroll
-  for (int t = 0; t < kVTiles; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
+  auto q_descriptor = [&](int kk) {
+    const uint32_t address =
+        q_shared + (kk / 4) * (kBlockM * 128) + consumer * 64 * 128 + (kk % 4) * 32;
+    return ptx::smem_descriptor(address, 16, 1024);
+  };
+  auto k_descriptor = [&](int stage, int kk) {
+    const uint32_t address = k_shared(stage) + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+    return ptx::smem_descriptor(address, 16, 1024);
+  };
+  auto v_descriptor = [&](int stage, int kk) {
+    return ptx::smem_descriptor(v_shared(stage) + kk * 16 * 128, kBlockN * 128, 1024);
+  };
+  // Waits until a stage's copies landed and makes them visible to this thread's wgmma
+  // (cp.async writes through the generic proxy, wgmma reads through the async one; TMA
+  // writes through the async proxy already).
+  auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
+    ptx::mbarrier_wait(barrier, parity);
+    if (!p.tma) ptx::fence_proxy_async_shared();
+  };
 
-  if (tiles > 0) {
-    auto q_descriptor = [&](int kk) {
-      const uint32_t address =
-          q_shared + (kk / 4) * (kBlockM * 128) + consumer * 64 * 128 + (kk % 4) * 32;
-      return ptx::smem_descriptor(address, 16, 1024);
-    };
-    auto k_descriptor = [&](int stage, int kk) {
-      const uint32_t address = k_shared(stage) + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      return ptx::smem_descriptor(address, 16, 1024);
-    };
-    auto v_descriptor = [&](int stage, int kk) {
-      return ptx::smem_descriptor(v_shared(stage) + kk * 16 * 128, kBlockN * 128, 1024);
-    };
-    float correction[2];
-    auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block,
-                                       const uint32_t(&keep)[2]) {
-      const int n0 = n_block * kBlockN;
-      const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-      transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible);
-      softmax_update(s_acc, stats, correction);
-      if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
-    };
-    uint32_t p_operand[kBlockN / 16][4];
-    auto pack_probabilities = [&](const float(&s_acc)[kNTiles][4]) {
+  if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
+  int round = 0, issued = 0;
+#pragma unroll 1
+  for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
+    FlashBlock<Element> b;
+    if (!block_of(w, b)) continue;
+    const int tiles = b.n_block_end - b.n_block_begin;
+    const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
+    RowStats stats = initial_row_stats(block_sink_log2(p, b.head), quad_col);
+    float o_acc[kVTiles][4];
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p_operand<Element>(s_acc, kk, p_operand[kk]);
-    };
-    auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
+    for (int t = 0; t < kVTiles; ++t)
 #pragma unroll
-      for (int kk = 0; kk < kDimQK / 16; ++kk)
-        ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
-      ptx::wgmma_commit();
-    };
-    auto issue_pv = [&](int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
-      ptx::wgmma_commit();
-    };
-    auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
-      keep[0] = keep[1] = 0;
-      if (p.dropout_threshold != 0)
-        draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
-    };
-    // Waits until a stage's copies landed and makes them visible to this thread's wgmma
-    // (cp.async writes through the generic proxy, wgmma reads through the async one; TMA
-    // writes through the async proxy already).
-    auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
-      ptx::mbarrier_wait(barrier, parity);
-      if (!p.tma) ptx::fence_proxy_async_shared();
-    };
+      for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
 
-    wait_landed(q_barrier, 0);
-    if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
+    if (tiles > 0) {
+      float correction[2];
+      auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block,
+                                         const uint32_t(&keep)[2]) {
+        const int n0 = n_block * kBlockN;
+        const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
+        transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible);
+        softmax_update(s_acc, stats, correction);
+        if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
+      };
+      uint32_t p_operand[kBlockN / 16][4];
+      auto pack_probabilities = [&](const float(&s_acc)[kNTiles][4]) {
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) pack_p_operand<Element>(s_acc, kk, p_operand[kk]);
+      };
+      auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
+#pragma unroll
+        for (int kk = 0; kk < kDimQK / 16; ++kk)
+          ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
+        ptx::wgmma_commit();
+      };
+      auto issue_pv = [&](int stage) {
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
+        ptx::wgmma_commit();
+      };
+      auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
+        keep[0] = keep[1] = 0;
+        if (p.dropout_threshold != 0)
+          draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
+      };
 
-    uint32_t keep[2];
-    float s_acc[kNTiles][4];
-    draw_keep(b.n_block_begin, keep);
-    wait_landed(full_barrier(0), 0);
-    ptx::named_barrier_sync(my_turn, kConsumerThreads);
-    ptx::wgmma_fence();
-    issue_qk(s_acc, 0);
-    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
-    ptx::wgmma_wait<0>();
-    ptx::fence_accumulators(s_acc);
-    logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
-    pack_probabilities(s_acc);
+      wait_landed(q_full, round & 1);
+      ++round;
+      uint32_t keep[2];
+      float s_acc[kNTiles][4];
+      draw_keep(b.n_block_begin, keep);
+      wait_landed(full_barrier(issued % kStages), (issued / kStages) & 1);
+      ptx::named_barrier_sync(my_turn, kConsumerThreads);
+      ptx::wgmma_fence();
+      issue_qk(s_acc, issued % kStages);
+      ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(s_acc);
+      if (tiles == 1) ptx::mbarrier_arrive(q_empty);          // the block's last read of Q is done
+      logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
+      pack_probabilities(s_acc);
 
 #pragma unroll 1
-    for (int it = 1; it < tiles; ++it) {
-      const int stage = it % kStages, previous = (it - 1) % kStages;
-      const int n_block = b.n_block_begin + it;
-      draw_keep(n_block, keep);
-      wait_landed(full_barrier(stage), (it / kStages) & 1);
+      for (int it = 1; it < tiles; ++it) {
+        const int tile = issued + it;
+        const int stage = tile % kStages, previous = (tile - 1) % kStages;
+        const int n_block = b.n_block_begin + it;
+        draw_keep(n_block, keep);
+        wait_landed(full_barrier(stage), (tile / kStages) & 1);
+        ptx::named_barrier_sync(my_turn, kConsumerThreads);
+        ptx::fence_accumulators(o_acc);
+        ptx::wgmma_fence();
+        issue_qk(s_acc, stage);
+        issue_pv(previous);  // P(n-1) V(n-1)
+        ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+        ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
+        ptx::fence_accumulators(s_acc);
+        if (it == tiles - 1) ptx::mbarrier_arrive(q_empty);
+        logits_to_probabilities(s_acc, n_block, keep);
+        ptx::wgmma_wait<0>();
+        ptx::fence_accumulators(o_acc);
+        ptx::fence_registers(p_operand);
+        ptx::mbarrier_arrive(empty_barrier(previous));  // K(n-1) and V(n-1) are read
+        rescale_rows(o_acc, correction);
+        pack_probabilities(s_acc);
+      }
+
+      // O += P(last) V(last).
+      const int last = (issued + tiles - 1) % kStages;
       ptx::named_barrier_sync(my_turn, kConsumerThreads);
       ptx::fence_accumulators(o_acc);
       ptx::wgmma_fence();
-      issue_qk(s_acc, stage);
-      issue_pv(previous);  // P(n-1) V(n-1)
+      issue_pv(last);
       ptx::named_barrier_arrive(their_turn, kConsumerThreads);
-      ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
-      ptx::fence_accumulators(s_acc);
-      logits_to_probabilities(s_acc, n_block, keep);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(o_acc);
       ptx::fence_registers(p_operand);
-      ptx::mbarrier_arrive(empty_barrier(previous));  // K(n-1) and V(n-1) are read
-      rescale_rows(o_acc, correction);
-      pack_probabilities(s_acc);
+      ptx::mbarrier_arrive(empty_barrier(last));
+      issued += tiles;
     }
-
-    // O += P(last) V(last).
-    ptx::named_barrier_sync(my_turn, kConsumerThreads);
-    ptx::fence_accumulators(o_acc);
-    ptx::wgmma_fence();
-    issue_pv((tiles - 1) % kStages);
-    ptx::named_barrier_arrive(their_turn, kConsumerThreads);
-    ptx::wgmma_wait<0>();
-    ptx::fence_accumulators(o_acc);
-    // Balances consumer 1's last arrive.
-    if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);
+    store_slab(p, b, o_acc, stats, row0, quad_col);
   }
-
-  store_slab(p, b, o_acc, stats, row0, quad_col);
+  // Balances consumer 1's last arrive.
+  if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);
 #else
   (void)p;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif

@@ -73,6 +73,9 @@ struct FlashForwardParams {
   bool wgmma = false;  // the sm_90a warpgroup kernel (flash_forward_tile_shape(.., hopper))
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
   bool decode = false;  // one-warp 16-row tiles (flash_forward_tile_shape(.., decode = true))
+  // The warp-specialised kernel's grid: at most this many blocks, each looping over blocks of
+  // work (a persistent grid: one block per SM); 0 launches one block per block of work.
+  int persistent_blocks = 0;
   int num_splits = 1;
   int blocks_per_split = 0;
   float* partial_o = nullptr;

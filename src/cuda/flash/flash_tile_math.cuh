@@ -76,16 +76,18 @@ struct FlashBlock {
   const Element *q, *k, *v;          // first row of the block's Q tile; row 0 of K and V
 };
 
-// Returns false when the block has no rows (nothing to do).
+// Returns false when the block has no rows (nothing to do). `m_block`, `head` and
+// `batch_split` (batch * num_splits + split) name the block.
 template <typename Element>
 __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, int block_m,
-                                                 int block_n, FlashBlock<Element>& b) {
-  b.batch = blockIdx.z / p.num_splits;
-  b.split = blockIdx.z % p.num_splits;
-  b.head = blockIdx.y;
+                                                 int block_n, int m_block, int head,
+                                                 int batch_split, FlashBlock<Element>& b) {
+  b.batch = batch_split / p.num_splits;
+  b.split = batch_split % p.num_splits;
+  b.head = head;
   b.seqlen_q = p.seqlen_q[b.batch];
   b.seqlen_kv = p.seqlen_kv[b.batch];
-  b.m0 = blockIdx.x * block_m;
+  b.m0 = m_block * block_m;
   if (b.m0 >= b.seqlen_q) return false;
   b.rows_here = min(block_m, b.seqlen_q - b.m0);
 
@@ -114,6 +116,14 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
   b.v = static_cast<const Element*>(p.v) + b.batch * p.v_batch_stride + kv_row0 * p.v_row_stride +
         kv_head * p.v_head_stride;
   return true;
+}
+
+// The block of a grid of (m blocks, heads, batch * splits).
+template <typename Element>
+__device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, int block_m,
+                                                 int block_n, FlashBlock<Element>& b) {
+  return make_flash_block(p, block_m, block_n, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z),
+                          b);
 }
 
 // The sink's logit in log2 units, or -inf where it does not join (none, or a split-KV

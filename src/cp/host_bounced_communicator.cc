@@ -1,0 +1,239 @@
+// Device buffers over a host communicator (cp/host_bounced_communicator.h). Each operation
+// waits for its stream (which, being a blocking stream, also waits for the legacy default
+// stream), copies its device input to a host buffer, and hands that to the host communicator,
+// whose rules (matching, deadlines) then hold. The host buffers live in the handle until its
+// wait() returns, as Communicator asks. A receiving or collective handle copies its host result
+// into the device buffer in wait(), so that after wait() the data is ready for any stream, as
+// DeviceCommunicator promises. The copies block the posting thread, so nothing overlaps: the
+// compute stays on the GPU and only the messages cross the host.
+#include "cp/host_bounced_communicator.h"
+
+#include <atomic>
+#include <utility>
+#include <vector>
+
+#include "dpa/error.h"
+
+#if defined(DPA_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "cuda/runtime.h"
+#endif
+
+namespace dpa::cp {
+
+#if defined(DPA_WITH_CUDA)
+
+namespace {
+
+class BouncedCommunicator;
+
+// The host buffers of one operation and the inner handle: `input` stays alive (and unmodified)
+// until the inner operation completes; `output`, when the operation has one, goes to
+// `device_data` then.
+class BouncedRequest final : public CommRequest {
+ public:
+  BouncedRequest(std::vector<char> input, std::vector<char> output, void* device_data,
+                 const BouncedCommunicator& comm)
+      : input_(std::move(input)),
+        output_(std::move(output)),
+        device_data_(device_data),
+        comm_(comm) {}
+  // Stable pointers for the inner operation: the vectors are never resized.
+  const char* input() const { return input_.data(); }
+  char* output() { return output_.data(); }
+  void set_inner(CommHandle inner) { inner_ = std::move(inner); }
+  void wait() override;
+
+ private:
+  CommHandle inner_;
+  std::vector<char> input_, output_;
+  void* device_data_;
+  const BouncedCommunicator& comm_;
+  bool done_ = false;
+};
+
+class BouncedCommunicator final : public DeviceCommunicator {
+ public:
+  BouncedCommunicator(std::unique_ptr<Communicator> owned, Communicator& host, int device,
+                      GroupControl control)
+      : owned_(std::move(owned)), host_(host), device_(device), control_(std::move(control)) {
+    require(device >= 0, "device", "must be a CUDA device index, got " + std::to_string(device));
+    const cuda::DeviceGuard guard(device_);
+    check(cudaStreamCreate(&stream_), "creating its stream");  // blocking: after legacy work
+  }
+  ~BouncedCommunicator() override {
+    const cuda::DeviceGuard guard(device_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  BouncedCommunicator(const BouncedCommunicator&) = delete;
+  BouncedCommunicator& operator=(const BouncedCommunicator&) = delete;
+
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  void start_pending() override {}  // operations start at post
+  void* stream() const override { return stream_; }
+  int device() const override { return device_; }
+  void abort(const std::string& reason) override {
+    failed_ = true;
+    if (control_.abort) control_.abort(reason);
+  }
+  bool healthy() const override { return !failed_ && (!control_.healthy || control_.healthy()); }
+
+  CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
+    auto request = bounce(download(data, bytes, "data"), 0, nullptr);
+    request->set_inner(host_.send(request->input(), bytes, peer, tag));
+    return request;
+  }
+  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
+    check_device_pointer(data, bytes, "data");
+    auto request = bounce({}, bytes, data);
+    request->set_inner(host_.recv(request->output(), bytes, peer, tag));
+    return request;
+  }
+  CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
+    const size_t bytes = size_t(count) * dtype_size(dtype);
+    auto request = bounce({}, bytes, data);
+    download_into(request->output(), data, bytes, "data");
+    request->set_inner(host_.all_reduce(request->output(), count, dtype));
+    return request;
+  }
+  CommHandle all_gather(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
+    check_device_pointer(recv_data, bytes_per_rank * size_t(size()), "recv");
+    auto request = bounce(download(send_data, bytes_per_rank, "send"),
+                          bytes_per_rank * size_t(size()), recv_data);
+    request->set_inner(host_.all_gather(request->input(), request->output(), bytes_per_rank));
+    return request;
+  }
+  CommHandle reduce_scatter(const void* send_data, void* recv_data, int64_t count_per_rank,
+                            DType dtype) override {
+    const size_t block = size_t(count_per_rank) * dtype_size(dtype);
+    check_device_pointer(recv_data, block, "recv");
+    auto request = bounce(download(send_data, block * size_t(size()), "send"), block, recv_data);
+    request->set_inner(
+        host_.reduce_scatter(request->input(), request->output(), count_per_rank, dtype));
+    return request;
+  }
+  CommHandle all_to_all(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
+    const size_t bytes = bytes_per_rank * size_t(size());
+    check_device_pointer(recv_data, bytes, "recv");
+    auto request = bounce(download(send_data, bytes, "send"), bytes, recv_data);
+    request->set_inner(host_.all_to_all(request->input(), request->output(), bytes_per_rank));
+    return request;
+  }
+
+  // Host bytes -> device, after the inner operation completed.
+  void upload(void* device_data, const char* host, size_t bytes) const {
+    if (bytes == 0) return;
+    const cuda::DeviceGuard guard(device_);
+    check(cudaMemcpyAsync(device_data, host, bytes, cudaMemcpyHostToDevice, stream_),
+          "copying a result to the device");
+    check(cudaStreamSynchronize(stream_), "copying a result to the device");
+  }
+
+ private:
+  // Fails the group too, so that no other rank waits for this one until its deadline.
+  void check(cudaError_t error, const std::string& what) const {
+    if (error == cudaSuccess) return;
+    cudaGetLastError();
+    const std::string message = "host-bounced device communicator (rank " +
+                                std::to_string(host_.rank()) + "): " + what + ": " +
+                                cudaGetErrorName(error) + " " + cudaGetErrorString(error);
+    failed_ = true;
+    if (control_.abort) control_.abort(message);
+    throw Error(ErrorCode::kBackendFailure, "communicator", message);
+  }
+
+  // Refuses operations after a failure or an abort, as DeviceCommunicator promises.
+  std::unique_ptr<BouncedRequest> bounce(std::vector<char> input, size_t output_bytes,
+                                         void* device_data) const {
+    if (!healthy())
+      throw Error(ErrorCode::kBackendFailure, "communicator",
+                  "host-bounced device communicator (rank " + std::to_string(host_.rank()) +
+                      "): the communicator has failed or was aborted");
+    return std::make_unique<BouncedRequest>(std::move(input), std::vector<char>(output_bytes),
+                                            device_data, *this);
+  }
+
+  // A buffer must be device memory of this communicator's device (a host pointer would be
+  // copied as if it were one, silently).
+  void check_device_pointer(const void* data, size_t bytes, const char* name) const {
+    if (bytes == 0) return;
+    cudaPointerAttributes attributes{};
+    const cudaError_t error = cudaPointerGetAttributes(&attributes, data);
+    if (error != cudaSuccess) cudaGetLastError();
+    const bool on_device = error == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
+                                                    attributes.type == cudaMemoryTypeManaged);
+    require(on_device && attributes.device == device_, name,
+            "must be device memory on CUDA device " + std::to_string(device_));
+  }
+
+  // Device bytes -> a host buffer, after every operation ordered before the post.
+  std::vector<char> download(const void* data, size_t bytes, const char* name) const {
+    std::vector<char> host(bytes);
+    download_into(host.data(), data, bytes, name);
+    return host;
+  }
+  void download_into(char* host, const void* data, size_t bytes, const char* name) const {
+    check_device_pointer(data, bytes, name);
+    if (bytes == 0) return;
+    const cuda::DeviceGuard guard(device_);
+    check(cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, stream_),
+          "copying an input to the host");
+    check(cudaStreamSynchronize(stream_), "copying an input to the host");
+  }
+
+  std::unique_ptr<Communicator> owned_;  // null when the caller owns `host_`
+  Communicator& host_;
+  int device_;
+  GroupControl control_;
+  mutable std::atomic<bool> failed_{false};
+  cudaStream_t stream_ = nullptr;
+};
+
+void BouncedRequest::wait() {
+  if (done_) return;
+  inner_->wait();
+  comm_.upload(device_data_, output_.data(), output_.size());
+  done_ = true;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(
+    std::unique_ptr<Communicator> host, int device, GroupControl control) {
+  Communicator& inner = *host;
+  return std::make_unique<BouncedCommunicator>(std::move(host), inner, device, std::move(control));
+}
+
+}  // namespace dpa::cp
+
+namespace dpa {
+
+std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator& host, int device) {
+  return std::make_unique<cp::BouncedCommunicator>(nullptr, host, device, cp::GroupControl{});
+}
+
+}  // namespace dpa
+
+#else
+
+std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(std::unique_ptr<Communicator>,
+                                                                   int, GroupControl) {
+  throw Error(ErrorCode::kNotSupported, "device",
+              "dpa was built without CUDA: there are no device communicators");
+}
+
+}  // namespace dpa::cp
+
+namespace dpa {
+
+std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator&, int) {
+  throw Error(ErrorCode::kNotSupported, "device",
+              "dpa was built without CUDA: there are no device communicators");
+}
+
+}  // namespace dpa
+
+#endif
