@@ -92,9 +92,11 @@ racecheck_filter="${DPA_RACECHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
     'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_decode_splits_bfloat16_d128' \
-    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/prefill_chunk_across_pages_float16_d64' \
-    'DeviceCommunicator/GpuCp.MatchesExact/causal_gqa_p2p_cp2'
+    'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/prefill_chunk_across_pages_float16_d64'
 )}"
+# No CP case under racecheck: with virtual ranks launching from several threads, racecheck
+# reports "Internal Sanitizer Error: Detected a failure to track a kernel launch" and then
+# does not finish causal_gqa_p2p_cp2 in 120 s (session 13). memcheck covers the CP cases above.
 
 summary=()
 failed=0

@@ -125,9 +125,16 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
-  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway).
-  if (shape.warp_specialized) params.persistent_blocks = device_info(p.device_index).sm_count;
   plan_tensor_maps(p, shape, params);
+  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where
+  // every block of work visits about as many KV tiles, so that a static stride over them
+  // balances: full-length sequences (TMA's condition) and no window or one bounded on both
+  // sides. The hardware's block scheduler balances a causal triangle or ragged sequences better
+  // (measured: d = 128 causal sink 564 persistent vs 589 TFLOP/s; gpt-oss window 128 91.6 vs
+  // 77.0; docs/perf.md, session 13).
+  const bool uniform_work = params.tma && (params.window_left < 0) == (params.window_right < 0);
+  if (shape.warp_specialized && uniform_work)
+    params.persistent_blocks = device_info(p.device_index).sm_count;
   params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
