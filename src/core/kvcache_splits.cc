@@ -36,4 +36,10 @@ bool kvcache_deep_pipeline(int64_t key_tiles, int splits) {
   return splits > 1 && key_tiles <= kKvCacheDeepPipelineTiles * splits;
 }
 
+bool kvcache_prefill_on_flash(int arch, bool packed_q, int64_t queries_per_sequence,
+                              int64_t head_dim) {
+  return arch == 90 && !packed_q && queries_per_sequence >= kKvCacheFlashPrefillQueries &&
+         (head_dim == 64 || head_dim == 128);
+}
+
 }  // namespace dpa

@@ -1,6 +1,7 @@
 // The shape of the device KV-cache kernel that the host decides (docs/kvcache.md): its head
-// dims, its key tiles, and the split-KV heuristic (into how many splits each block of packed
-// rows cuts its keys). Host-only, so the CPU CI tests it.
+// dims, its key tiles, the split-KV heuristic (into how many splits each block of packed rows
+// cuts its keys), and which calls run on cuda_flash's forward instead. Host-only, so the CPU CI
+// tests it.
 #pragma once
 
 #include <cstdint>
@@ -38,5 +39,17 @@ int64_t kvcache_key_tiles(int64_t capacity, int64_t window_left, int64_t window_
 // deeper pipeline (fewer blocks per SM) measured faster there and slower where each split still
 // has hundreds of tiles (docs/perf.md, session 12).
 bool kvcache_deep_pipeline(int64_t key_tiles, int splits);
+
+// Queries per sequence from which a prefill call runs on cuda_flash's warp-specialised forward
+// (128-row blocks, one query head each) rather than on the KV-cache kernel, whose 16-row blocks
+// read every key again for each 16 packed rows.
+constexpr int64_t kKvCacheFlashPrefillQueries = 64;
+
+// Whether a call runs on cuda_flash's forward (its producer reads the cache's pages): on sm_90
+// (`arch` 90), head dims 64 and 128, and a q of [b, sq, H, d] with sq of at least
+// kKvCacheFlashPrefillQueries. A packed q stays on the KV-cache kernel: its sequences' query
+// counts are on the device, and a decode row among them would cost a whole 128-row block.
+bool kvcache_prefill_on_flash(int arch, bool packed_q, int64_t queries_per_sequence,
+                              int64_t head_dim);
 
 }  // namespace dpa

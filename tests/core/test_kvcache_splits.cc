@@ -52,5 +52,15 @@ TEST(KvCacheSplits, OnlySplitsOfFewTilesTakeTheDeepPipeline) {
   EXPECT_FALSE(kvcache_deep_pipeline(kKvCacheDeepPipelineTiles * 8 + 1, 8));
 }
 
+TEST(KvCacheSplits, OnlyLongPrefillChunksOnHopperRunOnTheFlashForward) {
+  EXPECT_TRUE(kvcache_prefill_on_flash(90, false, 512, 128));
+  EXPECT_TRUE(kvcache_prefill_on_flash(90, false, kKvCacheFlashPrefillQueries, 64));
+  EXPECT_FALSE(kvcache_prefill_on_flash(90, false, kKvCacheFlashPrefillQueries - 1, 128));
+  EXPECT_FALSE(kvcache_prefill_on_flash(90, false, 1, 128));    // decode
+  EXPECT_FALSE(kvcache_prefill_on_flash(90, true, 4096, 128));  // packed: counts on device
+  EXPECT_FALSE(kvcache_prefill_on_flash(90, false, 512, 256));  // no paged d = 256 kernel
+  EXPECT_FALSE(kvcache_prefill_on_flash(80, false, 512, 128));  // sm_90a code only
+}
+
 }  // namespace
 }  // namespace dpa

@@ -149,6 +149,48 @@ std::vector<KvCase> long_cases() {
        },
        [](KvCacheConfig& config, KvCacheCase&) { config.softcap = 0.0; },
        {}},
+      // Prefill chunks of at least kKvCacheFlashPrefillQueries queries run on cuda_flash's
+      // forward at d = 64 and 128 (its producer reads the pages): contiguous and 1- and
+      // 256-token pages, ragged and empty caches, each feature.
+      {"long_prefill_contiguous_window_sink",
+       [](KvCacheCaseSpec& s) {
+         s.cached = {300, 0, 77};
+         s.added = {70, 70, 70};
+         s.queries = {70, 70, 70};
+         s.heads_q = 8;
+         s.heads_kv = 2;
+         s.config.causal = true;
+         s.config.window_left = 50;
+         s.config.softmax_type = SoftmaxType::kLearnable;
+       },
+       [](KvCacheConfig& config, KvCacheCase&) { config.window_left = -1; },
+       {}},
+      {"long_prefill_page1_alibi",
+       [](KvCacheCaseSpec& s) {
+         s.cached = {100, 5};
+         s.added = {64, 64};
+         s.queries = {64, 64};
+         s.heads_q = s.heads_kv = 4;
+         s.page_size = 1;
+         s.alibi = true;
+       },
+       [](KvCacheConfig&, KvCacheCase& c) { c.alibi_slopes = HostTensor(); },
+       {}},
+      {"long_prefill_page256_off_by_one_softcap",
+       [](KvCacheCaseSpec& s) {
+         s.cached = {0, 600};
+         s.added = {100, 100};
+         s.queries = {100, 100};
+         s.heads_q = 8;
+         s.heads_kv = 1;
+         s.page_size = 256;
+         s.config.causal = true;
+         s.config.softcap = 4.0;
+         s.qk_stddev = 2.0;
+         s.config.softmax_type = SoftmaxType::kOffByOne;
+       },
+       [](KvCacheConfig& config, KvCacheCase&) { config.softcap = 0.0; },
+       {}},
       {"long_chunked_prefill_packed_alibi",
        [](KvCacheCaseSpec& s) {
          s.cached = {700, 0, 1500};
@@ -264,6 +306,38 @@ TEST(GpuKvCacheWorkspace, SplitPartialsComeFromTheCallersBlock) {
   EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
   EXPECT_EQ(max_abs_error(o.download(), plain.o), 0.0);
   EXPECT_EQ(max_abs_error(lse.download(), plain.lse), 0.0);
+}
+
+// A prefill chunk on cuda_flash's forward with no LSE asked for and a workspace of exactly
+// workspace_size() bytes: its tables and the kernel's LSE come from that block, and o is what
+// the call with an LSE writes.
+TEST(GpuKvCacheWorkspace, APrefillOnFlashTakesItsScratchFromTheCallersBlock) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << why;
+  KvCacheCaseSpec spec;
+  spec.cached = {500, 3};
+  spec.added = spec.queries = {80, 80};
+  spec.page_size = 16;
+  spec.config.causal = true;
+  spec.dtype = DType::kBFloat16;
+  spec.head_dim_qk = spec.head_dim_v = 128;
+  const KvCacheCase c = make_kvcache_case(spec);
+  const DeviceResult with_lse = run_on_device(spec.config, c);
+
+  DeviceMirror mirror;
+  KvCacheArgs a = device_inputs(c, mirror);
+  const DeviceTensor o(c.make_o());
+  a.o = o.view();
+  KvCacheAttention attention(spec.config);
+  const size_t bytes = attention.workspace_size(a);
+  ASSERT_GT(bytes, 0u) << "the tables and the LSE take scratch";
+  const DeviceTensor block(DType::kBool, {int64_t(bytes)});  // one byte per element
+  a.workspace.data = block.view().data;
+  a.workspace.bytes = bytes;
+  const uint64_t shortfall_before = workspace_shortfall_bytes();
+  attention.forward(a);
+  EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
+  EXPECT_EQ(max_abs_error(o.download(), with_lse.o), 0.0);
 }
 
 // A decode case whose tensors the tests below break.

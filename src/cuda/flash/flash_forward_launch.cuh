@@ -13,6 +13,7 @@
 #include "cuda/flash/flash_forward_sm90.cuh"
 #include "cuda/flash/flash_forward_sm90_ws.cuh"
 #include "cuda/flash/merge_partials.cuh"
+#include "dpa/error.h"
 
 namespace dpa::cuda {
 
@@ -51,6 +52,10 @@ void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t strea
 
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cudaStream_t stream) {
+  // Paged K and V: only the warp-specialised kernel's cp.async producer reads the page table.
+  if (p.block_table && !(p.wgmma && p.warp_specialized && !p.tma))
+    throw Error(ErrorCode::kInternal, "block_table",
+                "paged K/V planned for a flash kernel that cannot read pages");
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;

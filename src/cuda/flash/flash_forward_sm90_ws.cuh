@@ -94,6 +94,39 @@ __device__ __forceinline__ void produce_swizzled_tile(uint32_t shared_tile,
   }
 }
 
+// The same for kRows keys n0.. of a paged K or V (FlashForwardParams::block_table): each row's
+// page comes from the sequence's table row `pages`; `head_base` is the head's column of page 0.
+// Rows past the sequence read no table entry (they may have no page).
+template <typename Element, int kRows, int kDim>
+__device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const Element* head_base,
+                                                   int64_t page_stride, int64_t row_stride,
+                                                   const int* pages, int page_shift, int n0,
+                                                   int valid_rows) {
+  constexpr int kChunksPerRow = kDim / 8;
+  const int in_page = (1 << page_shift) - 1;
+  auto copy_chunk = [&](int row, int column) {
+    const bool valid = row < valid_rows;
+    const Element* source = head_base;
+    if (valid) {
+      const int key = n0 + row;
+      source += int64_t(pages[key >> page_shift]) * page_stride +
+                int64_t(key & in_page) * row_stride + column;
+    }
+    ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column), source, valid);
+  };
+  const int thread = int(threadIdx.x);
+  if constexpr (128 % kChunksPerRow == 0) {  // each thread keeps one column
+    constexpr int kRowStep = 128 / kChunksPerRow;
+    const int column = (thread % kChunksPerRow) * 8;
+#pragma unroll 1
+    for (int row = thread / kChunksPerRow; row < kRows; row += kRowStep) copy_chunk(row, column);
+  } else {
+#pragma unroll 1
+    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += 128)
+      copy_chunk(chunk / kChunksPerRow, (chunk % kChunksPerRow) * 8);
+  }
+}
+
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_forward_sm90_ws_kernel(const __grid_constant__ FlashForwardParams p) {
@@ -205,10 +238,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int stage = issued % kStages;
         if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
         const int n0 = n_block * kBlockN;
-        produce_swizzled_tile<Element, kBlockN, kDimQK>(
-            k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, b.seqlen_kv - n0);
-        produce_swizzled_tile<Element, kBlockN, kDimV>(
-            v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, b.seqlen_kv - n0);
+        if (p.block_table) {
+          const int* pages = p.block_table + b.batch * p.block_table_stride;
+          produce_paged_tile<Element, kBlockN, kDimQK>(k_shared(stage), b.k, p.k_batch_stride,
+                                                       p.k_row_stride, pages, p.page_shift, n0,
+                                                       b.seqlen_kv - n0);
+          produce_paged_tile<Element, kBlockN, kDimV>(v_shared(stage), b.v, p.v_batch_stride,
+                                                      p.v_row_stride, pages, p.page_shift, n0,
+                                                      b.seqlen_kv - n0);
+        } else {
+          produce_swizzled_tile<Element, kBlockN, kDimQK>(k_shared(stage),
+                                                          b.k + int64_t(n0) * p.k_row_stride,
+                                                          p.k_row_stride, b.seqlen_kv - n0);
+          produce_swizzled_tile<Element, kBlockN, kDimV>(v_shared(stage),
+                                                         b.v + int64_t(n0) * p.v_row_stride,
+                                                         p.v_row_stride, b.seqlen_kv - n0);
+        }
         ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
       }
     }

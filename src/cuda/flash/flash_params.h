@@ -88,6 +88,14 @@ struct FlashForwardParams {
   // rows that are not zeros, and 0 * NaN there would reach O. Otherwise cp.async.
   bool tma = false;
   CUtensorMap q_map{}, k_map{}, v_map{};
+
+  // Paged K and V (a KV cache's pages [pages, page size, G, d], docs/kvcache.md; the
+  // warp-specialised kernel's cp.async producer only): key n of sequence b is row n % page size
+  // of page block_table[b * block_table_stride + n / page size], pages k_batch_stride
+  // (v_batch_stride) elements apart. nullptr: rows of the batch, as above.
+  const int* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int page_shift = 0;  // log2 of the page size
 };
 
 }  // namespace dpa::cuda

@@ -111,9 +111,12 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
   const int64_t kv_row0 = p.start_kv ? p.start_kv[b.batch] : 0;
   b.q = static_cast<const Element*>(p.q) + b.batch * p.q_batch_stride + q_row0 * p.q_row_stride +
         b.head * p.q_head_stride;
-  b.k = static_cast<const Element*>(p.k) + b.batch * p.k_batch_stride + kv_row0 * p.k_row_stride +
+  // Paged K and V: the head's column of page 0 (the producer finds each row's page).
+  const int64_t k_batch = p.block_table ? 0 : b.batch * p.k_batch_stride;
+  const int64_t v_batch = p.block_table ? 0 : b.batch * p.v_batch_stride;
+  b.k = static_cast<const Element*>(p.k) + k_batch + kv_row0 * p.k_row_stride +
         kv_head * p.k_head_stride;
-  b.v = static_cast<const Element*>(p.v) + b.batch * p.v_batch_stride + kv_row0 * p.v_row_stride +
+  b.v = static_cast<const Element*>(p.v) + v_batch + kv_row0 * p.v_row_stride +
         kv_head * p.v_head_stride;
   return true;
 }

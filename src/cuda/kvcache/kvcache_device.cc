@@ -11,6 +11,7 @@
 #include "core/workspace.h"
 #include "cuda/device_buffer.h"
 #include "cuda/fill_rows.h"
+#include "cuda/flash/flash_forward_launch.h"
 #include "cuda/kvcache/kvcache_launch.h"
 #include "cuda/runtime.h"
 
@@ -169,6 +170,75 @@ void fill_rows_of_a_packed_q(const KvCachePlan& plan, const KvCacheConfig& confi
   fill_empty_forward_rows(rows, stream);
 }
 
+// Whether the call's attention runs on cuda_flash's forward (core/kvcache_splits.h).
+bool prefill_on_flash(const KvCachePlan& plan, const KvCacheLaunch& launch, int device_index) {
+  return kvcache_prefill_on_flash(device_info(device_index).arch, plan.packed_q, launch.queries,
+                                  plan.head_dim_qk) &&
+         plan.head_dim_qk == plan.head_dim_v;
+}
+
+// Device scratch of the flash route: the sequence tables (3 * b ints) and, when the caller
+// wants no LSE, one for the kernel to write ([b, H, sq] floats).
+size_t flash_tables_bytes(const KvCachePlan& plan) { return size_t(3 * plan.batch) * sizeof(int); }
+size_t flash_lse_bytes(const KvCachePlan& plan, const KvCacheLaunch& launch, const KvCacheArgs& a) {
+  return a.lse.defined() ? 0 : size_t(plan.batch * plan.heads_q * launch.queries) * sizeof(float);
+}
+
+// The flash forward's parameters for the call: q, o and the LSE as the KV-cache kernel
+// addresses them, the cache as K and V (pages through the producer), the bottom-right
+// diagonal of each sequence from `tables` (launch_kvcache_flash_tables), a persistent grid.
+FlashForwardParams flash_prefill_params(const KvCachePlan& plan, const KvCacheLaunch& launch,
+                                        const int* tables, float* lse, int device_index) {
+  const KvCacheParams& k = launch.params;
+  FlashForwardParams f;
+  f.q = k.q;
+  f.k = k.k_cache;
+  f.v = k.v_cache;
+  f.o = k.o;
+  f.lse = lse;
+  f.q_batch_stride = k.q_batch_stride;
+  f.q_row_stride = k.q_row_stride;
+  f.q_head_stride = k.q_head_stride;
+  f.k_batch_stride = k.k_dim0_stride;  // batch or page
+  f.k_row_stride = k.k_row_stride;
+  f.k_head_stride = k.k_head_stride;
+  f.v_batch_stride = k.v_dim0_stride;
+  f.v_row_stride = k.v_row_stride;
+  f.v_head_stride = k.v_head_stride;
+  f.o_batch_stride = k.o_batch_stride;
+  f.o_row_stride = k.o_row_stride;
+  f.o_head_stride = k.o_head_stride;
+  f.lse_batch_stride = plan.heads_q * launch.queries;  // [b, H, sq], the caller's or scratch
+  f.lse_head_stride = launch.queries;
+  f.seqlen_q = tables;
+  f.seqlen_kv = tables + plan.batch;
+  f.diagonal = tables + 2 * plan.batch;
+  f.batch = k.batch;
+  f.heads_q = k.heads_q;
+  f.heads_kv = k.heads_kv;
+  f.group_size = k.group;
+  f.max_seqlen_q = int(launch.queries);
+  f.max_seqlen_kv = int(plan.capacity);
+  f.scale_log2 = k.scale_log2;
+  f.softcap_arg_scale = k.softcap_arg_scale;
+  f.softcap_log2 = k.softcap_log2;
+  f.use_softcap = k.use_softcap;
+  f.window_left = k.window_left;
+  f.window_right = k.window_right;
+  f.heads_total = k.heads_q;
+  f.alibi_slopes = k.alibi_slopes;
+  f.alibi_batch_stride = k.alibi_batch_stride;
+  f.softmax_type = k.softmax_type;
+  f.softmax_offset = k.softmax_offset;
+  f.wgmma = true;
+  f.warp_specialized = true;
+  f.persistent_blocks = device_info(device_index).sm_count;
+  f.block_table = k.block_table;
+  f.block_table_stride = k.block_table_stride;
+  f.page_shift = k.page_shift;
+  return f;
+}
+
 size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
   const KvCacheParams& p = launch.params;
   if (p.num_splits <= 1 || plan.batch == 0 || launch.queries == 0) return 0;
@@ -191,7 +261,10 @@ std::optional<std::string> kvcache_device_refusal(const KvCachePlan& plan) {
 size_t kvcache_workspace_bytes(const KvCachePlan& plan, const KvCacheConfig& config,
                                const KvCacheArgs& args) {
   const DeviceGuard guard(args.q.device_index);
-  const size_t bytes = partials_bytes(plan_launch(plan, config, args), plan);
+  const KvCacheLaunch launch = plan_launch(plan, config, args);
+  if (plan.batch > 0 && launch.queries > 0 && prefill_on_flash(plan, launch, args.q.device_index))
+    return workspace_bytes_for({flash_tables_bytes(plan), flash_lse_bytes(plan, launch, args)});
+  const size_t bytes = partials_bytes(launch, plan);
   return bytes == 0 ? 0 : workspace_bytes_for({bytes});
 }
 
@@ -210,6 +283,16 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
   if (p.k_new != nullptr && max_new > 0)
     launch_kvcache_append(p, dtype, head_dim, int(plan.head_dim_v), max_new, stream);
   if (queries == 0) return;
+  if (prefill_on_flash(plan, launch, a.q.device_index)) {
+    const DeviceBuffer tables(flash_tables_bytes(plan), stream);
+    const DeviceBuffer scratch_lse(flash_lse_bytes(plan, launch, a), stream);
+    launch_kvcache_flash_tables(p, tables.get<int>(), stream);
+    float* lse = a.lse.defined() ? p.lse : scratch_lse.get<float>();
+    launch_flash_forward(
+        flash_prefill_params(plan, launch, tables.get<int>(), lse, a.q.device_index), dtype,
+        head_dim, int(plan.head_dim_v), stream);
+    return;
+  }
   if (plan.packed_q) fill_rows_of_a_packed_q(plan, config, a, stream);
   DeviceBuffer partials;
   if (p.num_splits > 1) {

@@ -72,6 +72,18 @@ int shared_bytes_staged(int stages) {
                                          : KvCacheTiles<kDim>::kSharedBytes;
 }
 
+// The flash forward's sequence tables of a call (kvcache_launch.h), one thread per sequence.
+__global__ void kvcache_flash_tables_kernel(const KvCacheParams p, int* seqlen_q, int* seqlen_kv,
+                                            int* diagonal) {
+  for (int b = int(blockIdx.x * blockDim.x + threadIdx.x); b < p.batch;
+       b += int(gridDim.x * blockDim.x)) {
+    const KvSequence s = kv_sequence(p, b);
+    seqlen_q[b] = s.queries;
+    seqlen_kv[b] = s.keys;
+    diagonal[b] = s.keys - s.queries;  // query i sits at position i + keys - queries
+  }
+}
+
 }  // namespace
 
 int kvcache_default_stages(int head_dim) { return kv_default_stages(head_dim); }
@@ -116,6 +128,15 @@ void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, i
     kvcache_merge_kernel<__nv_bfloat16><<<grid, kMergeThreads, 0, stream>>>(p, head_dim_v);
   else
     kvcache_merge_kernel<__half><<<grid, kMergeThreads, 0, stream>>>(p, head_dim_v);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_kvcache_flash_tables(const KvCacheParams& p, int* tables, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  const unsigned blocks =
+      unsigned(std::clamp<int64_t>((p.batch + kThreads - 1) / kThreads, 1, 1024));
+  kvcache_flash_tables_kernel<<<blocks, kThreads, 0, stream>>>(p, tables, tables + p.batch,
+                                                               tables + 2 * p.batch);
   DPA_CUDA_CHECK_LAUNCH();
 }
 

@@ -39,4 +39,9 @@ void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
 void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
                           cudaStream_t stream);
 
+// The sequence tables of the flash forward (FlashForwardParams) for a prefill call on it, after
+// the append: `tables` holds 3 * p.batch ints, seqlen_q, then seqlen_kv (the keys after the
+// append), then the diagonal (keys - queries: the bottom-right alignment).
+void launch_kvcache_flash_tables(const KvCacheParams& p, int* tables, cudaStream_t stream);
+
 }  // namespace dpa::cuda
