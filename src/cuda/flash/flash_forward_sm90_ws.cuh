@@ -96,9 +96,7 @@ __device__ __forceinline__ void produce_swizzled_tile(uint32_t shared_tile,
 
 // The same for kRows keys n0.. of a paged K or V (FlashForwardParams::block_table): each row's
 // page comes from the sequence's table row `pages`; `head_base` is the head's column of page 0.
-// Rows past the sequence read no table entry (they may have no page). Each thread reads the
-// table entries of kBatch rows before it issues their copies, so that one load latency covers
-// kBatch rows (a load per row before its copy measured 245 TFLOP/s against 442 contiguous).
+// Rows past the sequence read no table entry (they may have no page).
 template <typename Element, int kRows, int kDim>
 __device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const Element* head_base,
                                                    int64_t page_stride, int64_t row_stride,
@@ -106,32 +104,26 @@ __device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const E
                                                    int valid_rows) {
   constexpr int kChunksPerRow = kDim / 8;
   const int in_page = (1 << page_shift) - 1;
-  auto copy_chunk = [&](int row, int column, int page) {
+  auto copy_chunk = [&](int row, int column) {
     const bool valid = row < valid_rows;
-    const Element* source = valid ? head_base + int64_t(page) * page_stride +
-                                        int64_t((n0 + row) & in_page) * row_stride + column
-                                  : head_base;
+    const Element* source = head_base;
+    if (valid) {
+      const int key = n0 + row;
+      source += int64_t(pages[key >> page_shift]) * page_stride +
+                int64_t(key & in_page) * row_stride + column;
+    }
     ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column), source, valid);
   };
-  auto page_of = [&](int row) { return row < valid_rows ? pages[(n0 + row) >> page_shift] : 0; };
   const int thread = int(threadIdx.x);
-  if constexpr (128 % kChunksPerRow == 0 && (kRows / (128 / kChunksPerRow)) % 4 == 0) {
-    constexpr int kRowStep = 128 / kChunksPerRow, kBatch = 4;
+  if constexpr (128 % kChunksPerRow == 0) {  // each thread keeps one column
+    constexpr int kRowStep = 128 / kChunksPerRow;
     const int column = (thread % kChunksPerRow) * 8;
 #pragma unroll 1
-    for (int row = thread / kChunksPerRow; row < kRows; row += kBatch * kRowStep) {
-      int page[kBatch];
-#pragma unroll
-      for (int r = 0; r < kBatch; ++r) page[r] = page_of(row + r * kRowStep);
-#pragma unroll
-      for (int r = 0; r < kBatch; ++r) copy_chunk(row + r * kRowStep, column, page[r]);
-    }
+    for (int row = thread / kChunksPerRow; row < kRows; row += kRowStep) copy_chunk(row, column);
   } else {
 #pragma unroll 1
-    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += 128) {
-      const int row = chunk / kChunksPerRow;
-      copy_chunk(row, (chunk % kChunksPerRow) * 8, page_of(row));
-    }
+    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += 128)
+      copy_chunk(chunk / kChunksPerRow, (chunk % kChunksPerRow) * 8);
   }
 }
 
