@@ -390,21 +390,46 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   return std::get<0>(info.param).name + "_" + cp_layout_name(std::get<1>(info.param));
 }
 
+// Whether a case can be sharded so: bshd and sbhd sequences split into 2 cp chunks (thd pads
+// per cp), and the all-to-all groups scatter whole query heads.
+bool layout_fits(const GpuCpCase& c, const Layout& l) {
+  const CaseSpec& s = c.spec;
+  if (s.config.format != Format::kTHD && s.seqlen_q % (2 * l.cp) != 0) return false;
+  const int a2a_ranks = l.type == CpCommType::kA2A      ? l.cp
+                        : l.type == CpCommType::kA2AP2P ? l.group
+                                                        : 1;
+  return s.heads_q % a2a_ranks == 0;
+}
+
 std::vector<Param> params_for(const std::vector<Layout>& layouts, Transport transport) {
   std::vector<Param> params;
   for (const GpuCpCase& c : gpu_cp_cases())
-    for (const Layout& l : layouts) params.emplace_back(c, l, transport);
+    for (const Layout& l : layouts)
+      if (layout_fits(c, l)) params.emplace_back(c, l, transport);
   return params;
+}
+
+// cp = 8 for every comm type, and the 2x4 and 4x2 grids of a2a+p2p, on the device
+// communicators only (the host-communicator instance runs the same device algorithms through
+// the bounced view).
+std::vector<Layout> gpu_wide_layouts() {
+  return {{CpCommType::kP2P, 8, 0},
+          {CpCommType::kAllGather, 8, 0},
+          {CpCommType::kA2A, 8, 0},
+          {CpCommType::kA2AP2P, 8, 2},
+          {CpCommType::kA2AP2P, 8, 4}};
 }
 
 INSTANTIATE_TEST_SUITE_P(VirtualRanks, GpuCp,
                          ::testing::ValuesIn(params_for(gpu_layouts(), Transport::kHost)),
                          param_name);
 // The device communicators: p2p takes the device ring where it applies; every other call the
-// device-resident general algorithms (chunk sets in GPU memory), except a bias gradient, which
-// goes through the host-staged view.
+// device-resident general algorithms (chunk sets in GPU memory).
 INSTANTIATE_TEST_SUITE_P(DeviceCommunicator, GpuCp,
                          ::testing::ValuesIn(params_for(gpu_layouts(), Transport::kDevice)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(DeviceCommunicatorCp8, GpuCp,
+                         ::testing::ValuesIn(params_for(gpu_wide_layouts(), Transport::kDevice)),
                          param_name);
 
 }  // namespace
