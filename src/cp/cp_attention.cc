@@ -100,6 +100,29 @@ void add_sink(const AttentionConfig& config, const TensorView& offsets, int64_t 
 }
 
 // 0, 1, ..., n - 1: every slot of a set of n chunks.
+// Which (query slot, key slot) pairs of a step an attend pass leaves out.
+enum class TilePairs { kNone, kOwn, kAllButOwn };
+
+// The slots of the rank's own chunks in the sets of its a2a group's first ring step (the group
+// all-to-all stacks member d's chunks as block d): under a2a their tiles need no transfer.
+struct OwnSlots {
+  std::vector<size_t> slots;
+  size_t first = 0, count = 0;
+  OwnSlots(const Plan& plan, size_t group_chunks) {
+    count = plan.a2a > 1 ? group_chunks / size_t(plan.a2a) : 0;
+    first = size_t(plan.member) * count;
+    for (size_t i = 0; i < count; ++i) slots.push_back(first + i);
+  }
+  bool overlaps() const { return count > 0; }
+  bool owns(size_t slot) const { return slot >= first && slot < first + count; }
+  // kOwn leaves out the pairs of two own slots; kAllButOwn every other pair.
+  bool skips(TilePairs skip, size_t q_slot, size_t k_slot) const {
+    if (skip == TilePairs::kNone) return false;
+    const bool own_pair = owns(q_slot) && owns(k_slot);
+    return skip == TilePairs::kOwn ? own_pair : !own_pair;
+  }
+};
+
 std::vector<size_t> every_slot(size_t n) {
   std::vector<size_t> slots(n);
   for (size_t i = 0; i < n; ++i) slots[i] = i;
@@ -146,23 +169,32 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     k_local = replicate_heads(k_local, plan.kv_replication);
     v_local = replicate_heads(v_local, plan.kv_replication);
   }
-  const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
-  Packed k = to_heads(comm, plan, std::move(k_local)), v = to_heads(comm, plan, std::move(v_local));
+  // Under a2a the rank's own rows of the group's heads are local: their tiles run while the
+  // peers' rows are in flight.
+  GroupExchange q_in = start_to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
+  GroupExchange k_in = start_to_heads(comm, plan, std::move(k_local));
+  GroupExchange v_in = start_to_heads(comm, plan, std::move(v_local));
+  start_pending(comm);
+  const Packed& q = q_in.recv;
+  Packed &k = k_in.recv, &v = v_in.recv;
 
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
   ctx.backends = &tile_backends;
   ctx.sets = sets;
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
+  const OwnSlots own(plan, q_chunks.size());
   Packed o_acc = zeros_f32(q.rows, q.heads, v.dim, sets);
   Packed lse_acc(DType::kFloat32, q.rows, q.heads, 1, sets);
   fill(lse_acc, kNegInf);
   BackendKind used = BackendKind::kAuto;
 
-  // The tiles of the query chunks against key slots `slots` of a set holding `kv_chunks`.
+  // The tiles of the query chunks against key slots `slots` of a set holding `kv_chunks`, but
+  // for the pairs `skip` names.
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
-                    const std::vector<size_t>& slots) {
+                    const std::vector<size_t>& slots, TilePairs skip = TilePairs::kNone) {
     for (size_t qs = 0; qs < q_chunks.size(); ++qs)
       for (size_t ks : slots) {
+        if (own.skips(skip, qs, ks)) continue;
         if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
         TileForwardOut tile =
             tile_forward(ctx, {&q, int64_t(qs), q_chunks[qs]}, {&keys, int64_t(ks), kv_chunks[ks]},
@@ -172,6 +204,8 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
       }
   };
 
+  if (!own.overlaps())
+    for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish();  // nothing in flight
   if (plan.all_gather) {
     // This rank's own chunks first, while the peers' are in flight.
     GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
@@ -184,10 +218,16 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     Packed next_k = Packed::alike(k, k.dtype, k.rows, k.heads, k.dim);
     Packed next_v = Packed::alike(v, v.dtype, v.rows, v.heads, v.dim);
     for (int step = 0; step < n; ++step) {
+      const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
+      TilePairs skip = TilePairs::kNone;
+      if (step == 0 && own.overlaps()) {  // the own rows' tiles, then the rest once all landed
+        attend(k, v, chunks, own.slots, TilePairs::kAllButOwn);
+        for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish();
+        skip = TilePairs::kOwn;
+      }
       std::vector<CommHandle> pending;
       if (step + 1 < n) pending = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
-      const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
-      attend(k, v, chunks, every_slot(chunks.size()));
+      attend(k, v, chunks, every_slot(chunks.size()), skip);
       wait_all(pending);
       if (step + 1 < n) {
         std::swap(k, next_k);
@@ -254,11 +294,17 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     k_local = replicate_heads(k_local, plan.kv_replication);
     v_local = replicate_heads(v_local, plan.kv_replication);
   }
-  const Packed q = to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
-  const Packed o = to_heads(comm, plan, pack_local(g, g.q, args.o, sets));
-  const Packed d_o = to_heads(comm, plan, pack_local(g, g.q, args.d_o, sets));
-  const Packed lse = to_heads(comm, plan, pack_lse(g, args.lse, plan.heads_q, sets));
-  Packed k = to_heads(comm, plan, std::move(k_local)), v = to_heads(comm, plan, std::move(v_local));
+  // Under a2a the rank's own rows of the group's heads are local: their tiles run while the
+  // peers' rows are in flight (as in the forward).
+  GroupExchange q_in = start_to_heads(comm, plan, pack_local(g, g.q, args.in.q, sets));
+  GroupExchange o_in = start_to_heads(comm, plan, pack_local(g, g.q, args.o, sets));
+  GroupExchange d_o_in = start_to_heads(comm, plan, pack_local(g, g.q, args.d_o, sets));
+  GroupExchange lse_in = start_to_heads(comm, plan, pack_lse(g, args.lse, plan.heads_q, sets));
+  GroupExchange k_in = start_to_heads(comm, plan, std::move(k_local));
+  GroupExchange v_in = start_to_heads(comm, plan, std::move(v_local));
+  start_pending(comm);
+  const Packed &q = q_in.recv, &o = o_in.recv, &d_o = d_o_in.recv, &lse = lse_in.recv;
+  Packed &k = k_in.recv, &v = v_in.recv;
 
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
   ctx.sets = sets;
@@ -283,6 +329,37 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim, sets);
   BackendKind used = BackendKind::kAuto;
+
+  const OwnSlots own(plan, q_chunks.size());
+  auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
+                    const std::vector<size_t>& slots, Packed& dk_acc, Packed& dv_acc,
+                    TilePairs skip = TilePairs::kNone) {
+    for (size_t qs = 0; qs < q_chunks.size(); ++qs)
+      for (size_t ks : slots) {
+        if (own.skips(skip, qs, ks)) continue;
+        if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
+        TileBackwardIn in;
+        in.q = {&q, int64_t(qs), q_chunks[qs]};
+        in.o = {&o, int64_t(qs), q_chunks[qs]};
+        in.d_o = {&d_o, int64_t(qs), q_chunks[qs]};
+        in.k = {&keys, int64_t(ks), kv_chunks[ks]};
+        in.v = {&values, int64_t(ks), kv_chunks[ks]};
+        in.lse = &lse;
+        TileBackwardOut tile = tile_backward(ctx, in);
+        used = tile.backend;
+        const int64_t rows_q = g.q.rows_per_chunk, rows_kv = g.kv.rows_per_chunk;
+        accumulate_rows(dq_acc, int64_t(qs) * rows_q, tile.dq, 0, rows_q);
+        accumulate_rows(dk_acc, int64_t(ks) * rows_kv, tile.dk, 0, rows_kv);
+        accumulate_rows(dv_acc, int64_t(ks) * rows_kv, tile.dv, 0, rows_kv);
+      }
+  };
+
+  Packed dk_acc = zeros_f32(k.rows, k.heads, k.dim, sets),
+         dv_acc = zeros_f32(v.rows, v.heads, v.dim, sets);
+  // The own rows' tiles of the first ring step while the peers' rows are in flight.
+  const bool own_first = !plan.all_gather && own.overlaps();
+  if (own_first) attend(k, v, q_chunks, own.slots, dk_acc, dv_acc, TilePairs::kAllButOwn);
+  for (GroupExchange* in : {&q_in, &o_in, &d_o_in, &lse_in, &k_in, &v_in}) in->finish();
 
   // dalpha_h = -sum_i exp(sigma_h - LSE_i) D_i, once per row, from the final LSE. This rank's
   // partial covers its rows (and, under a2a, its heads). Device sets: one kernel with a fixed
@@ -311,29 +388,6 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       }
   }
 
-  auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
-                    const std::vector<size_t>& slots, Packed& dk_acc, Packed& dv_acc) {
-    for (size_t qs = 0; qs < q_chunks.size(); ++qs)
-      for (size_t ks : slots) {
-        if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
-        TileBackwardIn in;
-        in.q = {&q, int64_t(qs), q_chunks[qs]};
-        in.o = {&o, int64_t(qs), q_chunks[qs]};
-        in.d_o = {&d_o, int64_t(qs), q_chunks[qs]};
-        in.k = {&keys, int64_t(ks), kv_chunks[ks]};
-        in.v = {&values, int64_t(ks), kv_chunks[ks]};
-        in.lse = &lse;
-        TileBackwardOut tile = tile_backward(ctx, in);
-        used = tile.backend;
-        const int64_t rows_q = g.q.rows_per_chunk, rows_kv = g.kv.rows_per_chunk;
-        accumulate_rows(dq_acc, int64_t(qs) * rows_q, tile.dq, 0, rows_q);
-        accumulate_rows(dk_acc, int64_t(ks) * rows_kv, tile.dk, 0, rows_kv);
-        accumulate_rows(dv_acc, int64_t(ks) * rows_kv, tile.dv, 0, rows_kv);
-      }
-  };
-
-  Packed dk_acc = zeros_f32(k.rows, k.heads, k.dim, sets),
-         dv_acc = zeros_f32(v.rows, v.heads, v.dim, sets);
   if (plan.all_gather) {
     GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
     Packed dk_gathered = zeros_f32(gathered.k.rows, k.heads, k.dim, sets);
@@ -355,7 +409,8 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       std::vector<CommHandle> pending_kv;
       if (step + 1 < n) pending_kv = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
       const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
-      attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc);
+      attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc,
+             step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone);
       if (n > 1) {
         std::vector<CommHandle> pending_dkv =
             ring_exchange(comm, plan, dk_acc, dv_acc, next_dk, next_dv, kTagDk, kTagDv);

@@ -1,7 +1,9 @@
 #include "cp/cp_exchange.h"
 
 #include <algorithm>
+#include <utility>
 
+#include "cp/comm_requests.h"
 #include "cp/device_sets.h"
 
 namespace dpa::cp {
@@ -12,43 +14,66 @@ void order_for_comm(Communicator& comm, const Packed& set) {
     order_after_device(device_comm->stream(), set.place);
 }
 
-// [a][rows][h][d] blocks: block d goes to group member d; block s comes from member s.
-Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send) {
-  if (plan.a2a == 1) return send;
-  Packed recv = Packed::alike(send, send.dtype, send.rows, send.heads, send.dim);
-  const size_t block = send.size_bytes() / size_t(plan.a2a);
-  order_for_comm(comm, send);
-  if (plan.a2a == comm.size()) {
-    comm.all_to_all(send.data(), recv.data(), block)->wait();
-    return recv;
+GroupExchange start_group_all_to_all(Communicator& comm, const Plan& plan, Packed send) {
+  GroupExchange exchange;
+  if (plan.a2a == 1) {
+    exchange.recv = std::move(send);
+    return exchange;
   }
-  const auto* src = static_cast<const unsigned char*>(send.data());
-  auto* dst = static_cast<unsigned char*>(recv.data());
-  std::vector<CommHandle> pending;
+  exchange.recv = Packed::alike(send, send.dtype, send.rows, send.heads, send.dim);
+  exchange.send = std::move(send);
+  const Packed& out = exchange.send;
+  const size_t block = out.size_bytes() / size_t(plan.a2a);
+  // After the receive buffer's allocation and the writes of `send` on the set's stream.
+  order_for_comm(comm, out);
+  const auto* src = static_cast<const unsigned char*>(out.data());
+  auto* dst = static_cast<unsigned char*>(exchange.recv.data());
+  // Every rank posts its sends and receives in member order: the per-pair order matches.
   for (int d = 0; d < plan.a2a; ++d) {
     if (d == plan.member) {
-      copy_bytes(dst + size_t(d) * block, src + size_t(d) * block, block, send.place);
+      copy_bytes(dst + size_t(d) * block, src + size_t(d) * block, block, out.place);
       continue;
     }
-    pending.push_back(
-        comm.send(src + size_t(d) * block, block, plan.group_ranks[size_t(d)], kTagA2A));
-    pending.push_back(
-        comm.recv(dst + size_t(d) * block, block, plan.group_ranks[size_t(d)], kTagA2A));
+    const int peer = plan.group_ranks[size_t(d)];
+    exchange.pending.push_back(comm.send(src + size_t(d) * block, block, peer, kTagA2A));
+    exchange.pending.push_back(comm.recv(dst + size_t(d) * block, block, peer, kTagA2A));
   }
-  for (CommHandle& handle : pending) handle->wait();
-  return recv;
+  return exchange;
+}
+
+void GroupExchange::finish() {
+  wait_all(pending);
+  send = Packed();
+}
+
+Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send) {
+  GroupExchange exchange = start_group_all_to_all(comm, plan, std::move(send));
+  start_pending(comm);
+  exchange.finish();
+  return std::move(exchange.recv);
 }
 
 // Sequence shards -> head shards: [2T, H, d] -> [a * 2T, H / a, d] (the group's chunks).
+GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local) {
+  if (plan.a2a == 1) return start_group_all_to_all(comm, plan, std::move(local));
+  return start_group_all_to_all(comm, plan, split_heads(local, plan.a2a));
+}
+
 Packed to_heads(Communicator& comm, const Plan& plan, Packed local) {
-  if (plan.a2a == 1) return local;
-  return group_all_to_all(comm, plan, split_heads(local, plan.a2a));
+  GroupExchange exchange = start_to_heads(comm, plan, std::move(local));
+  start_pending(comm);
+  exchange.finish();
+  return std::move(exchange.recv);
 }
 
 // Head shards -> sequence shards: the inverse of to_heads.
 Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads) {
   if (plan.a2a == 1) return heads;
-  return merge_heads(group_all_to_all(comm, plan, heads), plan.a2a);
+  return merge_heads(group_all_to_all(comm, plan, std::move(heads)), plan.a2a);
+}
+
+void start_pending(Communicator& comm) {
+  if (DeviceCommunicator* device_comm = comm.device_communicator()) device_comm->start_pending();
 }
 
 Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim, const Placement& where) {
@@ -73,7 +98,7 @@ std::vector<CommHandle> ring_exchange(Communicator& comm, const Plan& plan, cons
   handles.push_back(comm.send(b.data(), b.size_bytes(), next, tag_b));
   handles.push_back(comm.recv(next_a.data(), next_a.size_bytes(), prev, tag_a));
   handles.push_back(comm.recv(next_b.data(), next_b.size_bytes(), prev, tag_b));
-  if (DeviceCommunicator* device_comm = comm.device_communicator()) device_comm->start_pending();
+  start_pending(comm);
   return handles;
 }
 

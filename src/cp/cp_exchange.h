@@ -13,11 +13,25 @@ namespace dpa::cp {
 constexpr int kTagA2A = 1, kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
 constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherDv = 41;
 
-// [a][rows][h][d] blocks: block d goes to group member d; block s comes from member s.
-Packed group_all_to_all(Communicator& comm, const Plan& plan, const Packed& send);
-// By value: without a2a the set passes through (moved, not copied).
+// A group all-to-all in flight: [a][rows][h][d] blocks, block d of `send` to group member d,
+// block s of `recv` from member s. The member's own block is in `recv` at once (a local copy);
+// the others once wait() returned. `send` stays alive until then: the peers read it.
+struct GroupExchange {
+  Packed send, recv;
+  std::vector<CommHandle> pending;
+  // Waits for every transfer and releases `send`; `recv` is then complete.
+  void finish();
+};
+GroupExchange start_group_all_to_all(Communicator& comm, const Plan& plan, Packed send);
+Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send);
+// Sequence shards -> head shards, posted: the rank's own rows of the group's heads can be used
+// while the peers' are in flight. Without a2a the set passes through (moved, not copied).
+GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local);
 Packed to_heads(Communicator& comm, const Plan& plan, Packed local);
 Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads);
+// Launches what a device communicator queued (NCCL: one group of point-to-point operations),
+// so that it runs while the caller computes.
+void start_pending(Communicator& comm);
 Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim, const Placement& where = {});
 
 // Before a device set is sent or received into over a device communicator, the communicator's

@@ -85,7 +85,7 @@ GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext
     pending.push_back(comm.recv(slot_bytes(out.k, i, rows), k_bytes, owner.rank, kTagGatherK));
     pending.push_back(comm.recv(slot_bytes(out.v, i, rows), v_bytes, owner.rank, kTagGatherV));
   }
-  if (DeviceCommunicator* device_comm = comm.device_communicator()) device_comm->start_pending();
+  start_pending(comm);
   out.pending = std::move(pending);
   return out;
 }
