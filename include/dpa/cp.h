@@ -120,8 +120,9 @@ std::unique_ptr<Communicator> make_host_staged_communicator(DeviceCommunicator& 
 // copies its output to the device buffer when its wait() returns. Context parallelism gives
 // CUDA tensors over a host communicator this view, so their tiles and chunk sets stay on the
 // GPU and only the messages cross the host; the copies block the posting thread, so transfers
-// do not overlap compute. `host` must outlive the result. abort() fails the result, not
-// `host`. Throws kNotSupported in a build without CUDA.
+// do not overlap compute. `host` must outlive the result, and the result every handle it
+// returns. abort() or a failed transfer fails the result, not `host`. A `host` that is a
+// device communicator already is refused. Throws kNotSupported in a build without CUDA.
 std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator& host, int device);
 
 // N ranks as threads of one process, sharing a rendezvous object. Sends are buffered, so a

@@ -9,6 +9,9 @@
 #include "cp/host_bounced_communicator.h"
 
 #include <atomic>
+#include <exception>
+#include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,7 +33,8 @@ class BouncedCommunicator;
 
 // The host buffers of one operation and the inner handle: `input` stays alive (and unmodified)
 // until the inner operation completes; `output`, when the operation has one, goes to
-// `device_data` then.
+// `device_data` then. The inner handle is declared last, so it is destroyed first: a host
+// communicator may still touch the buffers until its handle is gone.
 class BouncedRequest final : public CommRequest {
  public:
   BouncedRequest(std::vector<char> input, std::vector<char> output, void* device_data,
@@ -46,11 +50,11 @@ class BouncedRequest final : public CommRequest {
   void wait() override;
 
  private:
-  CommHandle inner_;
   std::vector<char> input_, output_;
   void* device_data_;
   const BouncedCommunicator& comm_;
   bool done_ = false;
+  CommHandle inner_;
 };
 
 class BouncedCommunicator final : public DeviceCommunicator {
@@ -75,11 +79,31 @@ class BouncedCommunicator final : public DeviceCommunicator {
   void start_pending() override {}  // operations start at post
   void* stream() const override { return stream_; }
   int device() const override { return device_; }
-  void abort(const std::string& reason) override {
+  void abort(const std::string& reason) override { fail(reason); }
+  bool healthy() const override { return !failed_ && (!control_.healthy || control_.healthy()); }
+
+  // Fails this view (and its group, when it has one): later operations and waits throw with
+  // the first reason.
+  void fail(const std::string& reason) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (reason_.empty()) reason_ = reason;
+    }
     failed_ = true;
     if (control_.abort) control_.abort(reason);
   }
-  bool healthy() const override { return !failed_ && (!control_.healthy || control_.healthy()); }
+  // Throws, naming the first failure, once this view or its group failed.
+  void require_healthy() const {
+    if (healthy()) return;
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reason = reason_.empty() ? "the group failed or was aborted" : reason_;
+    }
+    throw Error(
+        ErrorCode::kBackendFailure, "communicator",
+        "host-bounced device communicator (rank " + std::to_string(host_.rank()) + "): " + reason);
+  }
 
   CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
     auto request = bounce(download(data, bytes, "data"), 0, nullptr);
@@ -140,18 +164,14 @@ class BouncedCommunicator final : public DeviceCommunicator {
     const std::string message = "host-bounced device communicator (rank " +
                                 std::to_string(host_.rank()) + "): " + what + ": " +
                                 cudaGetErrorName(error) + " " + cudaGetErrorString(error);
-    failed_ = true;
-    if (control_.abort) control_.abort(message);
+    fail(message);
     throw Error(ErrorCode::kBackendFailure, "communicator", message);
   }
 
   // Refuses operations after a failure or an abort, as DeviceCommunicator promises.
   std::unique_ptr<BouncedRequest> bounce(std::vector<char> input, size_t output_bytes,
                                          void* device_data) const {
-    if (!healthy())
-      throw Error(ErrorCode::kBackendFailure, "communicator",
-                  "host-bounced device communicator (rank " + std::to_string(host_.rank()) +
-                      "): the communicator has failed or was aborted");
+    require_healthy();
     return std::make_unique<BouncedRequest>(std::move(input), std::vector<char>(output_bytes),
                                             device_data, *this);
   }
@@ -189,12 +209,20 @@ class BouncedCommunicator final : public DeviceCommunicator {
   int device_;
   GroupControl control_;
   mutable std::atomic<bool> failed_{false};
+  mutable std::mutex mutex_;
+  mutable std::string reason_;  // the first failure (guarded by mutex_)
   cudaStream_t stream_ = nullptr;
 };
 
 void BouncedRequest::wait() {
   if (done_) return;
-  inner_->wait();
+  comm_.require_healthy();
+  try {
+    inner_->wait();
+  } catch (const std::exception& error) {
+    comm_.fail(error.what());  // a failed transfer fails the view, as DeviceCommunicator says
+    throw;
+  }
   comm_.upload(device_data_, output_.data(), output_.size());
   done_ = true;
 }
@@ -212,6 +240,8 @@ std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(
 namespace dpa {
 
 std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator& host, int device) {
+  require(host.device_communicator() == nullptr, "host",
+          "moves device buffers already; it needs no host-bounced view");
   return std::make_unique<cp::BouncedCommunicator>(nullptr, host, device, cp::GroupControl{});
 }
 

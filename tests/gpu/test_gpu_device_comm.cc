@@ -108,6 +108,18 @@ TEST_F(GpuDeviceComm, AHostBufferIsRefusedByName) {
   });
 }
 
+TEST_F(GpuDeviceComm, ADeviceCommunicatorGetsNoBouncedView) {
+  run_in_process_on_device(1, 0, [](int, DeviceCommunicator& comm) {
+    try {
+      make_host_bounced_communicator(comm, 0);
+      ADD_FAILURE() << "a device communicator was bounced through the host";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(error.argument(), "host");
+    }
+  });
+}
+
 TEST_F(GpuDeviceComm, AFailingRankReleasesTheOthers) {
   // Rank 1 fails before sending; rank 0 waits for its message and must throw, not hang.
   EXPECT_THROW(

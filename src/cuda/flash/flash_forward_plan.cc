@@ -126,16 +126,17 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
   plan_tensor_maps(p, shape, params);
+  params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
   // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where
   // every block of work visits about as many KV tiles, so that a static stride over them
   // balances: full-length sequences (TMA's condition) and no window or one bounded on both
   // sides. The hardware's block scheduler balances a causal triangle or ragged sequences better
   // (measured: d = 128 causal sink 564 persistent vs 589 TFLOP/s; gpt-oss window 128 91.6 vs
-  // 77.0; docs/perf.md, session 13).
+  // 77.0; docs/perf.md, session 13). A split launch has about one block of work per SM
+  // already (the splits fill the device), so it gains nothing from looping.
   const bool uniform_work = params.tma && (params.window_left < 0) == (params.window_right < 0);
-  if (shape.warp_specialized && uniform_work)
+  if (shape.warp_specialized && uniform_work && params.num_splits == 1)
     params.persistent_blocks = device_info(p.device_index).sm_count;
-  params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;

@@ -102,6 +102,9 @@ __device__ __forceinline__ bool make_flash_block(const FlashForwardParams& p, in
     const int split_begin = b.split * p.blocks_per_split;
     b.n_block_begin = max(b.n_block_begin, split_begin);
     b.n_block_end = min(b.n_block_end, split_begin + p.blocks_per_split);
+    // A split past the block's visible tiles visits none (never a negative count: the
+    // warp-specialised kernel's producer and consumers must skip the same blocks).
+    b.n_block_end = max(b.n_block_end, b.n_block_begin);
   }
   b.alibi_slope =
       p.alibi_slopes ? p.alibi_slopes[b.batch * p.alibi_batch_stride + b.head] * kLog2e : 0.f;

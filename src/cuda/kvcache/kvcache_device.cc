@@ -12,6 +12,7 @@
 #include "cuda/device_buffer.h"
 #include "cuda/fill_rows.h"
 #include "cuda/flash/flash_forward_launch.h"
+#include "cuda/flash/flash_tiles.h"
 #include "cuda/kvcache/kvcache_launch.h"
 #include "cuda/runtime.h"
 
@@ -174,7 +175,8 @@ void fill_rows_of_a_packed_q(const KvCachePlan& plan, const KvCacheConfig& confi
 bool prefill_on_flash(const KvCachePlan& plan, const KvCacheLaunch& launch, int device_index) {
   return kvcache_prefill_on_flash(device_info(device_index).arch, plan.packed_q, launch.queries,
                                   plan.head_dim_qk) &&
-         plan.head_dim_qk == plan.head_dim_v;
+         plan.head_dim_qk == plan.head_dim_v &&
+         flash_forward_has_head_dims(plan.head_dim_qk, plan.head_dim_v);  // minimal builds
 }
 
 // Device scratch of the flash route: the sequence tables (3 * b ints) and, when the caller
