@@ -92,9 +92,10 @@ class BouncedCommunicator final : public DeviceCommunicator {
     failed_ = true;
     if (control_.abort) control_.abort(reason);
   }
-  // Throws, naming the first failure, once this view or its group failed.
-  void require_healthy() const {
-    if (healthy()) return;
+  // Throws, naming the first failure, once this view (`group` false) or also its group failed.
+  // A wait checks the view only: a failed group fails the inner wait with its own reason.
+  void require_healthy(bool group = true) const {
+    if (group ? healthy() : !failed_) return;
     std::string reason;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -216,7 +217,7 @@ class BouncedCommunicator final : public DeviceCommunicator {
 
 void BouncedRequest::wait() {
   if (done_) return;
-  comm_.require_healthy();
+  comm_.require_healthy(false);
   try {
     inner_->wait();
   } catch (const std::exception& error) {
