@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -34,10 +36,15 @@ struct CpRun {
   BackendKind forward_backend = BackendKind::kAuto, backward_backend = BackendKind::kAuto;
 };
 
+// A rank's communicator as a test sees it: the in-process one, or a wrapper of it.
+using CommWrapper = std::function<std::unique_ptr<Communicator>(Communicator&)>;
+
 // Runs forward + backward under CP with `cp` in-process ranks and gathers the shards.
-// `tile_backends`: what the forward tiles choose from (default: the registry).
+// `tile_backends`: what the forward tiles choose from (default: the registry); `wrap`: what
+// each rank's calls see instead of its communicator (default: the communicator itself).
 CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int cp,
-             const std::vector<const Backend*>& tile_backends = registered_backends()) {
+             const std::vector<const Backend*>& tile_backends = registered_backends(),
+             const CommWrapper& wrap = nullptr) {
   const Format format = spec.config.format;
   const bool thd = format == Format::kTHD;
   ThdCpPartition part;
@@ -58,7 +65,9 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
   const bool wants_dbias = t.bias.defined() && spec.want_dbias;
   std::mutex mutex;
 
-  run_in_process(cp, [&](int rank, Communicator& comm) {
+  run_in_process(cp, [&](int rank, Communicator& rank_comm) {
+    const std::unique_ptr<Communicator> wrapped = wrap ? wrap(rank_comm) : nullptr;
+    Communicator& comm = wrapped ? *wrapped : rank_comm;
     auto shard = [&](const HostTensor& full) {
       HostTensor local(full.dtype(), cp_local_shape(full.shape(), format, cp, part));
       shard_sequence(full.view(), local.view(), format, cp, rank, cu_padded);
@@ -364,6 +373,99 @@ TEST(CpFeatures, SinkCountedOncePerTileFails) {
     EXPECT_GT(test::relative_error(bad.out.o, reference.o), 100 * kTolerance) << to_string(type);
     EXPECT_GT(test::relative_error(bad.out.lse, reference.lse), 100 * kTolerance);
     EXPECT_LT(test::relative_error(good.out.o, reference.o), kTolerance);
+  }
+}
+
+// The forward tiles the calling thread (one in-process rank) has run.
+thread_local int forward_tiles_run = 0;
+
+class CountsTiles : public Backend {
+ public:
+  explicit CountsTiles(const Backend& real) : real_(real) {}
+  const Capabilities& capabilities() const override { return real_.capabilities(); }
+  void forward(const AttentionProblem& problem) const override {
+    ++forward_tiles_run;
+    real_.forward(problem);
+  }
+  void backward(const AttentionProblem& problem) const override { real_.backward(problem); }
+
+ private:
+  const Backend& real_;
+};
+
+// Records how many forward tiles its rank had run when it first waited for a receive.
+class RecordsFirstReceiveWait : public Communicator {
+ public:
+  RecordsFirstReceiveWait(Communicator& inner, std::atomic<int>& tiles_at_first_wait)
+      : inner_(inner), seen_(tiles_at_first_wait) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
+    return inner_.send(data, bytes, peer, tag);
+  }
+  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
+    struct Recorded final : CommRequest {
+      CommHandle inner;
+      std::atomic<int>* seen = nullptr;
+      void wait() override {
+        int unset = -1;
+        seen->compare_exchange_strong(unset, forward_tiles_run);
+        inner->wait();
+      }
+    };
+    auto request = std::make_unique<Recorded>();
+    request->inner = inner_.recv(data, bytes, peer, tag);
+    request->seen = &seen_;
+    return request;
+  }
+  CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
+    return inner_.all_reduce(data, count, dtype);
+  }
+  CommHandle all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
+    return inner_.all_gather(send, recv, bytes_per_rank);
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
+                            DType dtype) override {
+    return inner_.reduce_scatter(send, recv, count_per_rank, dtype);
+  }
+  CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) override {
+    return inner_.all_to_all(send, recv, bytes_per_rank);
+  }
+
+ private:
+  Communicator& inner_;
+  std::atomic<int>& seen_;
+};
+
+// Under a2a (and on a2a+p2p's first ring step) the tiles among a rank's own rows of its heads
+// run while the peers' rows are in flight: before the rank first waits for a receive (its
+// heads' q, k and v from the peers), it has run tiles already. Without that overlap it would
+// have run none.
+TEST(CpOverlap, A2aRunsTheOwnRowsTilesBeforeWaitingForThePeers) {
+  std::vector<CountsTiles> wrapped;
+  wrapped.reserve(registered_backends().size());
+  std::vector<const Backend*> counting;
+  for (const Backend* backend : registered_backends()) {
+    wrapped.emplace_back(*backend);
+    counting.push_back(&wrapped.back());
+  }
+  CaseSpec spec = softcap_sink_spec();
+  const CaseTensors tensors = test::make_case(spec);
+  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
+  for (const auto& [type, group] : {std::pair{CpCommType::kA2A, 0}, {CpCommType::kA2AP2P, 2}}) {
+    std::vector<std::atomic<int>> tiles_at_first_wait(4);
+    for (auto& tiles : tiles_at_first_wait) tiles = -1;
+    CpConfig config;
+    config.comm_type = type;
+    config.a2a_group_size = group;
+    const CpRun run = run_cp(spec, tensors, config, 4, counting, [&](Communicator& comm) {
+      return std::make_unique<RecordsFirstReceiveWait>(comm,
+                                                       tiles_at_first_wait[size_t(comm.rank())]);
+    });
+    EXPECT_LT(test::relative_error(run.out.o, reference.o), kTolerance) << to_string(type);
+    for (int rank = 0; rank < 4; ++rank)
+      EXPECT_GT(tiles_at_first_wait[size_t(rank)].load(), 0)
+          << to_string(type) << " rank " << rank << " waited before any tile ran";
   }
 }
 
