@@ -162,8 +162,10 @@ step_build() {
 gtest_counts() {
   local log="$1" passed failed_n skipped
   passed=$(grep -c '^\[       OK \]' "$log")
-  failed_n=$(grep -c '^\[  FAILED  \] .*(' "$log")
-  skipped=$(grep -c '^\[  SKIPPED \] .*(' "$log")
+  # Only each test's result line, which ends in its time: the summary at the end lists the
+  # failed and skipped tests again (a parameterised one with "GetParam() = (...)").
+  failed_n=$(grep -c '^\[  FAILED  \] .* ms)$' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$log")
   echo "$passed passed, $failed_n failed, $skipped skipped"
 }
 
