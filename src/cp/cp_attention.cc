@@ -204,8 +204,10 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
       }
   };
 
-  if (!own.overlaps())
-    for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish();  // nothing in flight
+  // The own rows' tiles of the first ring step while the peers' rows are in flight.
+  const bool own_first = !plan.all_gather && own.overlaps();
+  if (own_first) attend(k, v, q_chunks, own.slots, TilePairs::kAllButOwn);
+  for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish();
   if (plan.all_gather) {
     // This rank's own chunks first, while the peers' are in flight.
     GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
@@ -219,15 +221,10 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     Packed next_v = Packed::alike(v, v.dtype, v.rows, v.heads, v.dim);
     for (int step = 0; step < n; ++step) {
       const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
-      TilePairs skip = TilePairs::kNone;
-      if (step == 0 && own.overlaps()) {  // the own rows' tiles, then the rest once all landed
-        attend(k, v, chunks, own.slots, TilePairs::kAllButOwn);
-        for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish();
-        skip = TilePairs::kOwn;
-      }
       std::vector<CommHandle> pending;
       if (step + 1 < n) pending = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
-      attend(k, v, chunks, every_slot(chunks.size()), skip);
+      attend(k, v, chunks, every_slot(chunks.size()),
+             step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone);
       wait_all(pending);
       if (step + 1 < n) {
         std::swap(k, next_k);

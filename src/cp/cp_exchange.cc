@@ -60,10 +60,8 @@ GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local)
 }
 
 Packed to_heads(Communicator& comm, const Plan& plan, Packed local) {
-  GroupExchange exchange = start_to_heads(comm, plan, std::move(local));
-  start_pending(comm);
-  exchange.finish();
-  return std::move(exchange.recv);
+  if (plan.a2a == 1) return local;
+  return group_all_to_all(comm, plan, split_heads(local, plan.a2a));
 }
 
 // Head shards -> sequence shards: the inverse of to_heads.

@@ -13,6 +13,7 @@
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
+#include "support/forwarding_communicator.h"
 
 namespace dpa {
 namespace {
@@ -394,15 +395,10 @@ class CountsTiles : public Backend {
 };
 
 // Records how many forward tiles its rank had run when it first waited for a receive.
-class RecordsFirstReceiveWait : public Communicator {
+class RecordsFirstReceiveWait : public test::ForwardingCommunicator {
  public:
   RecordsFirstReceiveWait(Communicator& inner, std::atomic<int>& tiles_at_first_wait)
-      : inner_(inner), seen_(tiles_at_first_wait) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
-    return inner_.send(data, bytes, peer, tag);
-  }
+      : ForwardingCommunicator(inner), seen_(tiles_at_first_wait) {}
   CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
     struct Recorded final : CommRequest {
       CommHandle inner;
@@ -414,26 +410,12 @@ class RecordsFirstReceiveWait : public Communicator {
       }
     };
     auto request = std::make_unique<Recorded>();
-    request->inner = inner_.recv(data, bytes, peer, tag);
+    request->inner = inner().recv(data, bytes, peer, tag);
     request->seen = &seen_;
     return request;
   }
-  CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
-    return inner_.all_reduce(data, count, dtype);
-  }
-  CommHandle all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
-    return inner_.all_gather(send, recv, bytes_per_rank);
-  }
-  CommHandle reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
-                            DType dtype) override {
-    return inner_.reduce_scatter(send, recv, count_per_rank, dtype);
-  }
-  CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) override {
-    return inner_.all_to_all(send, recv, bytes_per_rank);
-  }
 
  private:
-  Communicator& inner_;
   std::atomic<int>& seen_;
 };
 

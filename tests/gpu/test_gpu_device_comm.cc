@@ -12,6 +12,7 @@
 #include "dpa/error.h"
 #include "gpu/device_case.h"
 #include "support/device_tensor.h"
+#include "support/forwarding_communicator.h"
 #include "support/host_tensor.h"
 
 namespace dpa::test {
@@ -135,11 +136,9 @@ TEST_F(GpuDeviceComm, AFailingRankReleasesTheOthers) {
 
 // A host communicator whose sends read their buffer only when waited on, as an unbuffered
 // transport may: a bounced send must keep its host copy alive until then.
-class DeferredSends final : public Communicator {
+class DeferredSends final : public ForwardingCommunicator {
  public:
-  explicit DeferredSends(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
+  using ForwardingCommunicator::ForwardingCommunicator;
   CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
     struct Deferred final : CommRequest {
       Communicator* inner = nullptr;
@@ -152,32 +151,13 @@ class DeferredSends final : public Communicator {
       }
     };
     auto request = std::make_unique<Deferred>();
-    request->inner = &inner_;
+    request->inner = &inner();
     request->data = data;
     request->bytes = bytes;
     request->peer = peer;
     request->tag = tag;
     return request;
   }
-  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
-    return inner_.recv(data, bytes, peer, tag);
-  }
-  CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
-    return inner_.all_reduce(data, count, dtype);
-  }
-  CommHandle all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
-    return inner_.all_gather(send, recv, bytes_per_rank);
-  }
-  CommHandle reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
-                            DType dtype) override {
-    return inner_.reduce_scatter(send, recv, count_per_rank, dtype);
-  }
-  CommHandle all_to_all(const void* send, void* recv, size_t bytes_per_rank) override {
-    return inner_.all_to_all(send, recv, bytes_per_rank);
-  }
-
- private:
-  Communicator& inner_;
 };
 
 TEST_F(GpuDeviceComm, ABouncedCommunicatorKeepsSendsAliveAndFailsAlone) {
