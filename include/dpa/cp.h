@@ -207,6 +207,9 @@ class ContextParallelAttention {
   ContextParallelAttention(const AttentionConfig& config, const CpConfig& cp,
                            Communicator& communicator);
 
+  // Both return the backend of this rank's tiles; where tiles took different backends, the
+  // one furthest from the fast path (cuda_flash, cuda_unfused, cpu, cpu_exact). cpu_exact when
+  // no tile of this rank sees a key.
   ForwardResult forward(const ForwardArgs& args);
   BackendKind backward(const BackwardArgs& args);
 

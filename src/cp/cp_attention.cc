@@ -99,7 +99,28 @@ void add_sink(const AttentionConfig& config, const TensorView& offsets, int64_t 
   }
 }
 
-// 0, 1, ..., n - 1: every slot of a set of n chunks.
+// The backend a call reports: where its tiles took different backends, the one furthest from
+// the fast path (cuda_flash, cuda_unfused, cpu, cpu_exact), so that a fallback is never hidden
+// behind the last tile's choice.
+BackendKind slower_backend(BackendKind reported, BackendKind tile) {
+  auto distance = [](BackendKind b) {
+    switch (b) {
+      case BackendKind::kAuto:
+        return -1;
+      case BackendKind::kCudaFlash:
+        return 0;
+      case BackendKind::kCudaUnfused:
+        return 1;
+      case BackendKind::kCpu:
+        return 2;
+      case BackendKind::kCpuExact:
+        return 3;
+    }
+    return 3;
+  };
+  return distance(tile) > distance(reported) ? tile : reported;
+}
+
 // Which (query slot, key slot) pairs of a step an attend pass leaves out.
 enum class TilePairs { kNone, kOwn, kAllButOwn };
 
@@ -123,6 +144,7 @@ struct OwnSlots {
   }
 };
 
+// 0, 1, ..., n - 1: every slot of a set of n chunks.
 std::vector<size_t> every_slot(size_t n) {
   std::vector<size_t> slots(n);
   for (size_t i = 0; i < n; ++i) slots[i] = i;
@@ -199,7 +221,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
         TileForwardOut tile =
             tile_forward(ctx, {&q, int64_t(qs), q_chunks[qs]}, {&keys, int64_t(ks), kv_chunks[ks]},
                          {&values, int64_t(ks), kv_chunks[ks]});
-        used = tile.backend;
+        used = slower_backend(used, tile.backend);
         merge_partial(o_acc, lse_acc, int64_t(qs) * g.q.rows_per_chunk, tile);
       }
   };
@@ -343,7 +365,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
         in.v = {&values, int64_t(ks), kv_chunks[ks]};
         in.lse = &lse;
         TileBackwardOut tile = tile_backward(ctx, in);
-        used = tile.backend;
+        used = slower_backend(used, tile.backend);
         const int64_t rows_q = g.q.rows_per_chunk, rows_kv = g.kv.rows_per_chunk;
         accumulate_rows(dq_acc, int64_t(qs) * rows_q, tile.dq, 0, rows_q);
         accumulate_rows(dk_acc, int64_t(ks) * rows_kv, tile.dk, 0, rows_kv);
