@@ -132,16 +132,19 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
 
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the
 // rows that see some key of the block (DESIGN.md §3), for any window, alignment or CP diagonal.
-// The one-kernel backward (dq through fp32 reductions) never runs in deterministic mode or with
-// dropout, whatever config.flash_backward_kernel asks; off sm_90 or at other head dims every
-// request gets mma.sync.
+// The one-kernel backward (dq through fp32 reductions) never runs in deterministic mode, nor its
+// wide form (head dim 256, no room for keep bits) with dropout, whatever
+// config.flash_backward_kernel asks; the narrow form takes dropout. Off sm_90 or at other head
+// dims every request gets mma.sync.
 TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
   using F = FlashBackwardFamily;
   for (F requested : {F::kAutomatic, F::kOneKernel}) {
     EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), F::kOneKernel);
     EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kOneKernel);
     EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, requested), F::kWgmmaWs);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kWgmmaWs);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, false, true, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), F::kWgmmaWs);
     // Head dim 256: the one-kernel backward's wide form, never against determinism or dropout.
     EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kOneKernel);
     EXPECT_EQ(flash_backward_family(90, 256, 256, true, false, requested), F::kMmaSync);

@@ -296,6 +296,13 @@ std::vector<GpuCase> gpu_cases() {
            dropout(0, 99)),
       make("dropout_thd", all({thd(true), mask(MaskType::kPaddingCausal), dropout(0.15, 7)}),
            dropout(0, 7)),
+      // Several key blocks of the one-kernel backward, a GQA group and tiles the window crosses
+      // beside fully visible ones; head dim 256 takes the mma.sync pair with dropout.
+      make("dropout_gqa_window",
+           all({sizes(2, 300, 333, 8, 2, 128), window(70, 20), dropout(0.1, 5)}), dropout(0, 5)),
+      make("dropout_hdim256",
+           all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
+           dropout(0, 11)),
 
       // Bias tensors (cuda_unfused only), with their gradients.
       unfused_only(make("bias_post_scale",

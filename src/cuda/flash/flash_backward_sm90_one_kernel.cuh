@@ -1,8 +1,10 @@
 // The single-kernel wgmma backward (sm_90a, head dims 64 and 128): FlashAttention-2's five
 // GEMMs per tile instead of the atomic-free pair's seven (flash_backward_sm90_ws.cuh), paid for
-// with dq accumulated in an fp32 workspace through vector reductions (red.global.add.v2.f32),
-// whose order varies from run to run. Deterministic mode and dropout keep the atomic-free pair
-// (run_flash_backward decides).
+// with dq accumulated in an fp32 workspace through vector reductions (red.global.add.v4.f32),
+// whose order varies from run to run. Deterministic mode keeps the atomic-free pair
+// (flash_backward_family decides). With dropout the producer warpgroup draws each query tile's
+// keep bits into shared memory beside the tile's rows (draw_query_tile_keep_words), so the
+// consumers pay one shared load per tile and two selects per element for it.
 //
 // A block owns 128 keys of one (batch, KV head), as the dk/dv kernel: a producer warpgroup
 // copies K and V once and, per (query head, 64-row query tile), Q, dO and the rows' LSE and D
@@ -43,11 +45,13 @@ struct FlashBackwardSm90OneKernelTraits {
   // The dq tiles' rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
   // stores of a warp's 8 rows then fall in distinct banks.
   static constexpr int kDqStride = kHeadDimQK + 4;
-  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, the dU^T buffers,
-  // the dq tile, barriers, 1 KB of alignment.
-  static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
-                                      kStages * 2 * kBlockM * 4 + kDuBytes +
-                                      kBlockM * kDqStride * 4 + kBarrierBytes + 1024;
+  // Dropout keep bits per stage: one 32-bit word per consumer thread (draw_query_tile_keep_words).
+  static constexpr int kKeepWords = kBlockN / 16 * 32;
+  // K and V of the block, kStages of Q and dO, of the rows' LSE and D and of the keep words, the
+  // dU^T buffers, the dq tile, barriers, 1 KB of alignment.
+  static constexpr int kSharedBytes =
+      2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) + kStages * 2 * kBlockM * 4 +
+      kDuBytes + kBlockM * kDqStride * 4 + kStages * kKeepWords * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
@@ -57,6 +61,8 @@ struct FlashBackwardSm90OneKernelTraits {
                 "flash_tiles.h's size (the selector's rule) matches this layout");
   static_assert(kDqColumns == 32 || kDqColumns == 64,
                 "a consumer's dq columns lie inside one 64-column swizzle block of K");
+  static_assert(kKeepWords == kConsumerThreads, "one keep word per consumer thread and stage");
+  static_assert(2 * kBlockM == 128, "every producer thread arrives after its keep-word stores");
 };
 
 // Shared-memory addresses of a one-kernel backward block (FlashBackwardSm90OneKernelTraits):
@@ -69,6 +75,7 @@ struct OneKernelBackwardLayout {
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, du, barriers;
   float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kBlockM rows
+  uint32_t* keep;           // kStages x Traits::kKeepWords
 
   __device__ explicit OneKernelBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
@@ -80,7 +87,9 @@ struct OneKernelBackwardLayout {
     lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
     delta = lse + kStages * kBlockM;
     dq = delta + kStages * kBlockM;
-    barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * Traits::kDqStride * 4;
+    keep = reinterpret_cast<uint32_t*>(dq + kBlockM * Traits::kDqStride);
+    barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * Traits::kDqStride * 4 +
+               kStages * Traits::kKeepWords * 4;
   }
   __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
   __device__ uint32_t d_o(int stage) const {
@@ -108,11 +117,13 @@ __device__ __forceinline__ void init_key_block_barriers(const Layout& l) {
 }
 
 // The producer warpgroup's copies of a one-kernel backward block, either form: K and V once;
-// per iteration Q, dO and the rows' LSE and D into the next free stage, then
-// `after_copies(it)`. Leaves no copy of its threads in flight when it returns.
-template <typename Traits, typename Layout, typename AfterCopies>
+// per iteration Q, dO and the rows' LSE and D into the next free stage, `tile_extras(it, stage)`
+// released with them, then `after_copies(it)`. Leaves no copy of its threads in flight when it
+// returns.
+template <typename Traits, typename Layout, typename TileExtras, typename AfterCopies>
 __device__ __forceinline__ void produce_key_block_iterations(const FlashBackwardParams& bp,
                                                              const KeyBlock& kb, const Layout& l,
+                                                             TileExtras tile_extras,
                                                              AfterCopies after_copies) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kStages = Traits::kStages;
@@ -124,11 +135,51 @@ __device__ __forceinline__ void produce_key_block_iterations(const FlashBackward
     if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
     produce_query_tile<Element, kBlockM, Traits::kHeadDimQK, Traits::kHeadDimV>(
         bp, kb, it, l.q(stage), l.d_o(stage), l.lse + stage * kBlockM, l.delta + stage * kBlockM,
-        l.full(stage));
+        l.full(stage), [&] { tile_extras(it, stage); });
     after_copies(it);
   }
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();
+}
+
+// Dropout keep bits of iteration it's 64 queries against the block's kBlockN keys (DESIGN.md §5,
+// at global positions), drawn by the producer warpgroup into kBlockN / 16 x 8 x 4 words: word
+// (g, r, q) is the S^T fragment of the consumer thread with quad row r and quad column q in the
+// warp that owns keys 16 g .. 16 g + 15, bit 4 t + e kept for its element s[t][e] (key
+// 16 g + r + 8 (e / 2), query 8 t + 2 q + (e & 1)), so that thread reads its bits with one load.
+// Producer thread (g, q, part) draws tiles t = 2 part and 2 part + 1: eight Philox blocks (one
+// per query and 8-key half), byte `part` of each of its eight words.
+template <int kBlockN>
+__device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardParams& p,
+                                                           const KeyBlock& kb, int it,
+                                                           uint32_t* words) {
+  static_assert(kBlockN / 16 * 16 <= 128, "one producer thread per (key group, quad column, part)");
+  const int thread = int(threadIdx.x);
+  if (thread >= kBlockN / 16 * 16) return;
+  const int group = thread / 16, quad_col = (thread / 4) % 4, part = thread % 4;
+  // dropout_block's counter words, in 32 bits (it keeps the low 32 bits of each).
+  const uint32_t head = uint32_t(kb.head(it) + p.head_offset + p.heads_total * kb.batch);
+  const uint32_t row0 =
+      uint32_t(kb.first_query(it) + 2 * quad_col + 16 * part) + uint32_t(p.q_position[kb.batch]);
+  const uint32_t key_block0 =
+      uint32_t((kb.j0 + 16 * group + int64_t(p.kv_position[kb.batch])) >> 3);
+  // Byte r % 4 of bytes[r / 4] is byte `part` of word (group, r, quad_col).
+  uint32_t bytes[2] = {0u, 0u};
+#pragma unroll 1
+  for (int element = 0; element < 8; ++element) {  // bit 4 tt + 2 half + c
+    const int tt = element / 4, half = (element / 2) % 2, c = element % 2;
+    const Philox4 block = philox4x32_10(
+        {{key_block0 + uint32_t(half), row0 + uint32_t(8 * tt + c), head, uint32_t(p.offset)}},
+        uint32_t(p.seed), uint32_t(p.seed >> 32));
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      bytes[r / 4] |= (dropout_u16(block, r) >= p.dropout_threshold ? 1u : 0u)
+                      << (8 * (r % 4) + element);
+  }
+  unsigned char* out = reinterpret_cast<unsigned char*>(words + group * 32 + quad_col) + part;
+#pragma unroll
+  for (int r = 0; r < 8; ++r)
+    out[16 * r] = static_cast<unsigned char>(bytes[r / 4] >> (8 * (r % 4)));
 }
 
 // The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
@@ -156,7 +207,11 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     }
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
   };
-  produce_key_block_iterations<Traits>(bp, kb, l, [&](int it) {
+  auto draw_keep_words = [&](int it, int stage) {
+    if (p.dropout_threshold != 0)
+      draw_query_tile_keep_words<Traits::kBlockN>(p, kb, it, l.keep + stage * Traits::kKeepWords);
+  };
+  produce_key_block_iterations<Traits>(bp, kb, l, draw_keep_words, [&](int it) {
     if (it >= kStages) add_dq_tile(it - kStages);
   });
 #pragma unroll 1
@@ -184,7 +239,7 @@ __device__ __forceinline__ void cap_ratios(const FlashForwardParams& p, float (&
 // r (1 - r) = (1 - t^2) / 4 (fp16 pairs: 32 fp32 registers more would spill; its rounding,
 // 2^-11 relative, is 8x below that of dU^T's bf16 operand; below 2^-14, where |u| > ~4.8 c,
 // fp16 subnormals keep less, but there the element's dU^T is 2^-12 of the largest; the 4 is
-// folded into dP^T - D in key_tile_gradients_no_dropout), while dP^T is still being computed.
+// folded into dP^T - D in key_tile_gradients), while dP^T is still being computed.
 // `lse2` per query column (shared memory, 8-byte aligned), `key0` the thread's first key, `i0` the
 // first query. `fully_visible`: every (query, key) pair of the tile is visible. The branches are
 // uniform and taken once per tile, so each loop carries only its case's arithmetic and no branch (a
@@ -256,12 +311,27 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
   }
 }
 
-// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta`
-// per query column; the cap's derivative only with a cap (it is 1 without).
+// Dropout on a key-major tile (S^T's fragment order): element s[t][e] becomes s[t][e] / keep_prob
+// where bit 4 t + e of `keep` is set (draw_query_tile_keep_words), else 0. Applied to dP^T before
+// key_tile_gradients (the gradient through the dropped P) and to P^T after it (Pd^T for dv).
 template <int kMTiles>
-__device__ __forceinline__ void key_tile_gradients_no_dropout(
-    const FlashForwardParams& p, const float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
-    const uint32_t (&derivative)[kMTiles][2], int quad_col, const float* delta) {
+__device__ __forceinline__ void drop_key_tile(float (&x)[kMTiles][4], uint32_t keep, float scale) {
+  static_assert(kMTiles * 4 <= 32, "a thread's keep bits fit one word");
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[t][e] = (keep >> (4 * t + e)) & 1u ? x[t][e] * scale : 0.f;
+}
+
+// dP^T (in dp; with dropout, already dropped: drop_key_tile) becomes
+// dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta` per query column; the
+// cap's derivative only with a cap (it is 1 without).
+template <int kMTiles>
+__device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
+                                                   const float (&s)[kMTiles][4],
+                                                   float (&dp)[kMTiles][4],
+                                                   const uint32_t (&derivative)[kMTiles][2],
+                                                   int quad_col, const float* delta) {
   auto row_delta_pair = [&](int t) {
     return *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
   };
@@ -389,13 +459,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int i0 = kb.first_query(it), warp_key0 = key0 - quad_row;
       const bool fully_visible =
           tile_fully_visible(p, key_tile, i0, i0 + kBlockM - 1, warp_key0, warp_key0 + 15);
+      const bool dropout = p.dropout_threshold != 0;
+      // This thread's keep bits (its word: consumer warp index x 32 + lane).
+      const uint32_t keep = dropout ? l.keep[stage * Traits::kKeepWords + (threadIdx.x - 128)] : 0u;
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
       key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
                                         l.lse + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM);
+      if (dropout) drop_key_tile(dp, keep, p.dropout_scale);
+      key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM);
+      if (dropout) drop_key_tile(s, keep, p.dropout_scale);  // Pd^T, for dv
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 

@@ -19,7 +19,8 @@
 // The shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
 // buffers), so dq is not staged there as the narrow one-kernel backward stages it.
 // launch_flash_backward_sm90 then converts the workspace to dq (times scale). Deterministic mode
-// and dropout keep the mma.sync pair at this head dim (flash_backward_family).
+// and dropout keep the mma.sync pair at this head dim (flash_backward_family): the narrow form's
+// keep words (2 x 512 bytes here) do not fit beside the full shared memory.
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
@@ -160,7 +161,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0) produce_key_block_iterations<Traits>(bp, kb, l, [](int) {});
+    if (kb.iterations > 0)
+      produce_key_block_iterations<Traits>(
+          bp, kb, l, [](int, int) {}, [](int) {});
     return;
   }
 
@@ -209,8 +212,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         l.lse + stage * kBlockM + query_column0, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients_no_dropout(p, s, dp, derivative, quad_col,
-                                    l.delta + stage * kBlockM + query_column0);
+      key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM + query_column0);
       {
         uint32_t operand[kQueryColumns / 16][4];
         pack_operands<Element>(s, operand);

@@ -228,14 +228,21 @@ __device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, c
   ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
 }
 
+// No stores of the producer beside a query tile's rows and statistics.
+struct NoTileExtras {
+  __device__ void operator()() const {}
+};
+
 // Iteration it's Q and dO rows (cp.async) and its rows' LSE (as row_lse_log2) and D (plain
 // loads and stores by the first 2 kBlockM producer threads, each followed by a plain arrive):
-// `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones.
-template <typename Element, int kBlockM, int kDimQK, int kDimV>
+// `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones. `extras` runs in every
+// producer thread before those stores; what it stores is released with them by the threads
+// that arrive.
+template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras = NoTileExtras>
 __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp,
                                                    const KeyBlock& kb, int it, uint32_t q_shared,
                                                    uint32_t do_shared, float* lse, float* delta,
-                                                   uint32_t full_barrier) {
+                                                   uint32_t full_barrier, Extras extras = {}) {
   static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
   const FlashForwardParams& p = bp.fwd;
   const int head = kb.head(it), i0 = kb.first_query(it);
@@ -249,6 +256,7 @@ __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp
                                bp.do_head_stride),
       bp.do_row_stride, kb.seqlen_q - i0);
   ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+  extras();
   const int r = int(threadIdx.x);
   if (r < 2 * kBlockM) {
     const int i = i0 + r % kBlockM;

@@ -165,22 +165,22 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
 }
 
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward, or
-// the warp-specialised pair where the one-kernel backward cannot honour the request (deterministic
-// mode: its reductions' order varies; dropout: it has no keep masks); head dim 256 the one-kernel
-// backward's wide form, or mma.sync against those features; everything else takes mma.sync.
-// `requested` (config.flash_backward_kernel, for tests and benches) picks another family where the
-// hardware has it, never the one-kernel one against those two features.
+// the warp-specialised pair in deterministic mode (the one-kernel backward's reductions land in
+// any order); head dim 256 the one-kernel backward's wide form, or mma.sync with either feature
+// (the wide form has no room for keep bits); everything else takes mma.sync. `requested`
+// (config.flash_backward_kernel, for tests and benches) picks another family where the hardware
+// has it, never the one-kernel one against a feature it cannot honour.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
                                                     bool deterministic, bool dropout,
                                                     FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
-  const bool one_kernel_allowed = !deterministic && !dropout;
+  const bool one_kernel_allowed = !deterministic;
   if (!flash_backward_wgmma_eligible(head_dim_qk, head_dim_v)) {
     // Head dim 256 has the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
     return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && one_kernel_allowed &&
-                   one_kernel_requested
+                   !dropout && one_kernel_requested
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
   }
@@ -218,9 +218,9 @@ constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_d
     return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
            barriers + 1024;
   }
-  const int block_n = 128, du = 2 * block_n * block_m * 2;
+  const int block_n = 128, du = 2 * block_n * block_m * 2, keep_words = block_n / 16 * 32;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
-         block_m * (head_dim_qk + 4) * 4 + barriers + 1024;
+         block_m * (head_dim_qk + 4) * 4 + stages * keep_words * 4 + barriers + 1024;
 }
 
 // What a backward runs: its family and that family's shared memory per block. The selector's
