@@ -42,8 +42,10 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
     const dim3 grid(unsigned((f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN),
                     unsigned(f.heads_kv), batch);
     if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(flash_backward_one_kernel_sm90_kernel<OneKernel>, grid,
-                             OneKernel::kThreads, OneKernel::kSharedBytes, p, stream);
+      launch_backward_kernel(f.dropout_threshold != 0
+                                 ? flash_backward_one_kernel_sm90_kernel<OneKernel, true>
+                                 : flash_backward_one_kernel_sm90_kernel<OneKernel, false>,
+                             grid, OneKernel::kThreads, OneKernel::kSharedBytes, p, stream);
   } else {
     // The host sets p.one_kernel only where flash_backward_family allows it.
     throw Error(ErrorCode::kInternal, "",

@@ -186,8 +186,9 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // and, once the consumers have stored iteration j's dq tiles, their sum (rows inside the
 // sequence) added to the workspace, a warp per row and pass, 16 bytes per lane. The consumers
 // finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
-// right after iteration it's copies are issued.
-template <typename Traits>
+// right after iteration it's copies are issued, and, with dropout, before iteration it's keep
+// bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
+template <typename Traits, bool kDropout>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
   constexpr int kBlockM = Traits::kBlockM, kDimQK = Traits::kHeadDimQK;
@@ -207,13 +208,19 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     }
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
   };
-  auto draw_keep_words = [&](int it, int stage) {
-    if (p.dropout_threshold != 0)
-      draw_query_tile_keep_words<Traits::kBlockN>(p, kb, it, l.keep + stage * Traits::kKeepWords);
-  };
-  produce_key_block_iterations<Traits>(bp, kb, l, draw_keep_words, [&](int it) {
+  auto add_previous_dq_tile = [&](int it) {
     if (it >= kStages) add_dq_tile(it - kStages);
-  });
+  };
+  if constexpr (kDropout) {
+    auto add_and_draw = [&](int it, int stage) {
+      add_previous_dq_tile(it);
+      draw_query_tile_keep_words<Traits::kBlockN>(p, kb, it, l.keep + stage * Traits::kKeepWords);
+    };
+    produce_key_block_iterations<Traits>(bp, kb, l, add_and_draw, [](int) {});
+  } else {
+    produce_key_block_iterations<Traits>(
+        bp, kb, l, [](int, int) {}, add_previous_dq_tile);
+  }
 #pragma unroll 1
   for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
 }
@@ -387,7 +394,9 @@ __device__ __forceinline__ void store_key_major_operands(uint32_t tile,
     }
 }
 
-template <typename Traits>
+// kDropout: the form with keep bits (drawing them costs the producer registers, and its spills
+// would slow every call; launched only when p.dropout_threshold != 0).
+template <typename Traits, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_backward_one_kernel_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -415,7 +424,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0) run_one_kernel_backward_producer(bp, kb, l);
+    if (kb.iterations > 0) run_one_kernel_backward_producer<Traits, kDropout>(bp, kb, l);
     return;
   }
 
@@ -459,18 +468,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int i0 = kb.first_query(it), warp_key0 = key0 - quad_row;
       const bool fully_visible =
           tile_fully_visible(p, key_tile, i0, i0 + kBlockM - 1, warp_key0, warp_key0 + 15);
-      const bool dropout = p.dropout_threshold != 0;
       // This thread's keep bits (its word: consumer warp index x 32 + lane).
-      const uint32_t keep = dropout ? l.keep[stage * Traits::kKeepWords + (threadIdx.x - 128)] : 0u;
+      const uint32_t keep =
+          kDropout ? l.keep[stage * Traits::kKeepWords + (threadIdx.x - 128)] : 0u;
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
       key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
                                         l.lse + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      if (dropout) drop_key_tile(dp, keep, p.dropout_scale);
+      if constexpr (kDropout) drop_key_tile(dp, keep, p.dropout_scale);
       key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM);
-      if (dropout) drop_key_tile(s, keep, p.dropout_scale);  // Pd^T, for dv
+      if constexpr (kDropout) drop_key_tile(s, keep, p.dropout_scale);  // Pd^T, for dv
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
