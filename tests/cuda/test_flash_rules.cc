@@ -101,8 +101,10 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   r.pass = Pass::kBackward;
   r.device_arch = 90;
   EXPECT_NE(caps.describe_plan(r).find("family one_kernel"), std::string::npos);
-  r.deterministic = true;  // the one-kernel family's reductions are unordered
-  EXPECT_NE(caps.describe_plan(r).find("wgmma_ws"), std::string::npos);
+  EXPECT_EQ(caps.describe_plan(r).find("key-block order"), std::string::npos);
+  r.deterministic = true;  // the one-kernel family orders its reductions
+  EXPECT_NE(caps.describe_plan(r).find("family one_kernel"), std::string::npos);
+  EXPECT_NE(caps.describe_plan(r).find("in key-block order"), std::string::npos);
   r.deterministic = false;
   r.flash_backward_kernel = FlashBackwardKernel::kMmaSync;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);

@@ -4,6 +4,7 @@
 // results.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -118,9 +119,9 @@ TEST_F(FlashOnGpu, DecodeIsBitwiseDeterministic) {
   EXPECT_TRUE(same_bytes(first.lse, second.lse));
 }
 
-// Deterministic mode takes the atomic-free kernel pair (kernels own the rows they write; GQA
-// groups and the sink gradient are summed in a fixed order) instead of the one-kernel backward's dq
-// reductions: two runs agree to the bit in every gradient.
+// Deterministic mode orders the one-kernel backward's dq reductions by key block (GQA groups
+// and the sink gradient are summed in a fixed order anyway): two runs agree to the bit in every
+// gradient.
 TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
   const GpuCase c = find_case("sink_learnable_softcap_causal");
   CaseSpec spec = gpu_case_spec(c);
@@ -133,6 +134,41 @@ TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
   EXPECT_TRUE(same_bytes(first.dk, second.dk));
   EXPECT_TRUE(same_bytes(first.dv, second.dv));
   EXPECT_TRUE(same_bytes(first.dsoftmax_offset, second.dsoftmax_offset));
+}
+
+// Many key blocks add to each dq tile (2200 keys: 18 blocks of 128, past one chain of
+// kDeterministicKeyChain = 16), a GQA group and a window that starts the tiles' contributors at
+// different blocks: deterministic runs agree to the bit and match cpu_exact. The default runs'
+// reductions land in any order; whether two of them differed is logged, not asserted (they may
+// agree by chance).
+TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
+  CaseSpec spec = gpu_case_spec(find_case("gqa_8_2"));
+  spec.batch = 2;
+  spec.seqlen_q = 260;
+  spec.seqlen_kv = 2200;
+  spec.heads_q = 4;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 128;
+  spec.config.window_left = 1500;
+  spec.config.window_right = 300;
+  const CaseTensors tensors = make_case(spec);
+  CaseSpec deterministic = spec;
+  deterministic.config.deterministic = true;
+  const CaseOutputs first = run_device_case(deterministic, tensors, BackendKind::kCudaFlash, true);
+  const CaseOutputs& reference =
+      exact_reference("deterministic_chains", deterministic, tensors, true);
+  expect_matches_reference(first, reference, spec.dtype, true, "deterministic one-kernel");
+  for (int run = 0; run < 3; ++run) {
+    const CaseOutputs again =
+        run_device_case(deterministic, tensors, BackendKind::kCudaFlash, true);
+    EXPECT_TRUE(same_bytes(first.dq, again.dq)) << "run " << run;
+    EXPECT_TRUE(same_bytes(first.dk, again.dk)) << "run " << run;
+    EXPECT_TRUE(same_bytes(first.dv, again.dv)) << "run " << run;
+  }
+  const CaseOutputs a = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+  const CaseOutputs b = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+  std::printf("[ note     ] two default (unordered) backward runs: dq %s\n",
+              same_bytes(a.dq, b.dq) ? "agreed" : "differed");
 }
 
 // Automatic selection runs the whole step on cuda_flash, and its gradients (the one-kernel

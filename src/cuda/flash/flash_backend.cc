@@ -39,9 +39,10 @@ std::string describe_flash_plan(const FeatureRequest& r) {
     const std::string shared = ", " + std::to_string(plan.shared_bytes) + " bytes of shared memory";
     switch (plan.family) {
       case cuda::FlashBackwardFamily::kOneKernel:
-        return "backward kernel family one_kernel (one kernel per key block, fp32 dq "
-               "reductions)" +
-               shared;
+        return std::string(
+                   "backward kernel family one_kernel (one kernel per key block, fp32 dq "
+                   "reductions") +
+               (r.deterministic ? " in key-block order)" : ")") + shared;
       case cuda::FlashBackwardFamily::kWgmmaWs:
         return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)" + shared;
       case cuda::FlashBackwardFamily::kWgmma:

@@ -36,9 +36,20 @@ FlashBackwardFamily backward_family(const AttentionProblem& p) {
       .family;
 }
 
+// The one-kernel backward's query tiles per (batch, head) in deterministic mode, and their
+// count over the batch's heads (one order flag each).
+int64_t dq_order_tiles(const AttentionProblem& p) {
+  constexpr int64_t kTileRows = 64;  // FlashBackwardSm90OneKernelTraits::kBlockM
+  return (p.max_seqlen_q + kTileRows - 1) / kTileRows;
+}
+size_t dq_order_count(const AttentionProblem& p) {
+  return size_t(p.batch * p.heads_q * dq_order_tiles(p));
+}
+
 // The backward's own buffers, by family.
 struct FlashBackwardBuffers {
   size_t dq_accum = 0;    // fp32 [b, H, sq, dqk], one-kernel family only
+  size_t dq_order = 0;    // int32 [b, H, query tiles], the one-kernel family in deterministic mode
   size_t row_delta = 0;   // fp32 [b, H, sq] D_i
   size_t row_dalpha = 0;  // fp32 [b, H, sq] per-row sink gradient terms
 };
@@ -46,8 +57,10 @@ struct FlashBackwardBuffers {
 FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBackwardFamily family) {
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
   FlashBackwardBuffers sizes;
-  if (family == FlashBackwardFamily::kOneKernel)
+  if (family == FlashBackwardFamily::kOneKernel) {
     sizes.dq_accum = rows * size_t(p.head_dim_qk) * sizeof(float);
+    if (p.deterministic) sizes.dq_order = dq_order_count(p) * sizeof(int);
+  }
   sizes.row_delta = rows * sizeof(float);
   if (p.wants_dsoftmax_offset) sizes.row_dalpha = rows * sizeof(float);
   return sizes;
@@ -57,8 +70,8 @@ FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBack
 
 size_t flash_backward_workspace_bytes(const AttentionProblem& p) {
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, backward_family(p));
-  return workspace_bytes_for(
-      {sequence_tables_bytes(p), sizes.dq_accum, sizes.row_delta, sizes.row_dalpha});
+  return workspace_bytes_for({sequence_tables_bytes(p), sizes.dq_accum, sizes.dq_order,
+                              sizes.row_delta, sizes.row_dalpha});
 }
 
 void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
@@ -88,6 +101,15 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   if (bp.one_kernel) {
     bp.dq_accum = dq_accum.get<float>();
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, dq_accum.bytes(), stream));
+  }
+  DeviceBuffer dq_order(sizes.dq_order, stream);
+  if (sizes.dq_order > 0) {
+    bp.dq_order = dq_order.get<int>();
+    bp.dq_order_tiles = int(dq_order_tiles(p));
+    constexpr int kKeyBlockRows = 128;  // FlashBackwardSm90OneKernelTraits::kBlockN
+    bp.key_chain = deterministic_key_chain(
+        int(p.batch), int((p.max_seqlen_kv + kKeyBlockRows - 1) / kKeyBlockRows));
+    DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_order, 0, dq_order.bytes(), stream));
   }
   DeviceBuffer row_delta(sizes.row_delta, stream);
   DeviceBuffer row_dalpha(sizes.row_dalpha, stream);

@@ -416,27 +416,34 @@ struct KeyBlock {
   __device__ int first_query(int it) const { return (m_begin + it % m_tiles) * block_m; }
 };
 
-// Returns false when the block has no keys (nothing to do).
+// Key block `key_block` of (batch, kv_head); returns false when it has no keys (nothing to do).
 __device__ __forceinline__ bool make_key_block(const FlashForwardParams& p, int block_n,
-                                               int block_m, KeyBlock& k) {
-  k.batch = blockIdx.z;
-  k.kv_head = blockIdx.y;
+                                               int block_m, KeyBlock& k, int batch, int kv_head,
+                                               int key_block) {
+  k.batch = batch;
+  k.kv_head = kv_head;
   k.seqlen_q = p.seqlen_q[k.batch];
   k.seqlen_kv = p.seqlen_kv[k.batch];
-  k.j0 = blockIdx.x * block_n;
+  k.j0 = key_block * block_n;
   if (k.j0 >= k.seqlen_kv) return false;
   k.keys_here = min(block_n, k.seqlen_kv - k.j0);
   k.diagonal = p.diagonal[k.batch];
-  const QueryRange queries = queries_seeing_keys(k.j0, k.j0 + k.keys_here - 1, k.seqlen_q,
-                                                 k.diagonal, p.window_left, p.window_right);
+  const QueryTileSpan tiles = key_block_query_tiles(k.j0, block_n, block_m, k.seqlen_q, k.seqlen_kv,
+                                                    k.diagonal, p.window_left, p.window_right);
   k.block_m = block_m;
-  k.m_begin = queries.first / block_m;
-  k.m_tiles = queries.last >= queries.first ? queries.last / block_m + 1 - k.m_begin : 0;
+  k.m_begin = tiles.first;
+  k.m_tiles = tiles.last + 1 - tiles.first;
   k.group = p.group_size;
   k.iterations = k.m_tiles * k.group;
   k.q_start = p.start_q ? p.start_q[k.batch] : 0;
   k.kv_start = p.start_kv ? p.start_kv[k.batch] : 0;
   return true;
+}
+
+// The block of the grid's usual order: key block x of KV head y of batch z.
+__device__ __forceinline__ bool make_key_block(const FlashForwardParams& p, int block_n,
+                                               int block_m, KeyBlock& k) {
+  return make_key_block(p, block_n, block_m, k, blockIdx.z, blockIdx.y, blockIdx.x);
 }
 
 // The block's first K (or V) row: `rows` is p.k or p.v with its strides.

@@ -39,13 +39,19 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
                              Wide::kSharedBytes, p, stream);
   } else if constexpr (flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV>;
-    const dim3 grid(unsigned((f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN),
-                    unsigned(f.heads_kv), batch);
+    const int key_blocks = (f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN;
+    const bool dropout = f.dropout_threshold != 0, deterministic = p.dq_order != nullptr;
+    // Deterministic mode: key blocks in chains of p.key_chain (deterministic_key_block).
+    const int chains = deterministic ? (key_blocks + p.key_chain - 1) / p.key_chain : 1;
+    const dim3 grid(unsigned(deterministic ? p.key_chain : key_blocks), unsigned(f.heads_kv),
+                    batch * unsigned(chains));
+    auto kernel =
+        dropout ? (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, true, true>
+                                 : flash_backward_one_kernel_sm90_kernel<OneKernel, true, false>)
+                : (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, false, true>
+                                 : flash_backward_one_kernel_sm90_kernel<OneKernel, false, false>);
     if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(f.dropout_threshold != 0
-                                 ? flash_backward_one_kernel_sm90_kernel<OneKernel, true>
-                                 : flash_backward_one_kernel_sm90_kernel<OneKernel, false>,
-                             grid, OneKernel::kThreads, OneKernel::kSharedBytes, p, stream);
+      launch_backward_kernel(kernel, grid, OneKernel::kThreads, OneKernel::kSharedBytes, p, stream);
   } else {
     // The host sets p.one_kernel only where flash_backward_family allows it.
     throw Error(ErrorCode::kInternal, "",

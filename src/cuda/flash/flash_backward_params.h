@@ -28,6 +28,11 @@ struct FlashBackwardParams {
   // [b, H, max_sq, head_dim_qk] fp32 zeroed by the host, then converted; not deterministic.
   bool one_kernel = false;
   float* dq_accum = nullptr;
+  // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the
+  // next key block whose dq partial may be added ([b, H, dq_order_tiles] int32, zeroed by the
+  // host; kDeterministicKeyChain); null otherwise. Key blocks run in chains of `key_chain`.
+  int* dq_order = nullptr;
+  int dq_order_tiles = 0, key_chain = 0;
 
   // Workspace [b, H, max_sq] fp32: D = rowsum(dO * o) per row, and each row's share of the
   // learnable sink's gradient, -exp(alpha_h - LSE) * D (nullptr when not wanted), both written

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_ws.cuh"
+#include "cuda/ptx/gpu_flag.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/red.cuh"
 
@@ -188,15 +189,33 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
 // right after iteration it's copies are issued, and, with dropout, before iteration it's keep
 // bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
-template <typename Traits, bool kDropout>
+// kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): thread 0 waits
+// until the tile's flag names this block, when the previous key block adds to the tile too, and
+// after every producer thread's reductions (a barrier) hands the tile on with a releasing store.
+template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
-  constexpr int kBlockM = Traits::kBlockM, kDimQK = Traits::kHeadDimQK;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kDimQK = Traits::kHeadDimQK;
   constexpr int kStages = Traits::kStages, kDqStride = Traits::kDqStride;
+  constexpr int kProducerBarrier = 2;  // the consumers use named barrier 1
   const FlashForwardParams& p = bp.fwd;
+  const int key_block = kb.j0 / kBlockN;
+  // The query tiles the previous key block adds to (empty for the first).
+  const QueryTileSpan previous =
+      key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
+                            kb.diagonal, p.window_left, p.window_right);
   auto add_dq_tile = [&](int j) {
     ptx::mbarrier_wait(l.dq_full(), j & 1);
     const int head = kb.head(j), i0 = kb.first_query(j);
+    int* order = nullptr;
+    if constexpr (kDeterministic) {
+      const int tile = i0 / kBlockM;
+      order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
+      if (threadIdx.x == 0 && previous.first <= tile && tile <= previous.last)
+        while (ptx::load_acquire_gpu(order) != key_block) {
+        }
+      ptx::named_barrier_sync(kProducerBarrier, 128);
+    }
     constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
     const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
 #pragma unroll 1
@@ -207,6 +226,10 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
           bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
     }
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
+    if constexpr (kDeterministic) {
+      ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
+      if (threadIdx.x == 0) ptx::store_release_gpu(order, key_block + 1);
+    }
   };
   auto add_previous_dq_tile = [&](int it) {
     if (it >= kStages) add_dq_tile(it - kStages);
@@ -395,8 +418,9 @@ __device__ __forceinline__ void store_key_major_operands(uint32_t tile,
 }
 
 // kDropout: the form with keep bits (drawing them costs the producer registers, and its spills
-// would slow every call; launched only when p.dropout_threshold != 0).
-template <typename Traits, bool kDropout>
+// would slow every call; launched only when p.dropout_threshold != 0). kDeterministic: dq
+// reductions in key-block order, the grid in key-block chains (bp.dq_order, bp.key_chain).
+template <typename Traits, bool kDropout, bool kDeterministic>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_backward_one_kernel_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -413,7 +437,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto du_shared = [&](int buffer) { return l.du + uint32_t(buffer) * kBlockN * kBlockM * 2; };
 
   KeyBlock kb;
-  if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
+  if constexpr (kDeterministic) {
+    const KeyBlockCoordinates c =
+        deterministic_key_block(int(blockIdx.x), int(blockIdx.z), p.batch, bp.key_chain);
+    if (!make_key_block(p, kBlockN, kBlockM, kb, c.batch, int(blockIdx.y), c.key_block)) return;
+  } else if (!make_key_block(p, kBlockN, kBlockM, kb)) {
+    return;
+  }
   init_key_block_barriers<Traits>(l);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
@@ -424,7 +454,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0) run_one_kernel_backward_producer<Traits, kDropout>(bp, kb, l);
+    if (kb.iterations > 0)
+      run_one_kernel_backward_producer<Traits, kDropout, kDeterministic>(bp, kb, l);
     return;
   }
 

@@ -164,22 +164,22 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
   return FlashBackwardFamily::kAutomatic;
 }
 
-// The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward, or
-// the warp-specialised pair in deterministic mode (the one-kernel backward's reductions land in
-// any order); head dim 256 the one-kernel backward's wide form, or mma.sync with either feature
-// (the wide form has no room for keep bits); everything else takes mma.sync. `requested`
-// (config.flash_backward_kernel, for tests and benches) picks another family where the hardware
-// has it, never the one-kernel one against a feature it cannot honour.
+// The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward
+// with every feature (deterministic mode orders its dq reductions: kDeterministicKeyChain);
+// head dim 256 its wide form, or mma.sync with dropout (no room for keep bits) or in
+// deterministic mode (the wide form's consumers reduce dq themselves, unordered); everything
+// else takes mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks
+// another family where the hardware has it, never the one-kernel one against a feature it
+// cannot honour.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
                                                     bool deterministic, bool dropout,
                                                     FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
-  const bool one_kernel_allowed = !deterministic;
   if (!flash_backward_wgmma_eligible(head_dim_qk, head_dim_v)) {
     // Head dim 256 has the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
-    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && one_kernel_allowed &&
+    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && !deterministic &&
                    !dropout && one_kernel_requested
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
@@ -193,7 +193,7 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
     case FlashBackwardFamily::kAutomatic:
       break;
   }
-  return one_kernel_allowed ? FlashBackwardFamily::kOneKernel : FlashBackwardFamily::kWgmmaWs;
+  return FlashBackwardFamily::kOneKernel;
 }
 
 // Shared memory per block of each sm_90 backward family, the larger kernel's for the pairs. The
@@ -270,6 +270,57 @@ __host__ __device__
     range.last = highest < seqlen_q - 1 ? highest : seqlen_q - 1;
   }
   return range;
+}
+
+// The query tiles [first, last] of `block_m` rows (empty when last < first) whose rows see some
+// key of the key block starting at `j0` (`block_n` keys, clipped to the sequence; empty past
+// it). The dk/dv kernels and the one-kernel backward walk exactly these tiles (make_key_block).
+// A tile's contributing key blocks are then contiguous: each block's tiles run from
+// queries_seeing_keys' first to last row, and both bounds are nondecreasing in j0.
+struct QueryTileSpan {
+  int first, last;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    constexpr QueryTileSpan
+    key_block_query_tiles(int j0, int block_n, int block_m, int seqlen_q, int seqlen_kv,
+                          int diagonal, int window_left, int window_right) {
+  if (j0 < 0 || j0 >= seqlen_kv) return {0, -1};
+  const int last_key = (seqlen_kv - j0 < block_n ? seqlen_kv : j0 + block_n) - 1;
+  const QueryRange rows =
+      queries_seeing_keys(j0, last_key, seqlen_q, diagonal, window_left, window_right);
+  if (rows.last < rows.first) return {0, -1};
+  return {rows.first / block_m, rows.last / block_m};
+}
+
+// The deterministic one-kernel backward adds a query tile's dq partials in key-block order: key
+// block n waits for block n - 1 when that block also adds to the tile (else n is the tile's
+// first: the contributors are contiguous, key_block_query_tiles), then hands the tile to n + 1.
+// Key blocks run in chains of `chain` (kDeterministicKeyChain where the grid allows) per
+// (batch, KV head): grid x is the place in the chain, y the KV head, z the batch plus
+// batch_count times the chain's index. A block then waits only for blocks of a lower linear
+// index (launched before it), so the order cannot deadlock, and the blocks resident together
+// wait in chains of at most `chain` hand-offs, while each head's Q and dO are read by a few
+// chains at a time (the L2 keeps them).
+constexpr int kDeterministicKeyChain = 16;
+struct KeyBlockCoordinates {
+  int batch, key_block;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    constexpr KeyBlockCoordinates
+    deterministic_key_block(int x, int z, int batch_count, int chain) {
+  return {z % batch_count, (z / batch_count) * chain + x};
+}
+
+// The chain length for `key_blocks` key blocks per sequence: kDeterministicKeyChain, or all of
+// them (one chain, the grid's usual order) where batch x chains would pass the grid's z limit.
+constexpr int deterministic_key_chain(int batch_count, int key_blocks) {
+  const int chains = (key_blocks + kDeterministicKeyChain - 1) / kDeterministicKeyChain;
+  return int64_t(batch_count) * chains <= 65535 || key_blocks < 1 ? kDeterministicKeyChain
+                                                                  : key_blocks;
 }
 
 // The (dqk, dv) pairs with compiled kernels (both dtypes).
