@@ -1,6 +1,7 @@
 // The flash backward kernels (mma.sync, sm_80+): DESIGN.md §4 without O(s^2) memory and
-// without atomics, so every run gives the same bits (what deterministic mode runs; on Hopper
-// the default is the single one-kernel backward, flash_backward_sm90_one_kernel.cuh).
+// without atomics, so every run gives the same bits (sm_80 and the head dims without a Hopper
+// one-kernel form; on Hopper the one-kernel backward, flash_backward_sm90_one_kernel.cuh, runs
+// head dims 64 and 128 with every feature).
 //
 // Two kernels recompute P from Q, K and the saved LSE, each owning the rows it writes:
 // - dq: a block owns 64 query rows of one (batch, head), walks the visible key tiles and

@@ -25,7 +25,8 @@ struct FlashBackwardParams {
   bool wgmma = false;  // the sm_90a kernels (flash_backward_sm90.cuh) instead of mma.sync
   bool warp_specialized = false;  // their producer / ping-pong form (flash_backward_sm90_ws.cuh)
   // The single-kernel form (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`,
-  // [b, H, max_sq, head_dim_qk] fp32 zeroed by the host, then converted; not deterministic.
+  // [b, H, max_sq, head_dim_qk] fp32 zeroed by the host, then converted; in any order unless
+  // dq_order is set.
   bool one_kernel = false;
   float* dq_accum = nullptr;
   // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the

@@ -1,8 +1,9 @@
 // The single-kernel wgmma backward (sm_90a, head dims 64 and 128): FlashAttention-2's five
 // GEMMs per tile instead of the atomic-free pair's seven (flash_backward_sm90_ws.cuh), paid for
 // with dq accumulated in an fp32 workspace through vector reductions (red.global.add.v4.f32),
-// whose order varies from run to run. Deterministic mode keeps the atomic-free pair
-// (flash_backward_family decides). With dropout the producer warpgroup draws each query tile's
+// whose order varies from run to run unless deterministic mode orders them (kDeterministic:
+// key block by key block, through a flag per query tile). With dropout the producer warpgroup
+// draws each query tile's
 // keep bits into shared memory beside the tile's rows (draw_query_tile_keep_words), so the
 // consumers pay one shared load per tile and two selects per element for it.
 //

@@ -4,8 +4,9 @@
 // through cp.async.mbarrier.arrive.noinc (it never waits for a copy); two consumer warpgroups
 // take turns issuing their MMAs (named barriers 1 and 2), so one's elementwise phase runs under
 // the other's MMAs; within a consumer, the register-operand products of tile n - 1 are issued
-// together with the shared-operand products of tile n. setmaxnreg 40 / 232. What Hopper runs
-// in deterministic mode and with dropout (flash_backward_family); 1.5x the mma.sync pair.
+// together with the shared-operand products of tile n. setmaxnreg 40 / 232. Run on Hopper only
+// when config.flash_backward_kernel asks for it (the one-kernel backward takes deterministic
+// mode and dropout since session 14); 1.5x the mma.sync pair.
 //
 // - dq: the producer copies Q and dO once and K, V per 64-key tile; a consumer issues
 //   S(n) = Q K(n)^T, dP(n) = dO V(n)^T and dq += dU(n-1) K(n-1), then releases stage n - 1.
