@@ -39,7 +39,7 @@ FlashBackwardFamily backward_family(const AttentionProblem& p) {
 // The one-kernel backward's query tiles per (batch, head) in deterministic mode, and their
 // count over the batch's heads (one order flag each).
 int64_t dq_order_tiles(const AttentionProblem& p) {
-  constexpr int64_t kTileRows = 64;  // FlashBackwardSm90OneKernelTraits::kBlockM
+  constexpr int64_t kTileRows = kOneKernelBackwardBlockM;
   return (p.max_seqlen_q + kTileRows - 1) / kTileRows;
 }
 size_t dq_order_count(const AttentionProblem& p) {
@@ -106,7 +106,7 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   if (sizes.dq_order > 0) {
     bp.dq_order = dq_order.get<int>();
     bp.dq_order_tiles = int(dq_order_tiles(p));
-    constexpr int kKeyBlockRows = 128;  // FlashBackwardSm90OneKernelTraits::kBlockN
+    constexpr int64_t kKeyBlockRows = kOneKernelBackwardBlockN;
     bp.key_chain = deterministic_key_chain(
         int(p.batch), int((p.max_seqlen_kv + kKeyBlockRows - 1) / kKeyBlockRows));
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_order, 0, dq_order.bytes(), stream));

@@ -38,7 +38,7 @@ struct FlashBackwardSm90OneKernelTraits {
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
-  static constexpr int kBlockN = 128, kBlockM = 64;
+  static constexpr int kBlockN = kOneKernelBackwardBlockN, kBlockM = kOneKernelBackwardBlockM;
   static constexpr int kDuBytes = 2 * kBlockN * kBlockM * 2;
   // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
   // which ptxas serialises).

@@ -211,14 +211,19 @@ constexpr int flash_backward_wgmma_ws_shared_bytes(int head_dim_qk, int head_dim
       2 * (128 + stages * 64) * dims + barriers + 1024,
       2 * (128 + stages * 32) * dims + stages * 2 * 32 * 4 + 8 * 2 * 32 + barriers + 1024);
 }
+// The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
+// asserts them): the host sizes its deterministic-mode flags by them.
+constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
 constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
-  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64, block_m = 64;
+  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
+            block_m = kOneKernelBackwardBlockM;
   if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)) {
     const int block_n = 64, operand_tile = block_n * block_m * 2;
     return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
            barriers + 1024;
   }
-  const int block_n = 128, du = 2 * block_n * block_m * 2, keep_words = block_n / 16 * 32;
+  const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
+            keep_words = block_n / 16 * 32;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
          block_m * (head_dim_qk + 4) * 4 + stages * keep_words * 4 + barriers + 1024;
 }
