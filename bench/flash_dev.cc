@@ -1,7 +1,7 @@
 // Dev bench for the flash forward kernels (llm.c's dev/cuda style): one small correctness
 // check against cpu_exact per feature set, then timings of the shapes with CUDA
 // events. Calls the backends directly (no selector) so it builds before every backend exists.
-// --backward times the backward on its kernel families (mma_sync, wgmma, wgmma_ws, one_kernel, or
+// --backward times the backward on its kernel families (mma_sync, one_kernel, or
 // those --families lists) and prints how far apart their gradients are (the GPU suite checks
 // each against cpu_exact).
 //
@@ -227,7 +227,7 @@ bool check(const Shape& s, const Features& f, int variant = -1) {
 double visible_pairs(const Shape& s, const Features& f);
 
 // The one-kernel backward after one forward (for o and LSE): median ms of 20 runs per kernel family
-// (config.flash_backward_kernel names: mma_sync, wgmma, wgmma_ws, one_kernel), TFLOP/s at 2.5x the
+// (config.flash_backward_kernel names: mma_sync, one_kernel), TFLOP/s at 2.5x the
 // forward's FLOPs, and each family's relative difference from the first one's gradients.
 void time_backward(const Shape& s, const Features& f, const std::vector<std::string>& families) {
   std::mt19937_64 rng(99);
@@ -327,7 +327,7 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
 
 int main(int argc, char** argv) {
   bool do_check = true, do_time = true, do_variants = false, do_backward = false;
-  std::vector<std::string> families = {"mma_sync", "wgmma", "wgmma_ws", "one_kernel"};
+  std::vector<std::string> families = {"mma_sync", "one_kernel"};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--families") == 0 && i + 1 < argc) {
       families.clear();

@@ -12,7 +12,7 @@
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
 # (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
-# gpu_tests_{mma_sync,wgmma,wgmma_ws}_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
+# gpu_tests_mma_sync_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
 # bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
@@ -192,11 +192,11 @@ step_test() {
   # plain two-warpgroup form (wider heads); the mma.sync family (what sm_80 runs) gets the same
   # forward cases and the CP suite's GPU tiles, and the plain wgmma form the forward cases at
   # every head dim, through DPA_FLASH_FORWARD_KERNEL.
-  # The backward cases run once more on each atomic-free backward family
-  # (DPA_FLASH_BACKWARD_KERNEL=mma_sync, =wgmma, =wgmma_ws; the default run above takes the
-  # one-kernel backward on Hopper wherever it can).
+  # The backward cases run once more on the atomic-free mma.sync pair
+  # (DPA_FLASH_BACKWARD_KERNEL=mma_sync; the default run above takes the one-kernel backward on
+  # Hopper wherever it can).
   local kernel filter
-  for kernel in mma_sync wgmma mma_sync_backward wgmma_backward wgmma_ws_backward; do
+  for kernel in mma_sync wgmma mma_sync_backward; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)

@@ -57,9 +57,8 @@ enum class FlashForwardKernel : int {
 enum class FlashBackwardKernel : int {
   kAuto = 0,
   kMmaSync = 1,    // the atomic-free mma.sync pair
-  kWgmma = 2,      // the atomic-free wgmma pair
-  kWgmmaWs = 3,    // the warp-specialised wgmma pair
-  kOneKernel = 4,  // the single-kernel family (never against deterministic mode or dropout)
+  kOneKernel = 4,  // the single-kernel family (sm_90; at head dim 256 never against
+                   // deterministic mode or dropout)
 };
 
 std::size_t dtype_size(DType dtype);

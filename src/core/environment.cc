@@ -35,7 +35,7 @@ AttentionConfig config_with_environment(AttentionConfig config, const Environmen
   fill_from(config.flash_forward_kernel, getenv, "DPA_FLASH_FORWARD_KERNEL",
             parse_flash_forward_kernel, "auto, mma_sync, wgmma, wgmma_ws");
   fill_from(config.flash_backward_kernel, getenv, "DPA_FLASH_BACKWARD_KERNEL",
-            parse_flash_backward_kernel, "auto, mma_sync, wgmma, wgmma_ws, one_kernel");
+            parse_flash_backward_kernel, "auto, mma_sync, one_kernel");
   return config;
 }
 

@@ -44,11 +44,9 @@ constexpr NameTable<FlashForwardKernel, 4> kFlashForwardNames{
      {FlashForwardKernel::kMmaSync, "mma_sync"},
      {FlashForwardKernel::kWgmma, "wgmma"},
      {FlashForwardKernel::kWgmmaWs, "wgmma_ws"}}};
-constexpr NameTable<FlashBackwardKernel, 5> kFlashBackwardNames{
+constexpr NameTable<FlashBackwardKernel, 3> kFlashBackwardNames{
     {{FlashBackwardKernel::kAuto, "auto"},
      {FlashBackwardKernel::kMmaSync, "mma_sync"},
-     {FlashBackwardKernel::kWgmma, "wgmma"},
-     {FlashBackwardKernel::kWgmmaWs, "wgmma_ws"},
      {FlashBackwardKernel::kOneKernel, "one_kernel"}}};
 
 template <typename Enum, size_t N>

@@ -252,9 +252,8 @@ TEST(Validation, AcceptsEveryNamedKernelFamily) {
   const CaseTensors t = make_case(spec);
   for (FlashForwardKernel forward : {FlashForwardKernel::kAuto, FlashForwardKernel::kMmaSync,
                                      FlashForwardKernel::kWgmma, FlashForwardKernel::kWgmmaWs})
-    for (FlashBackwardKernel backward :
-         {FlashBackwardKernel::kAuto, FlashBackwardKernel::kMmaSync, FlashBackwardKernel::kWgmma,
-          FlashBackwardKernel::kWgmmaWs, FlashBackwardKernel::kOneKernel}) {
+    for (FlashBackwardKernel backward : {FlashBackwardKernel::kAuto, FlashBackwardKernel::kMmaSync,
+                                         FlashBackwardKernel::kOneKernel}) {
       CaseSpec named = spec;
       named.config.flash_forward_kernel = forward;
       named.config.flash_backward_kernel = backward;

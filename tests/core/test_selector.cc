@@ -203,12 +203,12 @@ TEST(Selector, EnvironmentFillsOnlyWhatTheConfigLeavesAuto) {
   EXPECT_EQ(forced_backend(BackendKind::kCpu), BackendKind::kCpu);
   const EnvironmentGetter env = fake_environment({{"DPA_BACKEND", "cpu_exact"},
                                                   {"DPA_FLASH_FORWARD_KERNEL", "mma_sync"},
-                                                  {"DPA_FLASH_BACKWARD_KERNEL", "wgmma_ws"}});
+                                                  {"DPA_FLASH_BACKWARD_KERNEL", "mma_sync"}});
   AttentionConfig automatic;
   const AttentionConfig filled = config_with_environment(automatic, env);
   EXPECT_EQ(filled.backend, BackendKind::kCpuExact);
   EXPECT_EQ(filled.flash_forward_kernel, FlashForwardKernel::kMmaSync);
-  EXPECT_EQ(filled.flash_backward_kernel, FlashBackwardKernel::kWgmmaWs);
+  EXPECT_EQ(filled.flash_backward_kernel, FlashBackwardKernel::kMmaSync);
   AttentionConfig explicit_config;
   explicit_config.backend = BackendKind::kCpu;
   explicit_config.flash_forward_kernel = FlashForwardKernel::kWgmma;

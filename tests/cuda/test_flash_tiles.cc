@@ -122,13 +122,12 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
     EXPECT_EQ(plan.shared_bytes, e.bytes) << e.arch << " " << e.dqk;
     EXPECT_LE(plan.shared_bytes, 227 * 1024);
   }
-  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, false, F::kWgmma).shared_bytes,
-            flash_backward_wgmma_shared_bytes(128, 128));
+  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, false, F::kMmaSync).shared_bytes,
+            flash_backward_shared_bytes(128, 128));
   // The families' sizes differ: a rule that checked one family's bytes for another would be
   // checking the wrong number.
   EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128),
             flash_backward_shared_bytes(128, 128));
-  EXPECT_NE(flash_backward_wgmma_ws_shared_bytes(128, 128), flash_backward_shared_bytes(128, 128));
 }
 
 // The one-kernel backward takes dropout and deterministic mode (its dq reductions in key-block
@@ -153,13 +152,11 @@ TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
     EXPECT_EQ(flash_backward_family(90, 192, 192, false, false, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
   }
-  for (F requested : {F::kMmaSync, F::kWgmma, F::kWgmmaWs}) {
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), requested);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), requested);
-    EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
-    // The pairs have no wgmma form at head dim 256.
-    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kMmaSync);
-  }
+  // The mma.sync pair when asked, on any device and head dim, with every feature.
+  EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, F::kMmaSync), F::kMmaSync);
 }
 
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the

@@ -43,10 +43,6 @@ std::string describe_flash_plan(const FeatureRequest& r) {
                    "backward kernel family one_kernel (one kernel per key block, fp32 dq "
                    "reductions") +
                (r.deterministic ? " in key-block order)" : ")") + shared;
-      case cuda::FlashBackwardFamily::kWgmmaWs:
-        return "backward kernel family wgmma_ws (warp-specialised atomic-free pair)" + shared;
-      case cuda::FlashBackwardFamily::kWgmma:
-        return "backward kernel family wgmma (atomic-free pair)" + shared;
       default:
         return "backward kernel family mma_sync (atomic-free pair)" + shared;
     }

@@ -92,8 +92,6 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   copy_strides(p.dv_rows, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride);
   bp.scale = float(p.scale);
   const FlashBackwardFamily family = backward_family(p);
-  bp.wgmma = family != FlashBackwardFamily::kMmaSync;
-  bp.warp_specialized = family == FlashBackwardFamily::kWgmmaWs;
   bp.one_kernel = family == FlashBackwardFamily::kOneKernel;
 
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);

@@ -7,10 +7,8 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
-#include "cuda/flash/flash_backward_sm90.cuh"
 #include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
 #include "cuda/flash/flash_backward_sm90_one_kernel_wide.cuh"
-#include "cuda/flash/flash_backward_sm90_ws.cuh"
 #include "dpa/error.h"
 
 namespace dpa::cuda {
@@ -37,7 +35,7 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
     if (f.max_seqlen_kv > 0)
       launch_backward_kernel(flash_backward_one_kernel_wide_sm90_kernel<Wide>, grid, Wide::kThreads,
                              Wide::kSharedBytes, p, stream);
-  } else if constexpr (flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
+  } else if constexpr (flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV)) {
     using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV>;
     const int key_blocks = (f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN;
     const bool dropout = f.dropout_threshold != 0, deterministic = p.dq_order != nullptr;
@@ -67,51 +65,6 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
   }
 }
 
-// The wgmma kernels (flash_backward_sm90.cuh; head dims 64 and 128, and the one-kernel backward's
-// wide form at 256), after the prepare kernel.
-template <typename Element, int kHeadDimQK, int kHeadDimV>
-void launch_flash_backward_sm90(const FlashBackwardParams& p, cudaStream_t stream) {
-  if (p.one_kernel)
-    return launch_flash_backward_one_kernel_sm90<Element, kHeadDimQK, kHeadDimV>(p, stream);
-  if constexpr (flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
-    using Traits = FlashBackwardSm90Traits<Element, kHeadDimQK, kHeadDimV>;
-    const FlashForwardParams& f = p.fwd;
-    const unsigned batch = unsigned(f.batch);
-    if (p.warp_specialized) {
-      using Ws = FlashBackwardSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
-      if (f.max_seqlen_q > 0)
-        launch_backward_kernel(flash_backward_dq_sm90_ws_kernel<Ws>,
-                               dim3(unsigned((f.max_seqlen_q + Ws::kDqBlockM - 1) / Ws::kDqBlockM),
-                                    unsigned(f.heads_q), batch),
-                               Ws::kThreads, Ws::kDqSharedBytes, p, stream);
-      if (f.max_seqlen_kv > 0)
-        launch_backward_kernel(
-            flash_backward_dkdv_sm90_ws_kernel<Ws>,
-            dim3(unsigned((f.max_seqlen_kv + Ws::kDkvBlockN - 1) / Ws::kDkvBlockN),
-                 unsigned(f.heads_kv), batch),
-            Ws::kThreads, Ws::kDkvSharedBytes, p, stream);
-      return;
-    }
-    if (f.max_seqlen_q > 0) {
-      const dim3 dq_grid(unsigned((f.max_seqlen_q + Traits::kDqBlockM - 1) / Traits::kDqBlockM),
-                         unsigned(f.heads_q), batch);
-      launch_backward_kernel(flash_backward_dq_sm90_kernel<Traits>, dq_grid, Traits::kThreads,
-                             Traits::kDqSharedBytes, p, stream);
-    }
-    if (f.max_seqlen_kv > 0) {
-      const dim3 dkdv_grid(
-          unsigned((f.max_seqlen_kv + Traits::kDkvBlockN - 1) / Traits::kDkvBlockN),
-          unsigned(f.heads_kv), batch);
-      launch_backward_kernel(flash_backward_dkdv_sm90_kernel<Traits>, dkdv_grid, Traits::kThreads,
-                             Traits::kDkvSharedBytes, p, stream);
-    }
-  } else {
-    (void)p, (void)stream;
-    // The host sets p.wgmma only where flash_backward_wgmma_eligible holds.
-    throw Error(ErrorCode::kInternal, "", "wgmma backward asked for head dims it does not take");
-  }
-}
-
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t stream) {
   using Traits = FlashBackwardTraits<Element, kHeadDimQK, kHeadDimV>;
@@ -127,7 +80,8 @@ void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t st
         <<<prepare_grid, 32 * kRowsPerPrepareBlock, 0, stream>>>(p, kHeadDimV);
     DPA_CUDA_CHECK_LAUNCH();
   }
-  if (p.wgmma) return launch_flash_backward_sm90<Element, kHeadDimQK, kHeadDimV>(p, stream);
+  if (p.one_kernel)
+    return launch_flash_backward_one_kernel_sm90<Element, kHeadDimQK, kHeadDimV>(p, stream);
   if (f.max_seqlen_q > 0) {
     const dim3 dq_grid(unsigned((f.max_seqlen_q + Traits::kDqBlockM - 1) / Traits::kDqBlockM),
                        unsigned(f.heads_q), batch);

@@ -21,10 +21,9 @@ struct FlashBackwardParams {
   void* dv = nullptr;  // like v
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
-  float scale = 1.f;   // the softmax scale (natural units): dq and dk carry it
-  bool wgmma = false;  // the sm_90a kernels (flash_backward_sm90.cuh) instead of mma.sync
-  bool warp_specialized = false;  // their producer / ping-pong form (flash_backward_sm90_ws.cuh)
-  // The single-kernel form (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`,
+  float scale = 1.f;  // the softmax scale (natural units): dq and dk carry it
+  // The single-kernel form (sm_90a) instead of the mma.sync pair
+  // (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`,
   // [b, H, max_sq, head_dim_qk] fp32 zeroed by the host, then converted; in any order unless
   // dq_order is set.
   bool one_kernel = false;

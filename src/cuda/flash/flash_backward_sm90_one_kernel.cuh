@@ -21,7 +21,7 @@
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
-#include "cuda/flash/flash_backward_sm90_ws.cuh"
+#include "cuda/flash/flash_backward_sm90_operands.cuh"
 #include "cuda/ptx/gpu_flag.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/red.cuh"
@@ -54,7 +54,8 @@ struct FlashBackwardSm90OneKernelTraits {
   static constexpr int kSharedBytes =
       2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) + kStages * 2 * kBlockM * 4 +
       kDuBytes + kBlockM * kDqStride * 4 + kStages * kKeepWords * 4 + kBarrierBytes + 1024;
-  static_assert(flash_backward_wgmma_eligible(kHeadDimQK, kHeadDimV), "head dims 64 or 128");
+  static_assert(flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV),
+                "head dims 64 or 128");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
   static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");

@@ -130,9 +130,9 @@ constexpr int flash_backward_shared_bytes(int head_dim_qk, int head_dim_v) {
   return dq > dkdv ? dq : dkdv;
 }
 
-// The wgmma backward (flash_backward_sm90.cuh) takes head dims 64 and 128: wider heads' tiles
-// and accumulators do not fit beside each other.
-constexpr bool flash_backward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
+// The one-kernel backward's narrow form (flash_backward_sm90_one_kernel.cuh) takes head dims 64
+// and 128: wider heads' tiles and accumulators do not fit beside each other.
+constexpr bool flash_backward_one_kernel_narrow_eligible(int head_dim_qk, int head_dim_v) {
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
@@ -142,20 +142,15 @@ constexpr bool flash_backward_one_kernel_wide_eligible(int head_dim_qk, int head
   return head_dim_qk == 256 && head_dim_v == 256;
 }
 
-// The backward's kernel families (docs/cuda_flash.md): the atomic-free pairs on mma.sync,
-// wgmma and warp-specialised wgmma, and the single wgmma kernel whose dq goes through fp32
-// reductions (flash_backward_sm90_one_kernel.cuh).
-enum class FlashBackwardFamily { kAutomatic, kMmaSync, kWgmma, kWgmmaWs, kOneKernel };
+// The backward's kernel families (docs/cuda_flash.md): the atomic-free pair on mma.sync, and the
+// single wgmma kernel whose dq goes through fp32 reductions (flash_backward_sm90_one_kernel.cuh).
+enum class FlashBackwardFamily { kAutomatic, kMmaSync, kOneKernel };
 
 // The config's backward kernel family (tests and benches; kAuto: chosen by device and shape).
 constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kernel) {
   switch (kernel) {
     case FlashBackwardKernel::kMmaSync:
       return FlashBackwardFamily::kMmaSync;
-    case FlashBackwardKernel::kWgmma:
-      return FlashBackwardFamily::kWgmma;
-    case FlashBackwardKernel::kWgmmaWs:
-      return FlashBackwardFamily::kWgmmaWs;
     case FlashBackwardKernel::kOneKernel:
       return FlashBackwardFamily::kOneKernel;
     case FlashBackwardKernel::kAuto:
@@ -175,7 +170,7 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
                                                     bool deterministic, bool dropout,
                                                     FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
-  if (!flash_backward_wgmma_eligible(head_dim_qk, head_dim_v)) {
+  if (!flash_backward_one_kernel_narrow_eligible(head_dim_qk, head_dim_v)) {
     // Head dim 256 has the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
@@ -184,33 +179,13 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
   }
-  switch (requested) {
-    case FlashBackwardFamily::kMmaSync:
-    case FlashBackwardFamily::kWgmma:
-    case FlashBackwardFamily::kWgmmaWs:
-      return requested;
-    case FlashBackwardFamily::kOneKernel:
-    case FlashBackwardFamily::kAutomatic:
-      break;
-  }
-  return FlashBackwardFamily::kOneKernel;
+  return requested == FlashBackwardFamily::kMmaSync ? FlashBackwardFamily::kMmaSync
+                                                    : FlashBackwardFamily::kOneKernel;
 }
 
-// Shared memory per block of each sm_90 backward family, the larger kernel's for the pairs. The
-// traits in flash_backward_sm90*.cuh assert these against their own layouts, so the selector's
-// rule (through flash_backward_plan) checks the bytes the launch asks for.
-constexpr int flash_backward_max(int a, int b) { return a > b ? a : b; }
-constexpr int flash_backward_wgmma_shared_bytes(int head_dim_qk, int head_dim_v) {
-  const int dims = head_dim_qk + head_dim_v;
-  return flash_backward_max(2 * (128 + 2 * 64) * dims + 1024,
-                            2 * (128 + 2 * 32) * dims + 2 * 2 * 32 * 4 + 8 * 2 * 32 + 1024);
-}
-constexpr int flash_backward_wgmma_ws_shared_bytes(int head_dim_qk, int head_dim_v) {
-  const int dims = head_dim_qk + head_dim_v, stages = 3, barriers = 64;
-  return flash_backward_max(
-      2 * (128 + stages * 64) * dims + barriers + 1024,
-      2 * (128 + stages * 32) * dims + stages * 2 * 32 * 4 + 8 * 2 * 32 + barriers + 1024);
-}
+// Shared memory per block of the one-kernel backward. Its traits assert this against their
+// layouts, so the selector's rule (through flash_backward_plan) checks the bytes the launch asks
+// for.
 // The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
 // asserts them): the host sizes its deterministic-mode flags by them.
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
@@ -240,10 +215,6 @@ constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int h
   const FlashBackwardFamily family =
       flash_backward_family(arch, head_dim_qk, head_dim_v, deterministic, dropout, requested);
   switch (family) {
-    case FlashBackwardFamily::kWgmma:
-      return {family, flash_backward_wgmma_shared_bytes(head_dim_qk, head_dim_v)};
-    case FlashBackwardFamily::kWgmmaWs:
-      return {family, flash_backward_wgmma_ws_shared_bytes(head_dim_qk, head_dim_v)};
     case FlashBackwardFamily::kOneKernel:
       return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v)};
     case FlashBackwardFamily::kMmaSync:

@@ -1,0 +1,114 @@
+// What the Hopper one-kernel backward (flash_backward_sm90_one_kernel.cuh and its wide form)
+// builds on: wgmma operand descriptors of 128-byte-swizzled tiles, the S^T / dP^T and
+// register-operand products, and the producer warpgroup's copies of a key block and of each
+// query tile (cp.async into the tiles, the rows' LSE and D by plain stores, all completing on
+// the stage's `full` mbarrier). The per-tile math shared with the mma.sync pair is in
+// flash_backward_kernel.cuh.
+#pragma once
+
+#include "cuda/flash/flash_backward_kernel.cuh"
+#include "cuda/flash/flash_forward_sm90_ws.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace dpa::cuda {
+
+// Descriptor of a K-major operand: rows `row0..` of a swizzled tile of `rows` rows, 16 columns
+// from 16 * kk (64-column blocks of rows x 128 bytes).
+__device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int rows, int row0, int kk) {
+  return ptx::smem_descriptor(tile + (kk / 4) * (rows * 128) + row0 * 128 + (kk % 4) * 32, 16,
+                              1024);
+}
+
+// Descriptor of an MN-major B operand: 16 rows from 16 * kk of a swizzled tile of `rows` rows
+// (the K dimension runs along the rows, N along the columns).
+__device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int rows, int kk) {
+  return ptx::smem_descriptor(tile + kk * 16 * 128, rows * 128, 1024);
+}
+
+// acc (+)= A B^T over kK columns (the wgmma counterpart of mma_rows_by_rows): A is rows
+// a_row0..a_row0+63 of a K-major tile of a_rows rows, B a K-major tile of kN rows. Issues only
+// (no commit).
+template <typename Element, int kN, int kK>
+__device__ __forceinline__ void wgmma_rows_by_rows(float (&acc)[kN / 8][4], uint32_t a_tile,
+                                                   int a_rows, int a_row0, uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    ptx::wgmma_ss<Element, kN>(acc, k_major_descriptor(a_tile, a_rows, a_row0, kk),
+                               k_major_descriptor(b_tile, kN, 0, kk), kk > 0);
+}
+
+// acc += F B (the counterpart of mma_fragments_by_rows): F packed register operands over kK,
+// B an MN-major tile of kK rows. Issues only (no commit).
+template <typename Element, int kN, int kK>
+__device__ __forceinline__ void wgmma_fragments_by_rows(float (&acc)[kN / 8][4],
+                                                        const uint32_t (&f)[kK / 16][4],
+                                                        uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    ptx::wgmma_rs<Element, kN>(acc, f[kk], mn_major_descriptor(b_tile, kK, kk), true);
+}
+
+template <typename Element, int kKTiles>
+__device__ __forceinline__ void pack_operands(const float (&f)[kKTiles * 2][4],
+                                              uint32_t (&a)[kKTiles][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKTiles; ++kk) pack_p_operand<Element>(f, kk, a[kk]);
+}
+
+// The block's K and V into their swizzled tiles; `kv_barrier` (128 arrivals) completes when
+// both have landed. Run by the 128 producer threads.
+template <typename Element, int kBlockN, int kDimQK, int kDimV>
+__device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, const KeyBlock& kb,
+                                                  uint32_t k_shared, uint32_t v_shared,
+                                                  uint32_t kv_barrier) {
+  produce_swizzled_tile<Element, kBlockN, kDimQK>(
+      k_shared, key_block_rows<Element>(kb, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+      p.k_row_stride, kb.keys_here);
+  produce_swizzled_tile<Element, kBlockN, kDimV>(
+      v_shared, key_block_rows<Element>(kb, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+      p.v_row_stride, kb.keys_here);
+  ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
+}
+
+// No stores of the producer beside a query tile's rows and statistics.
+struct NoTileExtras {
+  __device__ void operator()() const {}
+};
+
+// Iteration it's Q and dO rows (cp.async) and its rows' LSE (as row_lse_log2) and D (plain
+// loads and stores by the first 2 kBlockM producer threads, each followed by a plain arrive):
+// `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones. `extras` runs in every
+// producer thread before those stores; what it stores is released with them by the threads
+// that arrive.
+template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras = NoTileExtras>
+__device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp,
+                                                   const KeyBlock& kb, int it, uint32_t q_shared,
+                                                   uint32_t do_shared, float* lse, float* delta,
+                                                   uint32_t full_barrier, Extras extras = {}) {
+  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
+  const FlashForwardParams& p = bp.fwd;
+  const int head = kb.head(it), i0 = kb.first_query(it);
+  produce_swizzled_tile<Element, kBlockM, kDimQK>(
+      q_shared,
+      query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+      p.q_row_stride, kb.seqlen_q - i0);
+  produce_swizzled_tile<Element, kBlockM, kDimV>(
+      do_shared,
+      query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
+                               bp.do_head_stride),
+      bp.do_row_stride, kb.seqlen_q - i0);
+  ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+  extras();
+  const int r = int(threadIdx.x);
+  if (r < 2 * kBlockM) {
+    const int i = i0 + r % kBlockM;
+    if (r < kBlockM)
+      lse[r] = row_lse_log2(p, kb.batch, head, i, kb.seqlen_q);
+    else
+      delta[r - kBlockM] = row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
+    ptx::mbarrier_arrive(full_barrier);  // release: the store above is visible
+  }
+}
+
+}  // namespace dpa::cuda
