@@ -268,6 +268,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
 
 BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_config,
                             Communicator& comm, const BackwardArgs& args, double dropout,
+                            const std::vector<const Backend*>& tile_backends,
                             const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
   const Geometry& g = s.geometry;
@@ -326,6 +327,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   Packed &k = k_in.recv, &v = v_in.recv;
 
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
+  ctx.backends = &tile_backends;
   ctx.sets = sets;
   // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to (on the
   // device with device sets).
@@ -350,10 +352,12 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   BackendKind used = BackendKind::kAuto;
 
   const OwnSlots own(plan, q_chunks.size());
+  // The tiles of query slots [q_begin, q_end) (all by default) against key slots `slots`.
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
                     const std::vector<size_t>& slots, Packed& dk_acc, Packed& dv_acc,
-                    TilePairs skip = TilePairs::kNone) {
-    for (size_t qs = 0; qs < q_chunks.size(); ++qs)
+                    TilePairs skip = TilePairs::kNone, size_t q_begin = 0,
+                    size_t q_end = size_t(-1)) {
+    for (size_t qs = q_begin; qs < std::min(q_end, q_chunks.size()); ++qs)
       for (size_t ks : slots) {
         if (own.skips(skip, qs, ks)) continue;
         if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
@@ -408,13 +412,21 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   }
 
   if (plan.all_gather) {
+    // The own chunks' tiles are split around the peers': the first query slot's run while the
+    // peers' chunks arrive, the rest while the peers' chunks' dK/dV (fp32, twice the bytes)
+    // travel back to their owners.
     GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
     Packed dk_gathered = zeros_f32(gathered.k.rows, k.heads, k.dim, sets);
     Packed dv_gathered = zeros_f32(gathered.v.rows, v.heads, v.dim, sets);
-    attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots, dk_gathered, dv_gathered);
+    attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots, dk_gathered, dv_gathered,
+           TilePairs::kNone, 0, 1);
     wait_all(gathered.pending);
     attend(gathered.k, gathered.v, gathered.chunks, gathered.peer_slots, dk_gathered, dv_gathered);
-    return_gradients(comm, plan, ctx, gathered, dk_gathered, dv_gathered, dk_acc, dv_acc);
+    ReturningGradients returning =
+        start_returning_gradients(comm, plan, ctx, gathered, dk_gathered, dv_gathered);
+    attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots, dk_gathered, dv_gathered,
+           TilePairs::kNone, 1);
+    finish_returning_gradients(returning, plan, gathered, dk_gathered, dv_gathered, dk_acc, dv_acc);
   } else {
     // KV travels the ring ahead of the compute; dKV follows it after each step and arrives
     // back at its owner after n transfers.
@@ -539,25 +551,28 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
 }
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
-                     const BackwardArgs& args, double dropout, RingWorkspace* workspace) {
+                     const BackwardArgs& args, double dropout, RingWorkspace* workspace,
+                     const std::vector<const Backend*>& tile_backends) {
   if (needs_bounce(comm, args.in)) {
     const std::unique_ptr<DeviceCommunicator> bounced =
         make_host_bounced_communicator(comm, args.in.q.device_index);
-    return backward(config, cp_config, *bounced, args, dropout, workspace);
+    return backward(config, cp_config, *bounced, args, dropout, workspace, tile_backends);
   }
   DeviceCommunicator* device_comm = comm.device_communicator();
-  if (device_comm == nullptr) return backward_staged(config, cp_config, comm, args, dropout, {});
-  if (device_ring_refusal(config, cp_config, args.in, dropout).empty())
+  if (device_comm == nullptr)
+    return backward_staged(config, cp_config, comm, args, dropout, tile_backends, {});
+  const bool registry = &tile_backends == &registered_backends();
+  if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
     return device_ring_backward(config, cp_config, *device_comm, args, workspace);
   if (device_resident(*device_comm, args.in)) {
     SequenceTables tables(args.in.q, args.stream);
     BackwardArgs resident = args;
     tables.to_host(resident.in);
-    return backward_staged(config, cp_config, *device_comm, resident, dropout,
+    return backward_staged(config, cp_config, *device_comm, resident, dropout, tile_backends,
                            resident_placement(args.in.q, args.stream));
   }
   const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
-  return backward_staged(config, cp_config, *staged, args, dropout, {});
+  return backward_staged(config, cp_config, *staged, args, dropout, tile_backends, {});
 }
 
 }  // namespace dpa::cp

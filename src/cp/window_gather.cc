@@ -92,38 +92,30 @@ GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext
 
 // Returns the fetched chunks' fp32 dK/dV (`dk`, `dv`, slots as in `gathered`) to their owners;
 // fills this rank's own two-slot accumulators.
-void return_gradients(Communicator& comm, const Plan& plan, const TileContext& ctx,
-                      const GatheredKv& gathered, Packed& dk, Packed& dv, Packed& dk_own,
-                      Packed& dv_own) {
+ReturningGradients start_returning_gradients(Communicator& comm, const Plan& plan,
+                                             const TileContext& ctx, const GatheredKv& gathered,
+                                             const Packed& dk, const Packed& dv) {
   const int cp = plan.cp, me = plan.rank;
-  const int64_t rows = dk_own.rows / 2;
+  const int64_t rows = ctx.geometry->kv.rows_per_chunk;
   const size_t k_bytes = size_t(rows) * dk.row_bytes(), v_bytes = size_t(rows) * dv.row_bytes();
+  ReturningGradients returning;
   order_for_comm(comm, dk);
-  std::vector<CommHandle> pending;
   for (size_t i = 0; i < gathered.chunks.size(); ++i) {
     const ChunkOwner owner = owner_of(cp, gathered.chunks[i]);
-    if (owner.rank == me) {
-      accumulate_rows(dk_own, owner.slot * rows, dk, int64_t(i) * rows, rows);
-      accumulate_rows(dv_own, owner.slot * rows, dv, int64_t(i) * rows, rows);
-      continue;
-    }
-    pending.push_back(
+    if (owner.rank == me) continue;  // finish_returning_gradients adds it in place
+    returning.pending.push_back(
         comm.send(slot_bytes(dk, int64_t(i), rows), k_bytes, owner.rank, kTagGatherDk));
-    pending.push_back(
+    returning.pending.push_back(
         comm.send(slot_bytes(dv, int64_t(i), rows), v_bytes, owner.rank, kTagGatherDv));
   }
-  struct Incoming {
-    int64_t slot;
-    Packed dk, dv;
-  };
-  std::vector<Incoming> incoming;
   for (int peer = 0; peer < cp; ++peer) {
     if (peer == me) continue;
     for (int c : chunks_needed(ctx, cp, peer)) {
       const ChunkOwner owner = owner_of(cp, c);
       if (owner.rank == me)
-        incoming.push_back({owner.slot, Packed::alike(dk, DType::kFloat32, rows, dk.heads, dk.dim),
-                            Packed::alike(dv, DType::kFloat32, rows, dv.heads, dv.dim)});
+        returning.incoming.push_back({owner.slot,
+                                      Packed::alike(dk, DType::kFloat32, rows, dk.heads, dk.dim),
+                                      Packed::alike(dv, DType::kFloat32, rows, dv.heads, dv.dim)});
     }
   }
   // The receive buffers were just allocated on the compute stream: the communicator's stream
@@ -134,13 +126,27 @@ void return_gradients(Communicator& comm, const Plan& plan, const TileContext& c
     if (peer == me) continue;
     for (int c : chunks_needed(ctx, cp, peer)) {
       if (owner_of(cp, c).rank != me) continue;
-      Incoming& in = incoming[next++];
-      pending.push_back(comm.recv(in.dk.data(), k_bytes, peer, kTagGatherDk));
-      pending.push_back(comm.recv(in.dv.data(), v_bytes, peer, kTagGatherDv));
+      ReturningGradients::Incoming& in = returning.incoming[next++];
+      returning.pending.push_back(comm.recv(in.dk.data(), k_bytes, peer, kTagGatherDk));
+      returning.pending.push_back(comm.recv(in.dv.data(), v_bytes, peer, kTagGatherDv));
     }
   }
-  wait_all(pending);
-  for (const Incoming& in : incoming) {  // peers by rank, chunks ascending: a fixed order
+  start_pending(comm);
+  return returning;
+}
+
+void finish_returning_gradients(ReturningGradients& returning, const Plan& plan,
+                                const GatheredKv& gathered, const Packed& dk, const Packed& dv,
+                                Packed& dk_own, Packed& dv_own) {
+  const int64_t rows = dk_own.rows / 2;
+  for (size_t i = 0; i < gathered.chunks.size(); ++i) {
+    const ChunkOwner owner = owner_of(plan.cp, gathered.chunks[i]);
+    if (owner.rank != plan.rank) continue;
+    accumulate_rows(dk_own, owner.slot * rows, dk, int64_t(i) * rows, rows);
+    accumulate_rows(dv_own, owner.slot * rows, dv, int64_t(i) * rows, rows);
+  }
+  wait_all(returning.pending);
+  for (const ReturningGradients::Incoming& in : returning.incoming) {
     accumulate_rows(dk_own, in.slot * rows, in.dk, 0, rows);
     accumulate_rows(dv_own, in.slot * rows, in.dv, 0, rows);
   }

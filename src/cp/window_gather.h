@@ -24,10 +24,28 @@ struct GatheredKv {
 GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext& ctx,
                          const Packed& k, const Packed& v);
 
-// Returns the fetched chunks' fp32 dK/dV (`dk`, `dv`, slots as in `gathered`) to their owners;
-// fills this rank's own two-slot accumulators.
-void return_gradients(Communicator& comm, const Plan& plan, const TileContext& ctx,
-                      const GatheredKv& gathered, Packed& dk, Packed& dv, Packed& dk_own,
-                      Packed& dv_own);
+// The fetched chunks' fp32 dK/dV on their way back to their owners, and this rank's own chunks'
+// dK/dV on their way in from the peers that fetched them.
+struct ReturningGradients {
+  struct Incoming {
+    int64_t slot;  // of the rank's own two-slot accumulators
+    Packed dk, dv;
+  };
+  std::vector<Incoming> incoming;  // peers by rank, chunks ascending: a fixed order
+  std::vector<CommHandle> pending;
+};
+
+// Posts the returns of the peer slots of `dk`, `dv` (slots as in `gathered`; those slots are
+// final, the own ones may still be accumulated into) and the receives of this rank's chunks'
+// gradients, so that tiles of the own slots run while they travel.
+ReturningGradients start_returning_gradients(Communicator& comm, const Plan& plan,
+                                             const TileContext& ctx, const GatheredKv& gathered,
+                                             const Packed& dk, const Packed& dv);
+
+// Waits for them, then fills this rank's two-slot accumulators: its own slots of `dk`, `dv`
+// first, then the peers' contributions.
+void finish_returning_gradients(ReturningGradients& returning, const Plan& plan,
+                                const GatheredKv& gathered, const Packed& dk, const Packed& dv,
+                                Packed& dk_own, Packed& dv_own);
 
 }  // namespace dpa::cp

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cp/cp_exchange.h"
 #include "cp/cp_internal.h"
 #include "dpa/cp.h"
 #include "support/attention_case.h"
@@ -115,8 +116,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
       dbias = HostTensor(t.bias.dtype(), t.bias.shape());
       bwd.dbias = dbias.view();
     }
-    const BackendKind backward_backend =
-        cp::backward(spec.config, cp_config, comm, bwd, spec.config.dropout);
+    const BackendKind backward_backend = cp::backward(spec.config, cp_config, comm, bwd,
+                                                      spec.config.dropout, nullptr, tile_backends);
 
     std::lock_guard<std::mutex> lock(mutex);
     unshard_sequence(o.view(), run.out.o.view(), format, cp, rank, cu_padded);
@@ -377,8 +378,9 @@ TEST(CpFeatures, SinkCountedOncePerTileFails) {
   }
 }
 
-// The forward tiles the calling thread (one in-process rank) has run.
+// The forward and backward tiles the calling thread (one in-process rank) has run.
 thread_local int forward_tiles_run = 0;
+thread_local int backward_tiles_run = 0;
 
 class CountsTiles : public Backend {
  public:
@@ -388,7 +390,10 @@ class CountsTiles : public Backend {
     ++forward_tiles_run;
     real_.forward(problem);
   }
-  void backward(const AttentionProblem& problem) const override { real_.backward(problem); }
+  void backward(const AttentionProblem& problem) const override {
+    ++backward_tiles_run;
+    real_.backward(problem);
+  }
 
  private:
   const Backend& real_;
@@ -448,6 +453,72 @@ TEST(CpOverlap, A2aRunsTheOwnRowsTilesBeforeWaitingForThePeers) {
     for (int rank = 0; rank < 4; ++rank)
       EXPECT_GT(tiles_at_first_wait[size_t(rank)].load(), 0)
           << to_string(type) << " rank " << rank << " waited before any tile ran";
+  }
+}
+
+// Records how many backward tiles its rank had run when it posted its first dK return of the
+// all_gather backward (tag kTagGatherDk), and when it first waited for one.
+class RecordsGradientReturn : public test::ForwardingCommunicator {
+ public:
+  RecordsGradientReturn(Communicator& inner, std::atomic<int>& at_post, std::atomic<int>& at_wait)
+      : ForwardingCommunicator(inner), at_post_(at_post), at_wait_(at_wait) {}
+  CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
+    if (tag == cp::kTagGatherDk) {
+      int unset = -1;
+      at_post_.compare_exchange_strong(unset, backward_tiles_run);
+    }
+    return inner().send(data, bytes, peer, tag);
+  }
+  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
+    if (tag != cp::kTagGatherDk) return inner().recv(data, bytes, peer, tag);
+    struct Recorded final : CommRequest {
+      CommHandle inner;
+      std::atomic<int>* seen = nullptr;
+      void wait() override {
+        int unset = -1;
+        seen->compare_exchange_strong(unset, backward_tiles_run);
+        inner->wait();
+      }
+    };
+    auto request = std::make_unique<Recorded>();
+    request->inner = inner().recv(data, bytes, peer, tag);
+    request->seen = &at_wait_;
+    return request;
+  }
+
+ private:
+  std::atomic<int>&at_post_, &at_wait_;
+};
+
+// The all_gather backward returns the peers' chunks' dK/dV while tiles of the rank's own
+// chunks still run: between posting its first return and first waiting for the gradients
+// coming back, a rank runs tiles. Without that overlap it would run none.
+TEST(CpOverlap, AllGatherBackwardRunsTilesWhileTheGradientsReturn) {
+  std::vector<CountsTiles> wrapped;
+  wrapped.reserve(registered_backends().size());
+  std::vector<const Backend*> counting;
+  for (const Backend* backend : registered_backends()) {
+    wrapped.emplace_back(*backend);
+    counting.push_back(&wrapped.back());
+  }
+  CaseSpec spec = softcap_sink_spec();
+  const CaseTensors tensors = test::make_case(spec);
+  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
+  constexpr int kRanks = 4;
+  std::vector<std::atomic<int>> at_post(kRanks), at_wait(kRanks);
+  for (int rank = 0; rank < kRanks; ++rank) at_post[size_t(rank)] = at_wait[size_t(rank)] = -1;
+  CpConfig config;
+  config.comm_type = CpCommType::kAllGather;
+  const CpRun run = run_cp(spec, tensors, config, kRanks, counting, [&](Communicator& comm) {
+    const size_t rank = size_t(comm.rank());
+    return std::make_unique<RecordsGradientReturn>(comm, at_post[rank], at_wait[rank]);
+  });
+  EXPECT_LT(test::relative_error(run.out.dk, reference.dk), kTolerance);
+  EXPECT_LT(test::relative_error(run.out.dv, reference.dv), kTolerance);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const int posted = at_post[size_t(rank)].load(), waited = at_wait[size_t(rank)].load();
+    EXPECT_GE(posted, 0) << "rank " << rank << " returned no gradient";
+    EXPECT_GT(waited, posted) << "rank " << rank << " ran no tile while its gradients travelled";
   }
 }
 
