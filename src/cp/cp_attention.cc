@@ -79,12 +79,12 @@ void merge_partial(Packed& o_acc, Packed& lse_acc, int64_t first_row, const Tile
 
 // The sink joins once per row: LSE' = logaddexp(LSE, sigma), o' = o exp(LSE - LSE').
 void add_sink(const AttentionConfig& config, const TensorView& offsets, int64_t head_offset,
-              Packed& o_acc, Packed& lse_acc) {
+              Packed& o_acc, Packed& lse_acc, int64_t first_row, int64_t rows) {
   const int64_t heads = lse_acc.heads, dv = o_acc.dim;
   for (int64_t h = 0; h < heads; ++h) {
     const float sigma = float(sink_of(config, offsets, head_offset + h));
     if (sigma == kNegInf) continue;
-    for (int64_t r = 0; r < lse_acc.rows; ++r) {
+    for (int64_t r = first_row; r < first_row + rows; ++r) {
       float& lse = lse_acc.f32()[r * heads + h];
       if (lse == kNegInf) {
         lse = sigma;  // no visible key: o stays 0
@@ -151,24 +151,33 @@ std::vector<size_t> every_slot(size_t n) {
   return slots;
 }
 
-// After every tile: the sink once per row and o in the storage dtype (device sets: one kernel).
+// After every tile of rows [first_row, first_row + rows): the sink once per row, and o in the
+// storage dtype and the LSE written into `out`'s rows (device sets: one kernel).
 struct FinalRows {
   Packed o, lse;
 };
-FinalRows finish_rows(const AttentionConfig& config, const TensorView& offsets, int64_t head_offset,
-                      Packed& o_acc, Packed& lse_acc, DType dtype) {
+FinalRows final_rows_like(const Packed& o_acc, const Packed& lse_acc, DType dtype) {
+  return {Packed::alike(o_acc, dtype, o_acc.rows, o_acc.heads, o_acc.dim),
+          Packed::alike(lse_acc, DType::kFloat32, lse_acc.rows, lse_acc.heads, 1)};
+}
+void finish_rows(const AttentionConfig& config, const TensorView& offsets, int64_t head_offset,
+                 Packed& o_acc, Packed& lse_acc, int64_t first_row, int64_t rows, FinalRows& out) {
+  const int64_t heads = lse_acc.heads;
   if (!o_acc.place.on_device()) {
-    add_sink(config, offsets, head_offset, o_acc, lse_acc);
-    return {convert(o_acc, dtype), lse_acc};
+    add_sink(config, offsets, head_offset, o_acc, lse_acc, first_row, rows);
+    const int64_t row_elements = heads * o_acc.dim;
+    for (int64_t n = first_row * row_elements; n < (first_row + rows) * row_elements; ++n)
+      store_element(out.o.data(), out.o.dtype, n, load_element(o_acc.data(), o_acc.dtype, n));
+    for (int64_t n = first_row * heads; n < (first_row + rows) * heads; ++n)
+      out.lse.f32()[n] = lse_acc.f32()[n];
+    return;
   }
-  FinalRows out{Packed::alike(o_acc, dtype, o_acc.rows, o_acc.heads, o_acc.dim),
-                Packed::alike(lse_acc, DType::kFloat32, lse_acc.rows, lse_acc.heads, 1)};
   const float* head_offsets =
       offsets.defined() ? static_cast<const float*>(offsets.data) + head_offset : nullptr;
-  finalize_device_rows(set_rows(out.o, 0, o_acc.rows), dtype, out.lse.f32_data(),
-                       set_rows(o_acc, 0, o_acc.rows), lse_acc.f32_data(), lse_acc.heads,
-                       int(config.softmax_type), head_offsets, o_acc.place);
-  return out;
+  finalize_device_rows(set_rows(out.o, first_row, rows), out.o.dtype,
+                       out.lse.f32_data() + first_row * heads, set_rows(o_acc, first_row, rows),
+                       lse_acc.f32_data() + first_row * heads, heads, int(config.softmax_type),
+                       head_offsets, o_acc.place);
 }
 
 }  // namespace
@@ -210,11 +219,12 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   fill(lse_acc, kNegInf);
   BackendKind used = BackendKind::kAuto;
 
-  // The tiles of the query chunks against key slots `slots` of a set holding `kv_chunks`, but
-  // for the pairs `skip` names.
+  // The tiles of query slots [q_begin, q_end) (all by default) against key slots `slots` of a
+  // set holding `kv_chunks`, but for the pairs `skip` names.
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
-                    const std::vector<size_t>& slots, TilePairs skip = TilePairs::kNone) {
-    for (size_t qs = 0; qs < q_chunks.size(); ++qs)
+                    const std::vector<size_t>& slots, TilePairs skip = TilePairs::kNone,
+                    size_t q_begin = 0, size_t q_end = size_t(-1)) {
+    for (size_t qs = q_begin; qs < std::min(q_end, q_chunks.size()); ++qs)
       for (size_t ks : slots) {
         if (own.skips(skip, qs, ks)) continue;
         if (!tile_may_see(ctx, q_chunks[qs], kv_chunks[ks])) continue;
@@ -224,6 +234,31 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
         used = slower_backend(used, tile.backend);
         merge_partial(o_acc, lse_acc, int64_t(qs) * g.q.rows_per_chunk, tile);
       }
+  };
+
+  // Under a2a each group member's rows of o and the LSE go back to it as soon as the last ring
+  // step's tiles of those rows are done (exchange_output_block), the peers' rows first and the
+  // rank's own last, so that the outputs travel while the remaining tiles run.
+  FinalRows final_rows = final_rows_like(o_acc, lse_acc, q.dtype);
+  OutputExchange o_out, lse_out;
+  if (own.overlaps()) {
+    o_out.recv = Packed::alike(final_rows.o, q.dtype, q.rows, q.heads, v.dim);
+    lse_out.recv = Packed::alike(final_rows.lse, DType::kFloat32, q.rows, q.heads, 1);
+  }
+  // The last ring step's tiles block by block: round r's block is member + r's query slots.
+  auto attend_and_return_by_block = [&](const std::vector<int>& chunks, TilePairs skip) {
+    const int64_t rows = int64_t(own.count) * g.q.rows_per_chunk;
+    for (int step = 1; step <= plan.a2a; ++step) {
+      const int round = step % plan.a2a;
+      const size_t block = size_t((plan.member + round) % plan.a2a);
+      attend(k, v, chunks, every_slot(chunks.size()), skip, block * own.count,
+             (block + 1) * own.count);
+      finish_rows(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc,
+                  int64_t(block) * rows, rows, final_rows);
+      exchange_output_block(comm, plan, final_rows.o, round, o_out);
+      exchange_output_block(comm, plan, final_rows.lse, round, lse_out);
+      start_pending(comm);
+    }
   };
 
   // The own rows' tiles of the first ring step while the peers' rows are in flight.
@@ -245,8 +280,11 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
       const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
       std::vector<CommHandle> pending;
       if (step + 1 < n) pending = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
-      attend(k, v, chunks, every_slot(chunks.size()),
-             step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone);
+      const TilePairs skip = step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone;
+      if (step + 1 == n && own.overlaps())
+        attend_and_return_by_block(chunks, skip);
+      else
+        attend(k, v, chunks, every_slot(chunks.size()), skip);
       wait_all(pending);
       if (step + 1 < n) {
         std::swap(k, next_k);
@@ -254,13 +292,17 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
       }
     }
   }
-  FinalRows final_rows =
-      finish_rows(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc, q.dtype);
-
-  const Packed o = to_sequence(comm, plan, std::move(final_rows.o));
-  const Packed lse = to_sequence(comm, plan, std::move(final_rows.lse));
-  unpack_local(g, g.q, o, args.o);
-  unpack_lse(g, lse, args.lse);
+  if (own.overlaps()) {
+    wait_all(o_out.pending);
+    wait_all(lse_out.pending);
+    unpack_local(g, g.q, merge_heads(o_out.recv, plan.a2a), args.o);
+    unpack_lse(g, merge_heads(lse_out.recv, plan.a2a), args.lse);
+  } else {  // no a2a: the rows stay here
+    finish_rows(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc, 0, q.rows,
+                final_rows);
+    unpack_local(g, g.q, final_rows.o, args.o);
+    unpack_lse(g, final_rows.lse, args.lse);
+  }
   if (sets.on_device()) synchronize(sets);  // the outputs are in place, for any stream
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;  // no visible tile on this rank
   return {used, rng};

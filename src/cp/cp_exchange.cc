@@ -53,6 +53,26 @@ Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send) {
   return std::move(exchange.recv);
 }
 
+void exchange_output_block(Communicator& comm, const Plan& plan, const Packed& send, int round,
+                           OutputExchange& exchange) {
+  const size_t block = send.size_bytes() / size_t(plan.a2a);
+  const auto* src = static_cast<const unsigned char*>(send.data());
+  auto* dst = static_cast<unsigned char*>(exchange.recv.data());
+  if (round == 0) {
+    copy_bytes(dst + size_t(plan.member) * block, src + size_t(plan.member) * block, block,
+               send.place);
+    return;
+  }
+  const int to = (plan.member + round) % plan.a2a;
+  const int from = (plan.member - round + plan.a2a) % plan.a2a;
+  // After the block's rows were written (and the receive buffer allocated) on the set's stream.
+  order_for_comm(comm, send);
+  exchange.pending.push_back(
+      comm.send(src + size_t(to) * block, block, plan.group_ranks[size_t(to)], kTagA2AOutput));
+  exchange.pending.push_back(
+      comm.recv(dst + size_t(from) * block, block, plan.group_ranks[size_t(from)], kTagA2AOutput));
+}
+
 // Sequence shards -> head shards: [2T, H, d] -> [a * 2T, H / a, d] (the group's chunks).
 GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local) {
   if (plan.a2a == 1) return start_group_all_to_all(comm, plan, std::move(local));

@@ -10,7 +10,7 @@
 namespace dpa::cp {
 
 // Message tags: FIFO order per (source, destination, tag) keeps successive steps apart.
-constexpr int kTagA2A = 1, kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
+constexpr int kTagA2A = 1, kTagA2AOutput = 2, kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
 constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherDv = 41;
 
 // A group all-to-all in flight: [a][rows][h][d] blocks, block d of `send` to group member d,
@@ -29,6 +29,19 @@ Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send);
 GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local);
 Packed to_heads(Communicator& comm, const Plan& plan, Packed local);
 Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads);
+// The outputs' group all-to-all (head shards back to sequence shards), posted block by block as
+// their rows become final: round t (1 .. a - 1) sends block member + t (mod a) of `send` to that
+// member and receives block member - t from that member into `recv`; round 0 copies the
+// member's own block. Every member's round t pairs the same ranks, so a device communicator's
+// grouped launches match round by round however far apart the members post them. `recv` is
+// complete once every round ran and `pending` was waited on; `send` must live until then.
+struct OutputExchange {
+  Packed recv;
+  std::vector<CommHandle> pending;
+};
+void exchange_output_block(Communicator& comm, const Plan& plan, const Packed& send, int round,
+                           OutputExchange& exchange);
+
 // Launches what a device communicator queued (NCCL: one group of point-to-point operations),
 // so that it runs while the caller computes.
 void start_pending(Communicator& comm);

@@ -456,44 +456,52 @@ TEST(CpOverlap, A2aRunsTheOwnRowsTilesBeforeWaitingForThePeers) {
   }
 }
 
-// Records how many backward tiles its rank had run when it posted its first dK return of the
-// all_gather backward (tag kTagGatherDk), and when it first waited for one.
-class RecordsGradientReturn : public test::ForwardingCommunicator {
+// Records how many tiles (`tiles_run()`, this rank's forward or backward count) its rank had run
+// when it first posted a send with `tag`, and when it first waited for a receive with it.
+class RecordsTilesAroundTag : public test::ForwardingCommunicator {
  public:
-  RecordsGradientReturn(Communicator& inner, std::atomic<int>& at_post, std::atomic<int>& at_wait)
-      : ForwardingCommunicator(inner), at_post_(at_post), at_wait_(at_wait) {}
+  RecordsTilesAroundTag(Communicator& inner, int tag, int (*tiles_run)(), std::atomic<int>& at_post,
+                        std::atomic<int>& at_wait)
+      : ForwardingCommunicator(inner),
+        tag_(tag),
+        tiles_run_(tiles_run),
+        at_post_(at_post),
+        at_wait_(at_wait) {}
   CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
-    if (tag == cp::kTagGatherDk) {
+    if (tag == tag_) {
       int unset = -1;
-      at_post_.compare_exchange_strong(unset, backward_tiles_run);
+      at_post_.compare_exchange_strong(unset, tiles_run_());
     }
     return inner().send(data, bytes, peer, tag);
   }
   CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
-    if (tag != cp::kTagGatherDk) return inner().recv(data, bytes, peer, tag);
+    if (tag != tag_) return inner().recv(data, bytes, peer, tag);
     struct Recorded final : CommRequest {
       CommHandle inner;
       std::atomic<int>* seen = nullptr;
+      int (*tiles_run)() = nullptr;
       void wait() override {
         int unset = -1;
-        seen->compare_exchange_strong(unset, backward_tiles_run);
+        seen->compare_exchange_strong(unset, tiles_run());
         inner->wait();
       }
     };
     auto request = std::make_unique<Recorded>();
     request->inner = inner().recv(data, bytes, peer, tag);
     request->seen = &at_wait_;
+    request->tiles_run = tiles_run_;
     return request;
   }
 
  private:
+  int tag_;
+  int (*tiles_run_)();
   std::atomic<int>&at_post_, &at_wait_;
 };
 
-// The all_gather backward returns the peers' chunks' dK/dV while tiles of the rank's own
-// chunks still run: between posting its first return and first waiting for the gradients
-// coming back, a rank runs tiles. Without that overlap it would run none.
-TEST(CpOverlap, AllGatherBackwardRunsTilesWhileTheGradientsReturn) {
+// Runs `config` at cp = 4 with tile counting and RecordsTilesAroundTag on every rank; checks the
+// outputs and that every rank ran tiles between its first post and its first wait on `tag`.
+void expect_tiles_between_post_and_wait(const CpConfig& config, int tag, int (*tiles_run)()) {
   std::vector<CountsTiles> wrapped;
   wrapped.reserve(registered_backends().size());
   std::vector<const Backend*> counting;
@@ -507,19 +515,45 @@ TEST(CpOverlap, AllGatherBackwardRunsTilesWhileTheGradientsReturn) {
   constexpr int kRanks = 4;
   std::vector<std::atomic<int>> at_post(kRanks), at_wait(kRanks);
   for (int rank = 0; rank < kRanks; ++rank) at_post[size_t(rank)] = at_wait[size_t(rank)] = -1;
-  CpConfig config;
-  config.comm_type = CpCommType::kAllGather;
   const CpRun run = run_cp(spec, tensors, config, kRanks, counting, [&](Communicator& comm) {
     const size_t rank = size_t(comm.rank());
-    return std::make_unique<RecordsGradientReturn>(comm, at_post[rank], at_wait[rank]);
+    return std::make_unique<RecordsTilesAroundTag>(comm, tag, tiles_run, at_post[rank],
+                                                   at_wait[rank]);
   });
-  EXPECT_LT(test::relative_error(run.out.dk, reference.dk), kTolerance);
-  EXPECT_LT(test::relative_error(run.out.dv, reference.dv), kTolerance);
+  const std::string type(to_string(config.comm_type));
+  EXPECT_LT(test::relative_error(run.out.o, reference.o), kTolerance) << type;
+  EXPECT_LT(test::relative_error(run.out.lse, reference.lse), kTolerance) << type;
+  EXPECT_LT(test::relative_error(run.out.dk, reference.dk), kTolerance) << type;
+  EXPECT_LT(test::relative_error(run.out.dv, reference.dv), kTolerance) << type;
   for (int rank = 0; rank < kRanks; ++rank) {
     const int posted = at_post[size_t(rank)].load(), waited = at_wait[size_t(rank)].load();
-    EXPECT_GE(posted, 0) << "rank " << rank << " returned no gradient";
-    EXPECT_GT(waited, posted) << "rank " << rank << " ran no tile while its gradients travelled";
+    EXPECT_GE(posted, 0) << type << " rank " << rank << " posted nothing with tag " << tag;
+    EXPECT_GT(waited, posted) << type << " rank " << rank
+                              << " ran no tile between posting and waiting";
   }
+}
+
+int forward_tiles() { return forward_tiles_run; }
+int backward_tiles() { return backward_tiles_run; }
+
+// Under a2a (and a2a+p2p) each group member's rows of o and the LSE go back to it while the
+// rank's other rows' tiles still run.
+TEST(CpOverlap, A2aReturnsEachMembersOutputsWhileTilesRun) {
+  for (const auto& [type, group] : {std::pair{CpCommType::kA2A, 0}, {CpCommType::kA2AP2P, 2}}) {
+    CpConfig config;
+    config.comm_type = type;
+    config.a2a_group_size = group;
+    expect_tiles_between_post_and_wait(config, cp::kTagA2AOutput, forward_tiles);
+  }
+}
+
+// The all_gather backward returns the peers' chunks' dK/dV while tiles of the rank's own
+// chunks still run: between posting its first return and first waiting for the gradients
+// coming back, a rank runs tiles. Without that overlap it would run none.
+TEST(CpOverlap, AllGatherBackwardRunsTilesWhileTheGradientsReturn) {
+  CpConfig config;
+  config.comm_type = CpCommType::kAllGather;
+  expect_tiles_between_post_and_wait(config, cp::kTagGatherDk, backward_tiles);
 }
 
 // dalpha contract: partials sum to the unsharded gradient; reduce_dalpha returns that sum on
