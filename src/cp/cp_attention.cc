@@ -239,9 +239,10 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   // Under a2a each group member's rows of o and the LSE go back to it as soon as the last ring
   // step's tiles of those rows are done (exchange_output_block), the peers' rows first and the
   // rank's own last, so that the outputs travel while the remaining tiles run.
-  FinalRows final_rows = final_rows_like(o_acc, lse_acc, q.dtype);
+  FinalRows final_rows;
   OutputExchange o_out, lse_out;
   if (own.overlaps()) {
+    final_rows = final_rows_like(o_acc, lse_acc, q.dtype);
     o_out.recv = Packed::alike(final_rows.o, q.dtype, q.rows, q.heads, v.dim);
     lse_out.recv = Packed::alike(final_rows.lse, DType::kFloat32, q.rows, q.heads, 1);
   }
@@ -298,6 +299,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     unpack_local(g, g.q, merge_heads(o_out.recv, plan.a2a), args.o);
     unpack_lse(g, merge_heads(lse_out.recv, plan.a2a), args.lse);
   } else {  // no a2a: the rows stay here
+    final_rows = final_rows_like(o_acc, lse_acc, q.dtype);
     finish_rows(config, args.in.softmax_offset, ctx.head_offset, o_acc, lse_acc, 0, q.rows,
                 final_rows);
     unpack_local(g, g.q, final_rows.o, args.o);
