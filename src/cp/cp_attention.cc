@@ -455,6 +455,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       }
   }
 
+  OutputExchange dq_out;  // under a2a: dq's rows on their way back (the ring's last step)
   if (plan.all_gather) {
     // The own chunks' tiles are split around the peers': the first query slot's run while the
     // peers' chunks arrive, the rest while the peers' chunks' dK/dV (fp32, twice the bytes)
@@ -480,12 +481,28 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     Packed next_v = Packed::alike(v, v.dtype, v.rows, v.heads, v.dim);
     Packed next_dk = Packed::alike(dk_acc, DType::kFloat32, dk_acc.rows, dk_acc.heads, dk_acc.dim);
     Packed next_dv = Packed::alike(dv_acc, DType::kFloat32, dv_acc.rows, dv_acc.heads, dv_acc.dim);
+    if (own.overlaps())
+      dq_out.recv = Packed::alike(dq_acc, DType::kFloat32, dq_acc.rows, dq_acc.heads, dq_acc.dim);
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending_kv;
       if (step + 1 < n) pending_kv = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
       const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
-      attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc,
-             step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone);
+      const TilePairs skip = step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone;
+      if (step + 1 == n && own.overlaps()) {
+        // Under a2a the last step runs member block by member block (the peers' first), and
+        // each member's dq rows go back to it once final (exchange_output_block); dk and dv
+        // are final only after the last block.
+        for (int i = 1; i <= plan.a2a; ++i) {
+          const int round = i % plan.a2a;
+          const size_t block = size_t((plan.member + round) % plan.a2a);
+          attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc, skip, block * own.count,
+                 (block + 1) * own.count);
+          exchange_output_block(comm, plan, dq_acc, round, dq_out, kTagA2ADq);
+          start_pending(comm);
+        }
+      } else {
+        attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc, skip);
+      }
       if (n > 1) {
         std::vector<CommHandle> pending_dkv =
             ring_exchange(comm, plan, dk_acc, dv_acc, next_dk, next_dv, kTagDk, kTagDv);
@@ -507,7 +524,12 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     dk_local = sum_replicas(dk_local, plan.kv_replication);
     dv_local = sum_replicas(dv_local, plan.kv_replication);
   }
-  unpack_local(g, g.q, to_sequence(comm, plan, std::move(dq_acc)), args.dq);
+  if (own.overlaps()) {
+    wait_all(dq_out.pending);
+    unpack_local(g, g.q, merge_heads(dq_out.recv, plan.a2a), args.dq);
+  } else {
+    unpack_local(g, g.q, dq_acc, args.dq);  // no a2a: the rows stay here
+  }
   unpack_local(g, g.kv, dk_local, args.dk);
   unpack_local(g, g.kv, dv_local, args.dv);
   if (wants_dalpha && sets.on_device()) {

@@ -54,7 +54,7 @@ Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send) {
 }
 
 void exchange_output_block(Communicator& comm, const Plan& plan, const Packed& send, int round,
-                           OutputExchange& exchange) {
+                           OutputExchange& exchange, int tag) {
   const size_t block = send.size_bytes() / size_t(plan.a2a);
   const auto* src = static_cast<const unsigned char*>(send.data());
   auto* dst = static_cast<unsigned char*>(exchange.recv.data());
@@ -68,9 +68,9 @@ void exchange_output_block(Communicator& comm, const Plan& plan, const Packed& s
   // After the block's rows were written (and the receive buffer allocated) on the set's stream.
   order_for_comm(comm, send);
   exchange.pending.push_back(
-      comm.send(src + size_t(to) * block, block, plan.group_ranks[size_t(to)], kTagA2AOutput));
+      comm.send(src + size_t(to) * block, block, plan.group_ranks[size_t(to)], tag));
   exchange.pending.push_back(
-      comm.recv(dst + size_t(from) * block, block, plan.group_ranks[size_t(from)], kTagA2AOutput));
+      comm.recv(dst + size_t(from) * block, block, plan.group_ranks[size_t(from)], tag));
 }
 
 // Sequence shards -> head shards: [2T, H, d] -> [a * 2T, H / a, d] (the group's chunks).

@@ -547,6 +547,16 @@ TEST(CpOverlap, A2aReturnsEachMembersOutputsWhileTilesRun) {
   }
 }
 
+// The backward returns each member's dq rows the same way.
+TEST(CpOverlap, A2aReturnsEachMembersDqWhileTilesRun) {
+  for (const auto& [type, group] : {std::pair{CpCommType::kA2A, 0}, {CpCommType::kA2AP2P, 2}}) {
+    CpConfig config;
+    config.comm_type = type;
+    config.a2a_group_size = group;
+    expect_tiles_between_post_and_wait(config, cp::kTagA2ADq, backward_tiles);
+  }
+}
+
 // The all_gather backward returns the peers' chunks' dK/dV while tiles of the rank's own
 // chunks still run: between posting its first return and first waiting for the gradients
 // coming back, a rank runs tiles. Without that overlap it would run none.
