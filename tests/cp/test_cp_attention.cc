@@ -354,16 +354,23 @@ class SinkInEveryTile : public Backend {
   const Backend& real_;
 };
 
+// Every registered backend wrapped in a `Wrapper` (kept in `storage`), as tile backends for run_cp.
+template <typename Wrapper>
+std::vector<const Backend*> wrap_each_backend(std::vector<Wrapper>& storage) {
+  storage.reserve(registered_backends().size());
+  std::vector<const Backend*> wrapped;
+  for (const Backend* backend : registered_backends()) {
+    storage.emplace_back(*backend);
+    wrapped.push_back(&storage.back());
+  }
+  return wrapped;
+}
+
 // It must fail these tests, at cp = 4 with a causal mask (at cp = 2 without a mask, errors
 // cancelled in the reference system's history).
 TEST(CpFeatures, SinkCountedOncePerTileFails) {
   std::vector<SinkInEveryTile> wrapped;
-  wrapped.reserve(registered_backends().size());
-  std::vector<const Backend*> broken;
-  for (const Backend* backend : registered_backends()) {
-    wrapped.emplace_back(*backend);
-    broken.push_back(&wrapped.back());
-  }
+  const std::vector<const Backend*> broken = wrap_each_backend(wrapped);
   CaseSpec spec = softcap_sink_spec();
   const CaseTensors tensors = test::make_case(spec);
   const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
@@ -398,63 +405,6 @@ class CountsTiles : public Backend {
  private:
   const Backend& real_;
 };
-
-// Records how many forward tiles its rank had run when it first waited for a receive.
-class RecordsFirstReceiveWait : public test::ForwardingCommunicator {
- public:
-  RecordsFirstReceiveWait(Communicator& inner, std::atomic<int>& tiles_at_first_wait)
-      : ForwardingCommunicator(inner), seen_(tiles_at_first_wait) {}
-  CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
-    struct Recorded final : CommRequest {
-      CommHandle inner;
-      std::atomic<int>* seen = nullptr;
-      void wait() override {
-        int unset = -1;
-        seen->compare_exchange_strong(unset, forward_tiles_run);
-        inner->wait();
-      }
-    };
-    auto request = std::make_unique<Recorded>();
-    request->inner = inner().recv(data, bytes, peer, tag);
-    request->seen = &seen_;
-    return request;
-  }
-
- private:
-  std::atomic<int>& seen_;
-};
-
-// Under a2a (and on a2a+p2p's first ring step) the tiles among a rank's own rows of its heads
-// run while the peers' rows are in flight: before the rank first waits for a receive (its
-// heads' q, k and v from the peers), it has run tiles already. Without that overlap it would
-// have run none.
-TEST(CpOverlap, A2aRunsTheOwnRowsTilesBeforeWaitingForThePeers) {
-  std::vector<CountsTiles> wrapped;
-  wrapped.reserve(registered_backends().size());
-  std::vector<const Backend*> counting;
-  for (const Backend* backend : registered_backends()) {
-    wrapped.emplace_back(*backend);
-    counting.push_back(&wrapped.back());
-  }
-  CaseSpec spec = softcap_sink_spec();
-  const CaseTensors tensors = test::make_case(spec);
-  const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
-  for (const auto& [type, group] : {std::pair{CpCommType::kA2A, 0}, {CpCommType::kA2AP2P, 2}}) {
-    std::vector<std::atomic<int>> tiles_at_first_wait(4);
-    for (auto& tiles : tiles_at_first_wait) tiles = -1;
-    CpConfig config;
-    config.comm_type = type;
-    config.a2a_group_size = group;
-    const CpRun run = run_cp(spec, tensors, config, 4, counting, [&](Communicator& comm) {
-      return std::make_unique<RecordsFirstReceiveWait>(comm,
-                                                       tiles_at_first_wait[size_t(comm.rank())]);
-    });
-    EXPECT_LT(test::relative_error(run.out.o, reference.o), kTolerance) << to_string(type);
-    for (int rank = 0; rank < 4; ++rank)
-      EXPECT_GT(tiles_at_first_wait[size_t(rank)].load(), 0)
-          << to_string(type) << " rank " << rank << " waited before any tile ran";
-  }
-}
 
 // Records how many tiles (`tiles_run()`, this rank's forward or backward count) its rank had run
 // when it first posted a send with `tag`, and when it first waited for a receive with it.
@@ -503,12 +453,7 @@ class RecordsTilesAroundTag : public test::ForwardingCommunicator {
 // outputs and that every rank ran tiles between its first post and its first wait on `tag`.
 void expect_tiles_between_post_and_wait(const CpConfig& config, int tag, int (*tiles_run)()) {
   std::vector<CountsTiles> wrapped;
-  wrapped.reserve(registered_backends().size());
-  std::vector<const Backend*> counting;
-  for (const Backend* backend : registered_backends()) {
-    wrapped.emplace_back(*backend);
-    counting.push_back(&wrapped.back());
-  }
+  const std::vector<const Backend*> counting = wrap_each_backend(wrapped);
   CaseSpec spec = softcap_sink_spec();
   const CaseTensors tensors = test::make_case(spec);
   const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
@@ -535,6 +480,18 @@ void expect_tiles_between_post_and_wait(const CpConfig& config, int tag, int (*t
 
 int forward_tiles() { return forward_tiles_run; }
 int backward_tiles() { return backward_tiles_run; }
+
+// Under a2a (and on a2a+p2p's first ring step) the tiles among a rank's own rows of its heads
+// run while the peers' rows are in flight: between posting its q, k and v blocks to the peers
+// and first waiting for theirs, the rank runs tiles. Without that overlap it would run none.
+TEST(CpOverlap, A2aRunsTheOwnRowsTilesBeforeWaitingForThePeers) {
+  for (const auto& [type, group] : {std::pair{CpCommType::kA2A, 0}, {CpCommType::kA2AP2P, 2}}) {
+    CpConfig config;
+    config.comm_type = type;
+    config.a2a_group_size = group;
+    expect_tiles_between_post_and_wait(config, cp::kTagA2A, forward_tiles);
+  }
+}
 
 // Under a2a (and a2a+p2p) each group member's rows of o and the LSE go back to it while the
 // rank's other rows' tiles still run.

@@ -71,21 +71,16 @@ __device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, c
   ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
 }
 
-// No stores of the producer beside a query tile's rows and statistics.
-struct NoTileExtras {
-  __device__ void operator()() const {}
-};
-
 // Iteration it's Q and dO rows (cp.async) and its rows' LSE (as row_lse_log2) and D (plain
 // loads and stores by the first 2 kBlockM producer threads, each followed by a plain arrive):
 // `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones. `extras` runs in every
 // producer thread before those stores; what it stores is released with them by the threads
 // that arrive.
-template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras = NoTileExtras>
+template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras>
 __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp,
                                                    const KeyBlock& kb, int it, uint32_t q_shared,
                                                    uint32_t do_shared, float* lse, float* delta,
-                                                   uint32_t full_barrier, Extras extras = {}) {
+                                                   uint32_t full_barrier, Extras extras) {
   static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
   const FlashForwardParams& p = bp.fwd;
   const int head = kb.head(it), i0 = kb.first_query(it);
