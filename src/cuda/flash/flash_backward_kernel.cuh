@@ -213,8 +213,14 @@ struct KeyBlock {
   int batch, kv_head, seqlen_q, seqlen_kv, j0, keys_here, diagonal;
   int block_m, m_begin, m_tiles, group, iterations;
   int64_t q_start, kv_start;
+  // Each head's query tiles last first (the deterministic one-kernel backward: set where the
+  // block is made, so it folds away in every kernel).
+  bool descending = false;
   __device__ int head(int it) const { return kv_head * group + it / m_tiles; }
-  __device__ int first_query(int it) const { return (m_begin + it % m_tiles) * block_m; }
+  __device__ int first_query(int it) const {
+    const int t = it % m_tiles;
+    return (m_begin + (descending ? m_tiles - 1 - t : t)) * block_m;
+  }
 };
 
 // Key block `key_block` of (batch, kv_head); returns false when it has no keys (nothing to do).

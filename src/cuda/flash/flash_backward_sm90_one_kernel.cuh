@@ -292,6 +292,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const KeyBlockCoordinates c =
         deterministic_key_block(int(blockIdx.x), int(blockIdx.z), p.batch, bp.key_chain);
     if (!make_key_block(p, kBlockN, kBlockM, kb, c.batch, int(blockIdx.y), c.key_block)) return;
+    // Last tile first: a causal or windowed block's tiles end one key block's worth of rows
+    // after its predecessor's, so walking down, neighbours reach a shared tile at about the same
+    // step (walking up, each block would trail its predecessor by two tiles per link).
+    kb.descending = true;
   } else if (!make_key_block(p, kBlockN, kBlockM, kb)) {
     return;
   }
