@@ -218,4 +218,66 @@ TEST(FlashTiles, ShortKeysLimitTheSplits) {
 }
 
 }  // namespace
+// The deterministic one-kernel backward adds a query tile's dq partials in key-block order, each
+// block waiting for the previous one when that block adds to the tile too. That order is
+// complete only if every tile's contributing key blocks are contiguous (else a block would wait
+// for one that never adds); and it cannot deadlock only if a block waits for blocks of a lower
+// linear grid index (dispatched before it). Both for any lengths, window and diagonal.
+TEST(FlashTiles, DeterministicDqOrderIsCompleteAndAcyclic) {
+  constexpr int kBlockN = 128, kBlockM = 64;
+  std::mt19937 rng(11);
+  auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int seqlen_q = draw(1, 1500), seqlen_kv = draw(1, 1500);
+    const int diagonal = draw(-seqlen_q - 5, seqlen_kv + 5);
+    const int window_left = draw(0, 2) == 0 ? -1 : draw(0, 400);
+    const int window_right = draw(0, 2) == 0 ? -1 : draw(0, 400);
+    const int key_blocks = (seqlen_kv + kBlockN - 1) / kBlockN;
+    const int query_tiles = (seqlen_q + kBlockM - 1) / kBlockM;
+    std::vector<QueryTileSpan> spans;
+    for (int n = 0; n <= key_blocks; ++n)  // one past the last: empty
+      spans.push_back(key_block_query_tiles(n * kBlockN, kBlockN, kBlockM, seqlen_q, seqlen_kv,
+                                            diagonal, window_left, window_right));
+    EXPECT_LT(spans.back().last, spans.back().first) << "trial " << trial;
+    for (int m = 0; m < query_tiles; ++m) {
+      int first = -1, last = -1;
+      for (int n = 0; n < key_blocks; ++n) {
+        if (spans[size_t(n)].first > m || m > spans[size_t(n)].last) continue;
+        if (first < 0) first = n;
+        EXPECT_EQ(last, first < n ? n - 1 : -1)
+            << "trial " << trial << ": tile " << m << "'s key blocks are not contiguous";
+        last = n;
+      }
+    }
+  }
+  // Chains: every key block once, each block's predecessor at a lower linear index.
+  for (int batch_count : {1, 3}) {
+    for (int key_blocks : {1, 15, 16, 17, 64, 100}) {
+      const int chain = deterministic_key_chain(batch_count, key_blocks);
+      const int chains = (key_blocks + chain - 1) / chain, heads = 2;
+      std::vector<int64_t> linear(size_t(batch_count * key_blocks), -1);
+      for (int z = 0; z < batch_count * chains; ++z)
+        for (int y = 0; y < heads; ++y)
+          for (int x = 0; x < chain; ++x) {
+            const KeyBlockCoordinates c = deterministic_key_block(x, z, batch_count, chain);
+            ASSERT_LT(c.batch, batch_count);
+            if (c.key_block >= key_blocks || y != 0) continue;
+            int64_t& slot = linear[size_t(c.batch * key_blocks + c.key_block)];
+            EXPECT_EQ(slot, -1) << "key block " << c.key_block << " twice";
+            slot = x + int64_t(chain) * (y + int64_t(heads) * z);
+          }
+      for (int b = 0; b < batch_count; ++b)
+        for (int n = 0; n < key_blocks; ++n) {
+          EXPECT_GE(linear[size_t(b * key_blocks + n)], 0) << "key block " << n << " missing";
+          if (n > 0) {
+            EXPECT_LT(linear[size_t(b * key_blocks + n - 1)], linear[size_t(b * key_blocks + n)]);
+          }
+        }
+    }
+  }
+  // Past the grid's z limit the chain is the whole sequence (the usual order).
+  EXPECT_EQ(deterministic_key_chain(65535, 17), 17);
+  EXPECT_EQ(deterministic_key_chain(2, 64), kDeterministicKeyChain);
+}
+
 }  // namespace dpa::cuda

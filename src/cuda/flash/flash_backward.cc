@@ -104,7 +104,9 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   if (sizes.dq_order > 0) {
     bp.dq_order = dq_order.get<int>();
     bp.dq_order_tiles = int(dq_order_tiles(p));
-    bp.key_chain = deterministic_key_chain(device_info(p.device_index).sm_count);
+    constexpr int64_t kKeyBlockRows = kOneKernelBackwardBlockN;
+    bp.key_chain = deterministic_key_chain(
+        int(p.batch), int((p.max_seqlen_kv + kKeyBlockRows - 1) / kKeyBlockRows));
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_order, 0, dq_order.bytes(), stream));
   }
   DeviceBuffer row_delta(sizes.row_delta, stream);

@@ -213,12 +213,13 @@ struct KeyBlock {
   int batch, kv_head, seqlen_q, seqlen_kv, j0, keys_here, diagonal;
   int block_m, m_begin, m_tiles, group, iterations;
   int64_t q_start, kv_start;
-  // Each head's walk starts `rotation` tiles in (the deterministic one-kernel backward's DqWalk:
-  // set where the block is made, so it folds away in every other kernel).
-  int rotation = 0;
+  // Each head's query tiles last first (the deterministic one-kernel backward: set where the
+  // block is made, so it folds away in every kernel).
+  bool descending = false;
   __device__ int head(int it) const { return kv_head * group + it / m_tiles; }
   __device__ int first_query(int it) const {
-    return rotated_tile(m_begin, m_tiles, rotation, it % m_tiles) * block_m;
+    const int t = it % m_tiles;
+    return (m_begin + (descending ? m_tiles - 1 - t : t)) * block_m;
   }
 };
 
@@ -245,17 +246,6 @@ __device__ __forceinline__ bool make_key_block(const FlashForwardParams& p, int 
   k.kv_start = p.start_kv ? p.start_kv[k.batch] : 0;
   return true;
 }
-
-// The query tiles of key block n of kb's (batch, KV head) (key_block_query_tiles).
-struct KeyBlockTiles {
-  const FlashForwardParams& p;
-  const KeyBlock& kb;
-  int block_n, block_m;
-  __device__ QueryTileSpan operator()(int n) const {
-    return key_block_query_tiles(n * block_n, block_n, block_m, kb.seqlen_q, kb.seqlen_kv,
-                                 kb.diagonal, p.window_left, p.window_right);
-  }
-};
 
 // The block of the grid's usual order: key block x of KV head y of batch z.
 __device__ __forceinline__ bool make_key_block(const FlashForwardParams& p, int block_n,

@@ -39,11 +39,10 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
     using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV>;
     const int key_blocks = (f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN;
     const bool dropout = f.dropout_threshold != 0, deterministic = p.dq_order != nullptr;
-    // Deterministic mode: a one-dimensional grid of key-block chains (deterministic_key_block).
-    const int64_t chains = deterministic ? (key_blocks + p.key_chain - 1) / p.key_chain : 0;
-    const dim3 grid = deterministic
-                          ? dim3(unsigned(int64_t(p.key_chain) * f.heads_kv * f.batch * chains))
-                          : dim3(unsigned(key_blocks), unsigned(f.heads_kv), batch);
+    // Deterministic mode: key blocks in chains of p.key_chain (deterministic_key_block).
+    const int chains = deterministic ? (key_blocks + p.key_chain - 1) / p.key_chain : 1;
+    const dim3 grid(unsigned(deterministic ? p.key_chain : key_blocks), unsigned(f.heads_kv),
+                    batch * unsigned(chains));
     auto kernel =
         dropout ? (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, true, true>
                                  : flash_backward_one_kernel_sm90_kernel<OneKernel, true, false>)

@@ -29,8 +29,8 @@ struct FlashBackwardParams {
   bool one_kernel = false;
   float* dq_accum = nullptr;
   // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the
-  // count of dq partials added (dq_turn: [b, H, dq_order_tiles] int32, zeroed by the host); null
-  // otherwise. Key blocks run in chains of `key_chain` (deterministic_key_chain).
+  // next key block whose dq partial may be added ([b, H, dq_order_tiles] int32, zeroed by the
+  // host; kDeterministicKeyChain); null otherwise. Key blocks run in chains of `key_chain`.
   int* dq_order = nullptr;
   int dq_order_tiles = 0, key_chain = 0;
 

@@ -191,10 +191,9 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
 // right after iteration it's copies are issued, and, with dropout, before iteration it's keep
 // bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
-// kDeterministic: each tile is added in the order of flash_tiles.h's dq_turn: the first warp
-// votes on the tile (a lane per chain member, dq_turn_vote), thread 0 waits until the tile's flag
-// reaches this block's turn, and after every producer thread's reductions (a barrier) releases
-// the next turn.
+// kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): thread 0 waits
+// until the tile's flag names this block, when the previous key block adds to the tile too, and
+// after every producer thread's reductions (a barrier) hands the tile on with a releasing store.
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
@@ -202,40 +201,21 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   constexpr int kStages = Traits::kStages, kDqStride = Traits::kDqStride;
   constexpr int kProducerBarrier = 2;  // the consumers use named barrier 1
   const FlashForwardParams& p = bp.fwd;
-  static_assert(kDeterministicKeyChain <= 32, "a lane of the first warp per chain member");
-  const int lane = int(threadIdx.x) % 32;
-  // Deterministic mode: this block's chain, its place, the walk of the member at this lane's
-  // place and the tiles of the previous chain's last block.
-  const int key_block = kb.j0 / kBlockN, chain = bp.key_chain;
-  const int chain_index = key_block / max(chain, 1), place = key_block % max(chain, 1);
-  DqWalk member{0, 0, 0};
-  QueryTileSpan previous_chain{0, -1};
-  if constexpr (kDeterministic) {
-    const KeyBlockTiles tiles_of{p, kb, kBlockN, kBlockM};
-    if (lane < chain) member = chain_member_walk(tiles_of, chain_index, chain, lane);
-    previous_chain = tiles_of(chain_index * chain - 1);
-  }
+  const int key_block = kb.j0 / kBlockN;
+  // The query tiles the previous key block adds to (empty for the first).
+  const QueryTileSpan previous =
+      key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
+                            kb.diagonal, p.window_left, p.window_right);
   auto add_dq_tile = [&](int j) {
     ptx::mbarrier_wait(l.dq_full(), j & 1);
     const int head = kb.head(j), i0 = kb.first_query(j);
     int* order = nullptr;
-    int release = 0;
     if constexpr (kDeterministic) {
       const int tile = i0 / kBlockM;
       order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
-      if (threadIdx.x < 32) {
-        const DqTurnVote vote =
-            dq_turn_vote(member, lane, head - kb.kv_head * kb.group, tile, j, place);
-        const int rank = __popc(__ballot_sync(0xffffffffu, vote.before));
-        const int adders = __popc(__ballot_sync(0xffffffffu, vote.adds));
-        const bool previous_chain_adds =
-            previous_chain.first <= tile && tile <= previous_chain.last;
-        const DqTurn turn = dq_turn(chain_index, chain, rank, adders, previous_chain_adds);
-        release = turn.release;
-        if (threadIdx.x == 0 && turn.wait >= 0)
-          while (ptx::load_acquire_gpu(order) != turn.wait) {
-          }
-      }
+      if (threadIdx.x == 0 && previous.first <= tile && tile <= previous.last)
+        while (ptx::load_acquire_gpu(order) != key_block) {
+        }
       ptx::named_barrier_sync(kProducerBarrier, 128);
     }
     constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
@@ -250,7 +230,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
     if constexpr (kDeterministic) {
       ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
-      if (threadIdx.x == 0) ptx::store_release_gpu(order, release);
+      if (threadIdx.x == 0) ptx::store_release_gpu(order, key_block + 1);
     }
   };
   auto add_previous_dq_tile = [&](int it) {
@@ -309,12 +289,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   KeyBlock kb;
   if constexpr (kDeterministic) {
-    const DeterministicKeyBlock c =
-        deterministic_key_block(blockIdx.x, bp.key_chain, p.heads_kv, p.batch);
-    if (!make_key_block(p, kBlockN, kBlockM, kb, c.batch, c.kv_head, c.key_block)) return;
-    kb.rotation = chain_member_walk(KeyBlockTiles{p, kb, kBlockN, kBlockM}, c.chain_index,
-                                    bp.key_chain, c.place)
-                      .rotation;
+    const KeyBlockCoordinates c =
+        deterministic_key_block(int(blockIdx.x), int(blockIdx.z), p.batch, bp.key_chain);
+    if (!make_key_block(p, kBlockN, kBlockM, kb, c.batch, int(blockIdx.y), c.key_block)) return;
+    // Last tile first: a causal or windowed block's tiles end one key block's worth of rows
+    // after its predecessor's, so walking down, neighbours reach a shared tile at about the same
+    // step (walking up, each block would trail its predecessor by two tiles per link).
+    kb.descending = true;
   } else if (!make_key_block(p, kBlockN, kBlockM, kb)) {
     return;
   }

@@ -270,117 +270,34 @@ __host__ __device__
   return {rows.first / block_m, rows.last / block_m};
 }
 
-#if defined(__CUDACC__)
-#define DPA_TILES_HOST_DEVICE __host__ __device__
-#else
-#define DPA_TILES_HOST_DEVICE
-#endif
-
-// The deterministic one-kernel backward adds each query tile's dq partials in a fixed order
-// (docs/cuda_flash.md, "Deterministic mode"). Key blocks run in chains of `chain` consecutive
-// key blocks of one (batch, KV head). The grid is one-dimensional: the place in the chain
-// fastest, then the KV head, then the batch, then the chain's index, so that a chain's blocks
-// are dispatched together, after every earlier chain of their (batch, KV head), and the blocks
-// resident together read a few heads' Q and dO (the L2 keeps them).
-// - Between chains the order is chain order: the first member of chain c to add to a tile waits
-//   until the last adder of the previous chain is done (a tile's adding key blocks are
-//   contiguous, key_block_query_tiles, so only chain c - 1 can be that chain).
-// - Within a chain the order is the order in which the members reach the tile when they run in
-//   step (DqWalk::step; ties to the lower place). Each member starts its walk `place` tiles into
-//   its tiles (DqWalk), so that members which see the same tiles (no mask) reach each at a
-//   different step, and causal members, whose tiles start two apart, reach a shared tile in
-//   steps that differ too: no member waits for one working at the same step.
-// A block then waits only for blocks of earlier chains (dispatched before it) or of its own
-// chain at an earlier step. Its chain's blocks must be resident together: `chain` is at most the
-// number of SMs (deterministic_key_chain).
+// The deterministic one-kernel backward adds a query tile's dq partials in key-block order: key
+// block n waits for block n - 1 when that block also adds to the tile (else n is the tile's
+// first: the contributors are contiguous, key_block_query_tiles), then hands the tile to n + 1.
+// Key blocks run in chains of `chain` (kDeterministicKeyChain where the grid allows) per
+// (batch, KV head): grid x is the place in the chain, y the KV head, z the batch plus
+// batch_count times the chain's index. A block then waits only for blocks of a lower linear
+// index (launched before it), so the order cannot deadlock, and the blocks resident together
+// wait in chains of at most `chain` hand-offs, while each head's Q and dO are read by a few
+// chains at a time (the L2 keeps them).
 constexpr int kDeterministicKeyChain = 16;
-
-// At most kDeterministicKeyChain, and no more than the SMs, so that a chain fits on the GPU.
-constexpr int deterministic_key_chain(int sm_count) {
-  return sm_count < kDeterministicKeyChain ? (sm_count < 1 ? 1 : sm_count) : kDeterministicKeyChain;
-}
-
-// Block `x` of the deterministic grid (chain * heads_kv * batch_count * chains blocks).
-struct DeterministicKeyBlock {
-  int batch, kv_head, key_block, chain_index, place;
+struct KeyBlockCoordinates {
+  int batch, key_block;
 };
-DPA_TILES_HOST_DEVICE constexpr DeterministicKeyBlock deterministic_key_block(int64_t x, int chain,
-                                                                              int heads_kv,
-                                                                              int batch_count) {
-  const int place = int(x % chain);
-  int64_t rest = x / chain;
-  const int kv_head = int(rest % heads_kv);
-  rest /= heads_kv;
-  const int batch = int(rest % batch_count), chain_index = int(rest / batch_count);
-  return {batch, kv_head, chain_index * chain + place, chain_index, place};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    constexpr KeyBlockCoordinates
+    deterministic_key_block(int x, int z, int batch_count, int chain) {
+  return {z % batch_count, (z / batch_count) * chain + x};
 }
 
-// Step t (t < count) of a walk over `count` tiles from `first` that starts `rotation` tiles in
-// and wraps: the tile it visits.
-DPA_TILES_HOST_DEVICE constexpr int rotated_tile(int first, int count, int rotation, int t) {
-  const int position = t + rotation;
-  return first + (position < count ? position : position - count);
+// The chain length for `key_blocks` key blocks per sequence: kDeterministicKeyChain, or all of
+// them (one chain, the grid's usual order) where batch x chains would pass the grid's z limit.
+constexpr int deterministic_key_chain(int batch_count, int key_blocks) {
+  const int chains = (key_blocks + kDeterministicKeyChain - 1) / kDeterministicKeyChain;
+  return int64_t(batch_count) * chains <= 65535 || key_blocks < 1 ? kDeterministicKeyChain
+                                                                  : key_blocks;
 }
-
-// A chain member's walk over a KV head's query heads: each head's tiles of `tiles`, started
-// `rotation` tiles in (rotated_tile).
-struct DqWalk {
-  int first, count, rotation;
-  DPA_TILES_HOST_DEVICE constexpr bool covers(int tile) const {
-    return first <= tile && tile < first + count;
-  }
-  // The step (iteration) at which the walk adds tile `tile` of the group's head `head_in_group`.
-  DPA_TILES_HOST_DEVICE constexpr int step(int head_in_group, int tile) const {
-    const int position = tile - first - rotation;
-    return head_in_group * count + (position < 0 ? position + count : position);
-  }
-};
-
-// The walk of member `place` of chain `chain_index`; tiles_of(n) is key block n's tiles. Members
-// whose tiles start at the same tile (no mask, or a window bounded on the left only) start
-// their walks one tile apart: the member rotates by the number of members before it with that
-// first tile. Members whose tiles start apart (a causal mask, a window bounded on the right)
-// reach a shared tile at different steps already, and a rotation would only make them meet.
-template <typename TilesOf>
-DPA_TILES_HOST_DEVICE constexpr DqWalk chain_member_walk(const TilesOf& tiles_of, int chain_index,
-                                                         int chain, int place) {
-  const int first_key_block = chain_index * chain;
-  const QueryTileSpan tiles = tiles_of(first_key_block + place);
-  const int count = tiles.last < tiles.first ? 0 : tiles.last + 1 - tiles.first;
-  int sharing = 0;
-  while (sharing < place && tiles_of(first_key_block + place - 1 - sharing).first == tiles.first)
-    ++sharing;
-  return {tiles.first, count, count > 0 ? sharing % count : 0};
-}
-
-// What chain member `member` (at `member_place`) says about tile (head_in_group, tile) to the
-// member at `my_place`, whose walk adds that tile at step `my_step`: whether it adds to the tile
-// and whether it does so first.
-struct DqTurnVote {
-  bool adds, before;
-};
-DPA_TILES_HOST_DEVICE constexpr DqTurnVote dq_turn_vote(DqWalk member, int member_place,
-                                                        int head_in_group, int tile, int my_step,
-                                                        int my_place) {
-  if (!member.covers(tile)) return {false, false};
-  const int step = member.step(head_in_group, tile);
-  return {true, step < my_step || (step == my_step && member_place < my_place)};
-}
-
-// A tile's flag (bp.dq_order) counts its adds from chain_index * chain: the member with `rank`
-// earlier adders of its chain, of `adders` in all, waits for that value (or, first in its chain,
-// for the previous chain's end when that chain adds to the tile; else it waits for nothing:
-// wait < 0) and then releases the next one, the chain's last the next chain's start.
-struct DqTurn {
-  int wait, release;
-};
-DPA_TILES_HOST_DEVICE constexpr DqTurn dq_turn(int chain_index, int chain, int rank, int adders,
-                                               bool previous_chain_adds) {
-  const int start = chain_index * chain;
-  const int wait = rank > 0 ? start + rank : (previous_chain_adds ? start : -1);
-  return {wait, rank + 1 == adders ? start + chain : start + rank + 1};
-}
-#undef DPA_TILES_HOST_DEVICE
 
 // The (dqk, dv) pairs with compiled kernels (both dtypes).
 bool flash_forward_has_head_dims(int64_t head_dim_qk, int64_t head_dim_v);
