@@ -22,13 +22,30 @@ constexpr uint32_t kPhiloxMultiplier1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;
 constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;
 
+// The 64-bit product of two words as (lo, hi). On the GPU one mul.wide: written as a 64-bit
+// product, nvcc adds a zero to every high word after it (an instruction per product).
+struct PhiloxProduct {
+  uint32_t lo, hi;
+};
+DPA_HOST_DEVICE PhiloxProduct philox_multiply(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t lo, hi;
+  asm("{\n\t.reg .b64 product;\n\tmul.wide.u32 product, %2, %3;\n\tmov.b64 {%0, %1}, product;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(a), "r"(b));
+  return {lo, hi};
+#else
+  const uint64_t product = uint64_t(a) * b;
+  return {uint32_t(product), uint32_t(product >> 32)};
+#endif
+}
+
 DPA_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, uint32_t key0, uint32_t key1) {
   for (int round = 0; round < 10; ++round) {
-    uint64_t product0 = uint64_t(kPhiloxMultiplier0) * counter.x[0];
-    uint64_t product1 = uint64_t(kPhiloxMultiplier1) * counter.x[2];
-    uint32_t hi0 = uint32_t(product0 >> 32), lo0 = uint32_t(product0);
-    uint32_t hi1 = uint32_t(product1 >> 32), lo1 = uint32_t(product1);
-    counter = Philox4{{hi1 ^ counter.x[1] ^ key0, lo1, hi0 ^ counter.x[3] ^ key1, lo0}};
+    const PhiloxProduct product0 = philox_multiply(kPhiloxMultiplier0, counter.x[0]);
+    const PhiloxProduct product1 = philox_multiply(kPhiloxMultiplier1, counter.x[2]);
+    counter = Philox4{{product1.hi ^ counter.x[1] ^ key0, product1.lo,
+                       product0.hi ^ counter.x[3] ^ key1, product0.lo}};
     key0 += kPhiloxWeyl0;
     key1 += kPhiloxWeyl1;
   }

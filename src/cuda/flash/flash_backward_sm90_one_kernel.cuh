@@ -166,18 +166,27 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
       uint32_t(kb.first_query(it) + 2 * quad_col + 16 * part) + uint32_t(p.q_position[kb.batch]);
   const uint32_t key_block0 =
       uint32_t((kb.j0 + 16 * group + int64_t(p.kv_position[kb.batch])) >> 3);
-  // Byte r % 4 of bytes[r / 4] is byte `part` of word (group, r, quad_col).
+  // Byte r % 4 of bytes[r / 4] is byte `part` of word (group, r, quad_col). The draws run from the
+  // last element down, each shifting the bytes up by one first, so that every bit lands at a
+  // constant place (a select and a third of an or) without unrolling the loop (the producer has
+  // 40 registers); an odd draw u16 (the high half of its word) is kept iff the word is
+  // >= threshold << 16 (one compare).
+  const uint32_t high_threshold = p.dropout_threshold << 16;
   uint32_t bytes[2] = {0u, 0u};
 #pragma unroll 1
-  for (int element = 0; element < 8; ++element) {  // bit 4 tt + 2 half + c
+  for (int element = 7; element >= 0; --element) {  // bit 4 tt + 2 half + c
     const int tt = element / 4, half = (element / 2) % 2, c = element % 2;
     const Philox4 block = philox4x32_10(
         {{key_block0 + uint32_t(half), row0 + uint32_t(8 * tt + c), head, uint32_t(p.offset)}},
         uint32_t(p.seed), uint32_t(p.seed >> 32));
+    bytes[0] <<= 1;  // no byte has 8 bits yet: nothing crosses into the next byte
+    bytes[1] <<= 1;
 #pragma unroll
-    for (int r = 0; r < 8; ++r)
-      bytes[r / 4] |= (dropout_u16(block, r) >= p.dropout_threshold ? 1u : 0u)
-                      << (8 * (r % 4) + element);
+    for (int r = 0; r < 8; ++r) {
+      const uint32_t word = block.x[r / 2];
+      const bool kept = r % 2 ? word >= high_threshold : (word & 0xffffu) >= p.dropout_threshold;
+      bytes[r / 4] |= kept ? 1u << (8 * (r % 4)) : 0u;
+    }
   }
   unsigned char* out = reinterpret_cast<unsigned char*>(words + group * 32 + quad_col) + part;
 #pragma unroll
@@ -363,9 +372,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         l.lse + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      if constexpr (kDropout) drop_key_tile(dp, keep, p.dropout_scale);
-      key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM);
-      if constexpr (kDropout) drop_key_tile(s, keep, p.dropout_scale);  // Pd^T, for dv
+      // dU^T; with dropout s becomes Pd^T but for 1 / keep_prob (dv is scaled at the end).
+      key_tile_gradients<kDropout>(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM, keep,
+                                   kDropout ? p.dropout_scale : 1.f);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);
 
@@ -415,6 +424,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
 
+  if constexpr (kDropout) {  // dv = Pd^T dO, Pd = P keep / keep_prob
+#pragma unroll
+    for (int t = 0; t < kDimV / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv_acc[t][e] *= p.dropout_scale;
+  }
   store_key_block_gradients<Element, kDimQK, kDimV>(bp, kb, dk_acc, dv_acc, key0, quad_col);
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere

@@ -310,36 +310,44 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
   }
 }
 
-// Dropout on a key-major tile (S^T's fragment order): element s[t][e] becomes s[t][e] / keep_prob
-// where bit 4 t + e of `keep` is set (draw_query_tile_keep_words), else 0. Applied to dP^T before
-// key_tile_gradients (the gradient through the dropped P) and to P^T after it (Pd^T for dv).
-template <int kMTiles>
-__device__ __forceinline__ void drop_key_tile(float (&x)[kMTiles][4], uint32_t keep, float scale) {
-  static_assert(kMTiles * 4 <= 32, "a thread's keep bits fit one word");
-#pragma unroll
-  for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[t][e] = (keep >> (4 * t + e)) & 1u ? x[t][e] * scale : 0.f;
-}
-
-// dP^T (in dp; with dropout, already dropped: drop_key_tile) becomes
-// dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta` per query column; the
-// cap's derivative only with a cap (it is 1 without).
-template <int kMTiles>
+// dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta`
+// per query column; the cap's derivative only with a cap (it is 1 without).
+// kDropout: element (t, e) is kept where bit 4 t + e of `keep` is set (draw_query_tile_keep_words):
+// dU^T goes through the kept dP^T / keep_prob (`dropout_scale`), and s becomes the kept P^T
+// without that factor (Pd^T up to it: the caller scales dv once at the end). Both selects of an
+// element use one bit test right there: tested apart, the compiler keeps the tile's 32 bits
+// as predicates packed into general registers, three instructions per bit.
+template <bool kDropout = false, int kMTiles>
 __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
-                                                   const float (&s)[kMTiles][4],
-                                                   float (&dp)[kMTiles][4],
+                                                   float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
                                                    const uint32_t (&derivative)[kMTiles][2],
-                                                   int quad_col, const float* delta) {
+                                                   int quad_col, const float* delta,
+                                                   uint32_t keep = 0u, float dropout_scale = 1.f) {
+  static_assert(!kDropout || kMTiles * 4 <= 32, "a thread's keep bits fit one word");
   auto row_delta_pair = [&](int t) {
     return *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
+  };
+  // dU^T's element from P^T's and dP^T's (dP^T times `dp_scale` first), and with dropout P^T's
+  // element dropped.
+  auto gradient = [&](float& s_element, float& dp_element, int bit, float dp_scale,
+                      float minus_delta, float factor) {
+    const bool kept = !kDropout || (keep & (1u << bit)) != 0u;
+    const float dp_kept = kept ? dp_element : 0.f;
+    dp_element = s_element * fmaf(dp_kept, dp_scale, minus_delta) * factor;
+    if constexpr (kDropout) s_element = kept ? s_element : 0.f;
   };
   if (!p.use_softcap) {
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t) {
       const float2 d = row_delta_pair(t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - ((e & 1) ? d.y : d.x));
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (kDropout) {
+          gradient(s[t][e], dp[t][e], 4 * t + e, dropout_scale, (e & 1) ? -d.y : -d.x, 1.f);
+        } else {
+          dp[t][e] = s[t][e] * (dp[t][e] - ((e & 1) ? d.y : d.x));
+        }
+      }
     }
     return;
   }
@@ -352,7 +360,8 @@ __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
       const uint32_t pair = derivative[t][e / 2];
       const float quarter_derivative = __half2float(
           __ushort_as_half(static_cast<unsigned short>((e & 1) ? pair >> 16 : pair & 0xFFFFu)));
-      dp[t][e] = s[t][e] * fmaf(dp[t][e], 4.f, minus_four_delta[e & 1]) * quarter_derivative;
+      gradient(s[t][e], dp[t][e], 4 * t + e, 4.f * dropout_scale, minus_four_delta[e & 1],
+               quarter_derivative);
     }
   }
 }
