@@ -126,21 +126,26 @@ enum class TilePairs { kNone, kOwn, kAllButOwn };
 
 // The slots of the rank's own chunks in the sets of its a2a group's first ring step (the group
 // all-to-all stacks member d's chunks as block d): under a2a their tiles need no transfer.
+// The pairs of two own slots run first, while the peers' blocks travel; `early_rows` of the own
+// query slots take part (all by default; fewer leave the other own pairs to run last, under the
+// backward's last returns).
 struct OwnSlots {
   std::vector<size_t> slots;
-  size_t first = 0, count = 0;
-  OwnSlots(const Plan& plan, size_t group_chunks) {
+  size_t first = 0, count = 0, early_rows = 0;
+  OwnSlots(const Plan& plan, size_t group_chunks, size_t early_rows_wanted = size_t(-1)) {
     count = plan.a2a > 1 ? group_chunks / size_t(plan.a2a) : 0;
     first = size_t(plan.member) * count;
+    early_rows = std::min(count, early_rows_wanted);
     for (size_t i = 0; i < count; ++i) slots.push_back(first + i);
   }
   bool overlaps() const { return count > 0; }
   bool owns(size_t slot) const { return slot >= first && slot < first + count; }
-  // kOwn leaves out the pairs of two own slots; kAllButOwn every other pair.
+  // kOwn leaves out the pairs the first pass ran (two own slots, the query slot among the
+  // first `early_rows`); kAllButOwn every other pair.
   bool skips(TilePairs skip, size_t q_slot, size_t k_slot) const {
     if (skip == TilePairs::kNone) return false;
-    const bool own_pair = owns(q_slot) && owns(k_slot);
-    return skip == TilePairs::kOwn ? own_pair : !own_pair;
+    const bool early_pair = owns(q_slot) && owns(k_slot) && q_slot < first + early_rows;
+    return skip == TilePairs::kOwn ? early_pair : !early_pair;
   }
 };
 
@@ -395,7 +400,11 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   Packed dq_acc = zeros_f32(q.rows, q.heads, q.dim, sets);
   BackendKind used = BackendKind::kAuto;
 
-  const OwnSlots own(plan, q_chunks.size());
+  // Under pure a2a the first pass takes the own pairs of the first own query slot only: they
+  // outlast the inputs' transfer, and the rest run in the last L, under the last peer block's
+  // dk and dv on their way back (which nothing else could hide).
+  const bool pure_a2a = !plan.all_gather && plan.ring_size() == 1;
+  const OwnSlots own(plan, q_chunks.size(), pure_a2a ? 1 : size_t(-1));
   // The tiles of query slots [q_begin, q_end) (all by default) against key slots `slots`.
   auto attend = [&](const Packed& keys, const Packed& values, const std::vector<int>& kv_chunks,
                     const std::vector<size_t>& slots, Packed& dk_acc, Packed& dv_acc,
@@ -456,6 +465,9 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   }
 
   OutputExchange dq_out;  // under a2a: dq's rows on their way back (the ring's last step)
+  // Under pure a2a also dk's and dv's (under a2a+p2p they first travel the ring's last hop).
+  const bool returns_dkv_by_block = pure_a2a && own.overlaps();
+  OutputExchange dk_out, dv_out;
   if (plan.all_gather) {
     // The own chunks' tiles are split around the peers': the first query slot's run while the
     // peers' chunks arrive, the rest while the peers' chunks' dK/dV (fp32, twice the bytes)
@@ -483,22 +495,46 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     Packed next_dv = Packed::alike(dv_acc, DType::kFloat32, dv_acc.rows, dv_acc.heads, dv_acc.dim);
     if (own.overlaps())
       dq_out.recv = Packed::alike(dq_acc, DType::kFloat32, dq_acc.rows, dq_acc.heads, dq_acc.dim);
+    if (returns_dkv_by_block) {
+      dk_out.recv = Packed::alike(dk_acc, DType::kFloat32, dk_acc.rows, dk_acc.heads, dk_acc.dim);
+      dv_out.recv = Packed::alike(dv_acc, DType::kFloat32, dv_acc.rows, dv_acc.heads, dv_acc.dim);
+    }
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending_kv;
       if (step + 1 < n) pending_kv = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
       const std::vector<int> chunks = plan.group_chunks((plan.group - step + n) % n);
       const TilePairs skip = step == 0 && own_first ? TilePairs::kOwn : TilePairs::kNone;
       if (step + 1 == n && own.overlaps()) {
-        // Under a2a the last step runs member block by member block (the peers' first), and
-        // each member's dq rows go back to it once final (exchange_output_block); dk and dv
-        // are final only after the last block.
+        // Under a2a the last step's tiles form a grid of member blocks (query rows x key rows),
+        // run L by L: member block B_i = member + i (i = 1 .. a, the peers' first, the rank's
+        // own last) takes its row against the key blocks B_i .. B_a, then its column against
+        // the query blocks B_i+1 .. B_a. After its row B_i's dq rows are final and go back to
+        // it (exchange_output_block); after its column, without a ring to travel (pure a2a),
+        // so do its dk and dv rows. Each transfer runs under the later Ls' tiles.
+        auto member_block = [&](int i) { return size_t((plan.member + i) % plan.a2a); };
+        auto key_slots = [&](int from) {  // the key slots of blocks B_from .. B_a
+          std::vector<size_t> slots;
+          for (int j = from; j <= plan.a2a; ++j)
+            for (size_t c = 0; c < own.count; ++c) slots.push_back(member_block(j) * own.count + c);
+          return slots;
+        };
         for (int i = 1; i <= plan.a2a; ++i) {
           const int round = i % plan.a2a;
-          const size_t block = size_t((plan.member + round) % plan.a2a);
-          attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc, skip, block * own.count,
+          const size_t block = member_block(i);
+          attend(k, v, chunks, key_slots(i), dk_acc, dv_acc, skip, block * own.count,
                  (block + 1) * own.count);
           exchange_output_block(comm, plan, dq_acc, round, dq_out, kTagA2ADq);
           start_pending(comm);
+          std::vector<size_t> column(own.count);
+          for (size_t c = 0; c < own.count; ++c) column[c] = block * own.count + c;
+          for (int j = i + 1; j <= plan.a2a; ++j)
+            attend(k, v, chunks, column, dk_acc, dv_acc, skip, member_block(j) * own.count,
+                   (member_block(j) + 1) * own.count);
+          if (returns_dkv_by_block) {
+            exchange_output_block(comm, plan, dk_acc, round, dk_out, kTagA2ADk);
+            exchange_output_block(comm, plan, dv_acc, round, dv_out, kTagA2ADv);
+            start_pending(comm);
+          }
         }
       } else {
         attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc, skip);
@@ -518,8 +554,16 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     }
   }
 
-  Packed dk_local = to_sequence(comm, plan, std::move(dk_acc)),
-         dv_local = to_sequence(comm, plan, std::move(dv_acc));
+  Packed dk_local, dv_local;
+  if (returns_dkv_by_block) {
+    wait_all(dk_out.pending);
+    wait_all(dv_out.pending);
+    dk_local = merge_heads(dk_out.recv, plan.a2a);
+    dv_local = merge_heads(dv_out.recv, plan.a2a);
+  } else {
+    dk_local = to_sequence(comm, plan, std::move(dk_acc));
+    dv_local = to_sequence(comm, plan, std::move(dv_acc));
+  }
   if (plan.kv_replication > 1) {
     dk_local = sum_replicas(dk_local, plan.kv_replication);
     dv_local = sum_replicas(dv_local, plan.kv_replication);

@@ -10,8 +10,8 @@
 namespace dpa::cp {
 
 // Message tags: FIFO order per (source, destination, tag) keeps successive steps apart.
-constexpr int kTagA2A = 1, kTagA2AOutput = 2, kTagA2ADq = 3, kTagK = 10, kTagV = 11, kTagDk = 20,
-              kTagDv = 21;
+constexpr int kTagA2A = 1, kTagA2AOutput = 2, kTagA2ADq = 3, kTagA2ADk = 4, kTagA2ADv = 5,
+              kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
 constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherDv = 41;
 
 // A group all-to-all in flight: [a][rows][h][d] blocks, block d of `send` to group member d,
@@ -36,7 +36,8 @@ Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads);
 // member's own block. Every member's round t pairs the same ranks, so a device communicator's
 // grouped launches match round by round however far apart the members post them. `recv` is
 // complete once every round ran and `pending` was waited on; `send` must live until then.
-// `tag`: kTagA2AOutput (the forward's o and LSE) or kTagA2ADq (the backward's dq).
+// `tag`: kTagA2AOutput (the forward's o and LSE), kTagA2ADq, kTagA2ADk, kTagA2ADv (the
+// backward's dq, dk, dv).
 struct OutputExchange {
   Packed recv;
   std::vector<CommHandle> pending;

@@ -449,15 +449,15 @@ class RecordsTilesAroundTag : public test::ForwardingCommunicator {
   std::atomic<int>&at_post_, &at_wait_;
 };
 
-// Runs `config` at cp = 4 with tile counting and RecordsTilesAroundTag on every rank; checks the
-// outputs and that every rank ran tiles between its first post and its first wait on `tag`.
+// Runs `config` at cp = kRanks with tile counting and RecordsTilesAroundTag on every rank; checks
+// the outputs and that every rank ran tiles between its first post and its first wait on `tag`.
+template <int kRanks = 4>
 void expect_tiles_between_post_and_wait(const CpConfig& config, int tag, int (*tiles_run)()) {
   std::vector<CountsTiles> wrapped;
   const std::vector<const Backend*> counting = wrap_each_backend(wrapped);
   CaseSpec spec = softcap_sink_spec();
   const CaseTensors tensors = test::make_case(spec);
   const CaseOutputs reference = test::run_case(spec, tensors, BackendKind::kCpuExact);
-  constexpr int kRanks = 4;
   std::vector<std::atomic<int>> at_post(kRanks), at_wait(kRanks);
   for (int rank = 0; rank < kRanks; ++rank) at_post[size_t(rank)] = at_wait[size_t(rank)] = -1;
   const CpRun run = run_cp(spec, tensors, config, kRanks, counting, [&](Communicator& comm) {
@@ -511,6 +511,20 @@ TEST(CpOverlap, A2aReturnsEachMembersDqWhileTilesRun) {
     config.comm_type = type;
     config.a2a_group_size = group;
     expect_tiles_between_post_and_wait(config, cp::kTagA2ADq, backward_tiles);
+  }
+}
+
+// Under pure a2a the backward returns each member's dk and dv rows too while tiles still run:
+// its last step runs L by L (a member block's row, then its column), so a block's key rows are
+// final before the rank's own block's tiles run, and the first pass leaves some of those tiles
+// for the end (at cp = 2 the one peer block's dk and dv would otherwise wait for no tile).
+// (Under a2a+p2p they first take the ring's last hop.)
+TEST(CpOverlap, A2aReturnsEachMembersDkDvWhileTilesRun) {
+  CpConfig config;
+  config.comm_type = CpCommType::kA2A;
+  for (int tag : {cp::kTagA2ADk, cp::kTagA2ADv}) {
+    expect_tiles_between_post_and_wait<2>(config, tag, backward_tiles);
+    expect_tiles_between_post_and_wait<4>(config, tag, backward_tiles);
   }
 }
 
