@@ -465,8 +465,10 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   }
 
   OutputExchange dq_out;  // under a2a: dq's rows on their way back (the ring's last step)
-  // Under pure a2a also dk's and dv's (under a2a+p2p they first travel the ring's last hop).
-  const bool returns_dkv_by_block = pure_a2a && own.overlaps();
+  // And dk's and dv's, straight to their owners: under a2a+p2p the last step's key rows belong
+  // to the next ring position's group (the ring's last hop and the all-to-all in one transfer).
+  const bool returns_dkv_by_block = !plan.all_gather && own.overlaps();
+  const int dkv_ring_offset = pure_a2a ? 0 : 1;
   OutputExchange dk_out, dv_out;
   if (plan.all_gather) {
     // The own chunks' tiles are split around the peers': the first query slot's run while the
@@ -509,8 +511,9 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
         // run L by L: member block B_i = member + i (i = 1 .. a, the peers' first, the rank's
         // own last) takes its row against the key blocks B_i .. B_a, then its column against
         // the query blocks B_i+1 .. B_a. After its row B_i's dq rows are final and go back to
-        // it (exchange_output_block); after its column, without a ring to travel (pure a2a),
-        // so do its dk and dv rows. Each transfer runs under the later Ls' tiles.
+        // it (exchange_output_block); after its column its dk and dv rows go to their owner
+        // (under a2a+p2p in the next ring position's group). Each transfer runs under the
+        // later Ls' tiles.
         auto member_block = [&](int i) { return size_t((plan.member + i) % plan.a2a); };
         auto key_slots = [&](int from) {  // the key slots of blocks B_from .. B_a
           std::vector<size_t> slots;
@@ -530,16 +533,14 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
           for (int j = i + 1; j <= plan.a2a; ++j)
             attend(k, v, chunks, column, dk_acc, dv_acc, skip, member_block(j) * own.count,
                    (member_block(j) + 1) * own.count);
-          if (returns_dkv_by_block) {
-            exchange_output_block(comm, plan, dk_acc, round, dk_out, kTagA2ADk);
-            exchange_output_block(comm, plan, dv_acc, round, dv_out, kTagA2ADv);
-            start_pending(comm);
-          }
+          exchange_output_block(comm, plan, dk_acc, round, dk_out, kTagA2ADk, dkv_ring_offset);
+          exchange_output_block(comm, plan, dv_acc, round, dv_out, kTagA2ADv, dkv_ring_offset);
+          start_pending(comm);
         }
       } else {
         attend(k, v, chunks, every_slot(chunks.size()), dk_acc, dv_acc, skip);
       }
-      if (n > 1) {
+      if (n > 1 && !(step + 1 == n && returns_dkv_by_block)) {
         std::vector<CommHandle> pending_dkv =
             ring_exchange(comm, plan, dk_acc, dv_acc, next_dk, next_dv, kTagDk, kTagDv);
         wait_all(pending_dkv);

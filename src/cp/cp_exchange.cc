@@ -54,23 +54,25 @@ Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send) {
 }
 
 void exchange_output_block(Communicator& comm, const Plan& plan, const Packed& send, int round,
-                           OutputExchange& exchange, int tag) {
+                           OutputExchange& exchange, int tag, int ring_offset) {
   const size_t block = send.size_bytes() / size_t(plan.a2a);
   const auto* src = static_cast<const unsigned char*>(send.data());
   auto* dst = static_cast<unsigned char*>(exchange.recv.data());
-  if (round == 0) {
+  const int n = plan.ring_size(), offset = ring_offset % n;
+  if (round == 0 && offset == 0) {
     copy_bytes(dst + size_t(plan.member) * block, src + size_t(plan.member) * block, block,
                send.place);
     return;
   }
   const int to = (plan.member + round) % plan.a2a;
   const int from = (plan.member - round + plan.a2a) % plan.a2a;
+  const int to_group = (plan.group + offset) % n, from_group = (plan.group - offset + n) % n;
   // After the block's rows were written (and the receive buffer allocated) on the set's stream.
   order_for_comm(comm, send);
   exchange.pending.push_back(
-      comm.send(src + size_t(to) * block, block, plan.group_ranks[size_t(to)], tag));
+      comm.send(src + size_t(to) * block, block, plan.rank_of(to_group, to), tag));
   exchange.pending.push_back(
-      comm.recv(dst + size_t(from) * block, block, plan.group_ranks[size_t(from)], tag));
+      comm.recv(dst + size_t(from) * block, block, plan.rank_of(from_group, from), tag));
 }
 
 // Sequence shards -> head shards: [2T, H, d] -> [a * 2T, H / a, d] (the group's chunks).

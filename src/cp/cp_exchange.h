@@ -37,13 +37,15 @@ Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads);
 // grouped launches match round by round however far apart the members post them. `recv` is
 // complete once every round ran and `pending` was waited on; `send` must live until then.
 // `tag`: kTagA2AOutput (the forward's o and LSE), kTagA2ADq, kTagA2ADk, kTagA2ADv (the
-// backward's dq, dk, dv).
+// backward's dq, dk, dv). `ring_offset`: the blocks' owners are in the group that many ring
+// positions ahead (the members of the same place), and the received blocks come from the group
+// as far behind; round 0 is then a transfer too (a2a+p2p's dk and dv of the ring's last step).
 struct OutputExchange {
   Packed recv;
   std::vector<CommHandle> pending;
 };
 void exchange_output_block(Communicator& comm, const Plan& plan, const Packed& send, int round,
-                           OutputExchange& exchange, int tag = kTagA2AOutput);
+                           OutputExchange& exchange, int tag = kTagA2AOutput, int ring_offset = 0);
 
 // Launches what a device communicator queued (NCCL: one group of point-to-point operations),
 // so that it runs while the caller computes.

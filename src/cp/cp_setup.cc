@@ -107,12 +107,12 @@ Plan make_plan(const CpConfig& config, const Communicator& comm, int64_t heads_q
   plan.kv_replication = replicated / heads_kv;
   plan.group = plan.rank / plan.a2a;
   plan.member = plan.rank % plan.a2a;
-  for (int d = 0; d < plan.a2a; ++d) plan.group_ranks.push_back(plan.group * plan.a2a + d);
+  for (int d = 0; d < plan.a2a; ++d) plan.group_ranks.push_back(plan.rank_of(plan.group, d));
   if (plan.all_gather)
     plan.ring_ranks = {plan.rank};
   else
     for (int g = 0; g < plan.cp / plan.a2a; ++g)
-      plan.ring_ranks.push_back(g * plan.a2a + plan.member);
+      plan.ring_ranks.push_back(plan.rank_of(g, plan.member));
   return plan;
 }
 

@@ -20,6 +20,8 @@ struct Plan {
   int64_t kv_replication = 1;         // G' / G when KV heads are replicated for a2a
 
   int ring_size() const { return int(ring_ranks.size()); }
+  // The rank of member `m` of a2a group (ring position) `g`.
+  int rank_of(int g, int m) const { return g * a2a + m; }
   int64_t local_heads() const { return heads_q / a2a; }
   // The chunks held by a2a group `g`, in the order the group all-to-all stacks them.
   std::vector<int> group_chunks(int g) const {

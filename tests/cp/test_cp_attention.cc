@@ -518,7 +518,8 @@ TEST(CpOverlap, A2aReturnsEachMembersDqWhileTilesRun) {
 // its last step runs L by L (a member block's row, then its column), so a block's key rows are
 // final before the rank's own block's tiles run, and the first pass leaves some of those tiles
 // for the end (at cp = 2 the one peer block's dk and dv would otherwise wait for no tile).
-// (Under a2a+p2p they first take the ring's last hop.)
+// Under a2a+p2p the last ring step's key rows go straight to their owners in the next ring
+// position's group, block by block, in place of the ring's last hop and the all-to-all after it.
 TEST(CpOverlap, A2aReturnsEachMembersDkDvWhileTilesRun) {
   CpConfig config;
   config.comm_type = CpCommType::kA2A;
@@ -526,6 +527,10 @@ TEST(CpOverlap, A2aReturnsEachMembersDkDvWhileTilesRun) {
     expect_tiles_between_post_and_wait<2>(config, tag, backward_tiles);
     expect_tiles_between_post_and_wait<4>(config, tag, backward_tiles);
   }
+  config.comm_type = CpCommType::kA2AP2P;
+  config.a2a_group_size = 2;
+  for (int tag : {cp::kTagA2ADk, cp::kTagA2ADv})
+    expect_tiles_between_post_and_wait<4>(config, tag, backward_tiles);
 }
 
 // The all_gather backward returns the peers' chunks' dK/dV while tiles of the rank's own
