@@ -157,32 +157,44 @@ __device__ __forceinline__ RowStats initial_row_stats(float sink_log2, int quad_
 
 // Dropout keep bits of one slab's tile, drawn before S exists so Philox's registers never
 // compete with the S accumulators. A thread's keys 2q + {0, 1} of each 8-key Philox block are
-// the low and high halves of word q (selected by compares so the block stays in registers);
-// bit 2t (+1) of bits[half] is key 8t + 2q (+1). `row0` is the slab's row g (half 0). A CP
-// tile draws at its global row, key and head (its keys start on a multiple of 8).
+// the low and high halves of word q; bit 2t (+1) of bits[half] is key 8t + 2q (+1). `row0` is
+// the slab's row g (half 0). A CP tile draws at its global row, key and head (its keys start on
+// a multiple of 8). The four threads of a quad need the four words of the same blocks, so each
+// draws every fourth block (t = 4u + q) and the quad transposes the words with three
+// shuffles per four blocks: one Philox block per 8 keys instead of one per 2. Every lane of the
+// warp must call it (the shuffles).
 template <int kNTiles, typename Element>
 __device__ __forceinline__ void draw_keep_bits(const FlashForwardParams& p,
                                                const FlashBlock<Element>& b, int row0, int n0,
                                                int quad_col, uint32_t (&bits)[2]) {
   static_assert(2 * kNTiles <= 32, "keep bits of one row must fit a 32-bit word");
+  static_assert(kNTiles % 4 == 0, "a quad draws four blocks at a time");
   const int heads = p.heads_total, head = b.head + p.head_offset;
   // Read here rather than kept in FlashBlock: two registers less through the main loop.
   row0 += p.q_position[b.batch];
   n0 += p.kv_position[b.batch];
+  // Word i of a block in registers (compares, not an indexed array, keep it out of memory).
+  auto word_of = [](const Philox4& block, int i) {
+    return i == 0 ? block.x[0] : i == 1 ? block.x[1] : i == 2 ? block.x[2] : block.x[3];
+  };
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     bits[half] = 0;
 #pragma unroll 1
-    for (int t = 0; t < kNTiles; ++t) {
-      const Philox4 block =
-          dropout_block(p.seed, p.offset, b.batch, heads, head, row0 + 8 * half, n0 + 8 * t);
-      const uint32_t word = quad_col == 0   ? block.x[0]
-                            : quad_col == 1 ? block.x[1]
-                            : quad_col == 2 ? block.x[2]
-                                            : block.x[3];
-      const uint32_t keep_low = (word & 0xffffu) >= p.dropout_threshold ? 1u : 0u;
-      const uint32_t keep_high = (word >> 16) >= p.dropout_threshold ? 2u : 0u;
-      bits[half] |= (keep_low | keep_high) << (2 * t);
+    for (int u = 0; u < kNTiles / 4; ++u) {
+      const Philox4 block = dropout_block(p.seed, p.offset, b.batch, heads, head, row0 + 8 * half,
+                                          n0 + 8 * (4 * u + quad_col));
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        // Round r: this thread takes word q of the block drawn by quad lane q ^ r, which hands
+        // over its word q ^ r.
+        const uint32_t mine = word_of(block, quad_col ^ r);
+        const uint32_t word = r == 0 ? mine : __shfl_xor_sync(0xffffffffu, mine, r);
+        const int t = 4 * u + (quad_col ^ r);
+        const uint32_t keep_low = (word & 0xffffu) >= p.dropout_threshold ? 1u : 0u;
+        const uint32_t keep_high = (word >> 16) >= p.dropout_threshold ? 2u : 0u;
+        bits[half] |= (keep_low | keep_high) << (2 * t);
+      }
     }
   }
 }
