@@ -497,10 +497,6 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     Packed next_dv = Packed::alike(dv_acc, DType::kFloat32, dv_acc.rows, dv_acc.heads, dv_acc.dim);
     if (own.overlaps())
       dq_out.recv = Packed::alike(dq_acc, DType::kFloat32, dq_acc.rows, dq_acc.heads, dq_acc.dim);
-    if (returns_dkv_by_block) {
-      dk_out.recv = Packed::alike(dk_acc, DType::kFloat32, dk_acc.rows, dk_acc.heads, dk_acc.dim);
-      dv_out.recv = Packed::alike(dv_acc, DType::kFloat32, dv_acc.rows, dv_acc.heads, dv_acc.dim);
-    }
     for (int step = 0; step < n; ++step) {
       std::vector<CommHandle> pending_kv;
       if (step + 1 < n) pending_kv = ring_exchange(comm, plan, k, v, next_k, next_v, kTagK, kTagV);
@@ -514,6 +510,11 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
         // it (exchange_output_block); after its column its dk and dv rows go to their owner
         // (under a2a+p2p in the next ring position's group). Each transfer runs under the
         // later Ls' tiles.
+        // dk's and dv's blocks are received into the ring's dKV receive buffers, which the
+        // last step no longer uses (its dKV goes straight to the owners): no third fp32 dKV
+        // set on top of the accumulators and the ring's.
+        dk_out.recv = std::move(next_dk);
+        dv_out.recv = std::move(next_dv);
         auto member_block = [&](int i) { return size_t((plan.member + i) % plan.a2a); };
         auto key_slots = [&](int from) {  // the key slots of blocks B_from .. B_a
           std::vector<size_t> slots;
