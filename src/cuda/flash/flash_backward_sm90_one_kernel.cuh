@@ -121,9 +121,13 @@ __device__ __forceinline__ void init_key_block_barriers(const Layout& l) {
 
 // The producer warpgroup's copies of a one-kernel backward block, either form: K and V once;
 // per iteration Q, dO and the rows' LSE and D into the next free stage, `tile_extras(it, stage)`
-// released with them, then `after_copies(it)`. Leaves no copy of its threads in flight when it
-// returns.
-template <typename Traits, typename Layout, typename TileExtras, typename AfterCopies>
+// released with them, then `after_copies(it)`. kStatisticsAhead: each iteration's LSE and D are
+// loaded one iteration ahead, so the load's latency is off the producer's path (+1-5%, session
+// 16). Deterministic mode loads them in their own iteration: a load still in flight delays the
+// releasing store that hands a dq tile to the next key block (measured 10% slower). Leaves no
+// copy of its threads in flight when it returns.
+template <typename Traits, bool kStatisticsAhead, typename Layout, typename TileExtras,
+          typename AfterCopies>
 __device__ __forceinline__ void produce_key_block_iterations(const FlashBackwardParams& bp,
                                                              const KeyBlock& kb, const Layout& l,
                                                              TileExtras tile_extras,
@@ -132,13 +136,20 @@ __device__ __forceinline__ void produce_key_block_iterations(const FlashBackward
   constexpr int kBlockM = Traits::kBlockM, kStages = Traits::kStages;
   produce_key_block<Element, Traits::kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
       bp.fwd, kb, l.k, l.v, l.kv());
+  float next_statistic = kStatisticsAhead ? query_tile_row_statistic<kBlockM>(bp, kb, 0) : 0.f;
 #pragma unroll 1
   for (int it = 0; it < kb.iterations; ++it) {
     const int stage = it % kStages;
+    float statistic = next_statistic;
+    if constexpr (kStatisticsAhead) {
+      if (it + 1 < kb.iterations)
+        next_statistic = query_tile_row_statistic<kBlockM>(bp, kb, it + 1);
+    }
     if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
+    if constexpr (!kStatisticsAhead) statistic = query_tile_row_statistic<kBlockM>(bp, kb, it);
     produce_query_tile<Element, kBlockM, Traits::kHeadDimQK, Traits::kHeadDimV>(
         bp, kb, it, l.q(stage), l.d_o(stage), l.lse + stage * kBlockM, l.delta + stage * kBlockM,
-        l.full(stage), [&] { tile_extras(it, stage); });
+        statistic, l.full(stage), [&] { tile_extras(it, stage); });
     after_copies(it);
   }
   ptx::cp_async_commit();
@@ -228,13 +239,40 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       ptx::named_barrier_sync(kProducerBarrier, 128);
     }
     constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
+    const int first_row = int(threadIdx.x) / kLanesPerRow;
     const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
+    if constexpr (kDropout || kDeterministic) {
+      // One pass at a time: the dropout form's producer registers hold the Philox draws'
+      // context; the deterministic form keeps the loop it was measured with (session 16 never
+      // timed it batched without the statistics loaded ahead, docs/perf.md).
 #pragma unroll 1
-    for (int row = int(threadIdx.x) / kLanesPerRow; row < kBlockM; row += kRowsPerPass) {
-      if (i0 + row >= kb.seqlen_q) break;
-      const float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
-      ptx::red_add_v4(
-          bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
+      for (int row = first_row; row < kBlockM; row += kRowsPerPass) {
+        if (i0 + row >= kb.seqlen_q) break;
+        const float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
+        ptx::red_add_v4(
+            bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
+      }
+    } else {
+      // A warp per row and pass, 16 bytes per lane, the shared loads of kLoadsInFlight passes
+      // issued before their reductions (one at a time, the loop waited out each load's latency
+      // while the consumers waited for the tile to be freed: session 16's profile).
+      constexpr int kPasses = kBlockM / kRowsPerPass, kLoadsInFlight = 4;
+      static_assert(kPasses % kLoadsInFlight == 0, "whole batches of passes");
+      const int rows = kb.seqlen_q - i0;  // the tile's rows inside the sequence
+      float* accum =
+          bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + first_row) * kDimQK + column;
+      const float* tile = l.dq + first_row * kDqStride + column;
+#pragma unroll 1
+      for (int pass = 0; pass < kPasses; pass += kLoadsInFlight) {
+        float4 sums[kLoadsInFlight];
+#pragma unroll
+        for (int k = 0; k < kLoadsInFlight; ++k)
+          sums[k] = *reinterpret_cast<const float4*>(tile + (pass + k) * kRowsPerPass * kDqStride);
+#pragma unroll
+        for (int k = 0; k < kLoadsInFlight; ++k)
+          if (first_row + (pass + k) * kRowsPerPass < rows)
+            ptx::red_add_v4(accum + int64_t(pass + k) * kRowsPerPass * kDimQK, sums[k]);
+      }
     }
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
     if constexpr (kDeterministic) {
@@ -250,9 +288,9 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       add_previous_dq_tile(it);
       draw_query_tile_keep_words<Traits::kBlockN>(p, kb, it, l.keep + stage * Traits::kKeepWords);
     };
-    produce_key_block_iterations<Traits>(bp, kb, l, add_and_draw, [](int) {});
+    produce_key_block_iterations<Traits, !kDeterministic>(bp, kb, l, add_and_draw, [](int) {});
   } else {
-    produce_key_block_iterations<Traits>(
+    produce_key_block_iterations<Traits, !kDeterministic>(
         bp, kb, l, [](int, int) {}, add_previous_dq_tile);
   }
 #pragma unroll 1

@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
     if (kb.iterations > 0)
-      produce_key_block_iterations<Traits>(
+      produce_key_block_iterations<Traits, true>(
           bp, kb, l, [](int, int) {}, [](int) {});
     return;
   }

@@ -1,9 +1,9 @@
 // What the Hopper one-kernel backward (flash_backward_sm90_one_kernel.cuh and its wide form)
 // builds on: wgmma operand descriptors of 128-byte-swizzled tiles, the S^T / dP^T and
 // register-operand products, and the producer warpgroup's copies of a key block and of each
-// query tile (cp.async into the tiles, the rows' LSE and D by plain stores, all completing on
-// the stage's `full` mbarrier). The per-tile math shared with the mma.sync pair is in
-// flash_backward_kernel.cuh.
+// query tile (cp.async into the tiles, the rows' LSE and D loaded an iteration ahead and stored
+// plainly, all completing on the stage's `full` mbarrier). The per-tile math shared with the
+// mma.sync pair is in flash_backward_kernel.cuh.
 #pragma once
 
 #include "cuda/flash/flash_backward_kernel.cuh"
@@ -71,19 +71,33 @@ __device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, c
   ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
 }
 
-// Iteration it's Q and dO rows (cp.async) and its rows' LSE (as row_lse_log2) and D (plain
-// loads and stores by the first 2 kBlockM producer threads, each followed by a plain arrive):
-// `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones. `extras` runs in every
-// producer thread before those stores; what it stores is released with them by the threads
-// that arrive.
+// The row statistic producer thread r < 2 kBlockM stores for iteration it: row r's LSE (as
+// row_lse_log2) for r < kBlockM, else row r - kBlockM's D. Loaded an iteration ahead of its
+// store (produce_key_block_iterations), so the load's latency is off the producer's path.
+template <int kBlockM>
+__device__ __forceinline__ float query_tile_row_statistic(const FlashBackwardParams& bp,
+                                                          const KeyBlock& kb, int it) {
+  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
+  const int r = int(threadIdx.x);
+  if (r >= 2 * kBlockM) return 0.f;
+  const int head = kb.head(it), i = kb.first_query(it) + r % kBlockM;
+  return r < kBlockM ? row_lse_log2(bp.fwd, kb.batch, head, i, kb.seqlen_q)
+                     : row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
+}
+
+// Iteration it's Q and dO rows (cp.async) and its rows' LSE and D (`row_statistic`, from
+// query_tile_row_statistic: plain stores by the first 2 kBlockM producer threads, each followed
+// by a plain arrive): `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones.
+// `extras` runs in every producer thread before those stores; what it stores is released with
+// them by the threads that arrive.
 template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras>
 __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp,
                                                    const KeyBlock& kb, int it, uint32_t q_shared,
                                                    uint32_t do_shared, float* lse, float* delta,
-                                                   uint32_t full_barrier, Extras extras) {
-  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
+                                                   float row_statistic, uint32_t full_barrier,
+                                                   Extras extras) {
   const FlashForwardParams& p = bp.fwd;
-  const int head = kb.head(it), i0 = kb.first_query(it);
+  const int i0 = kb.first_query(it);
   produce_swizzled_tile<Element, kBlockM, kDimQK>(
       q_shared,
       query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
@@ -97,11 +111,10 @@ __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp
   extras();
   const int r = int(threadIdx.x);
   if (r < 2 * kBlockM) {
-    const int i = i0 + r % kBlockM;
     if (r < kBlockM)
-      lse[r] = row_lse_log2(p, kb.batch, head, i, kb.seqlen_q);
+      lse[r] = row_statistic;
     else
-      delta[r - kBlockM] = row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
+      delta[r - kBlockM] = row_statistic;
     ptx::mbarrier_arrive(full_barrier);  // release: the store above is visible
   }
 }
