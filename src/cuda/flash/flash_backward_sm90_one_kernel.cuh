@@ -241,10 +241,8 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
     const int first_row = int(threadIdx.x) / kLanesPerRow;
     const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
-    if constexpr (kDropout || kDeterministic) {
-      // One pass at a time: the dropout form's producer registers hold the Philox draws'
-      // context; the deterministic form keeps the loop it was measured with (session 16 never
-      // timed it batched without the statistics loaded ahead, docs/perf.md).
+    if constexpr (kDropout) {
+      // One pass at a time: this form's producer registers hold the Philox draws' context.
 #pragma unroll 1
       for (int row = first_row; row < kBlockM; row += kRowsPerPass) {
         if (i0 + row >= kb.seqlen_q) break;
@@ -255,7 +253,9 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     } else {
       // A warp per row and pass, 16 bytes per lane, the shared loads of kLoadsInFlight passes
       // issued before their reductions (one at a time, the loop waited out each load's latency
-      // while the consumers waited for the tile to be freed: session 16's profile).
+      // while the consumers waited for the tile to be freed: session 16's profile). In
+      // deterministic mode the loop is also the hand-off's critical path: with the statistics
+      // loaded ahead, batched measured 8.11 ms against one at a time's 8.48 (d128).
       constexpr int kPasses = kBlockM / kRowsPerPass, kLoadsInFlight = 4;
       static_assert(kPasses % kLoadsInFlight == 0, "whole batches of passes");
       const int rows = kb.seqlen_q - i0;  // the tile's rows inside the sequence
