@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include "cuda/flash/flash_tiles.h"
@@ -129,23 +128,6 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
   // checking the wrong number.
   EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128),
             flash_backward_shared_bytes(128, 128));
-}
-
-// The one-kernel backward keeps two dq tiles where they fit beside everything else, so that its
-// producer may fall a whole tile behind, and one where they do not (head dim 128).
-TEST(FlashTiles, OneKernelBackwardDoubleBuffersDqWhereItFits) {
-  EXPECT_EQ(flash_backward_one_kernel_dq_buffers(64, 64), 2);
-  EXPECT_EQ(flash_backward_one_kernel_dq_buffers(128, 128), 1);
-  EXPECT_GT(flash_backward_one_kernel_narrow_bytes_but_dq(128, 128) +
-                2 * flash_backward_one_kernel_dq_tile_bytes(128),
-            227 * 1024);
-  for (const auto& pair : {std::pair{64, 64}, {128, 128}, {64, 128}, {128, 64}}) {
-    const int buffers = flash_backward_one_kernel_dq_buffers(pair.first, pair.second);
-    EXPECT_EQ(flash_backward_one_kernel_shared_bytes(pair.first, pair.second),
-              flash_backward_one_kernel_narrow_bytes_but_dq(pair.first, pair.second) +
-                  buffers * flash_backward_one_kernel_dq_tile_bytes(pair.first));
-    EXPECT_LE(flash_backward_one_kernel_shared_bytes(pair.first, pair.second), 227 * 1024);
-  }
 }
 
 // The one-kernel backward takes dropout and deterministic mode (its dq reductions in key-block

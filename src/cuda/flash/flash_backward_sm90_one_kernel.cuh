@@ -29,8 +29,8 @@
 namespace dpa::cuda {
 
 // The one-kernel backward's block: 128 keys, 64-row query tiles, a producer warpgroup and two
-// consumers; two dU^T buffers of the block's 128 keys (double-buffered) and one or two fp32 dq
-// tiles (kDqBuffers) in shared memory (OneKernelBackwardLayout).
+// consumers; two dU^T buffers of the block's 128 keys (double-buffered) and one fp32 dq tile
+// in shared memory (OneKernelBackwardLayout).
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
 struct FlashBackwardSm90OneKernelTraits {
   using Element = ElementT;
@@ -43,25 +43,22 @@ struct FlashBackwardSm90OneKernelTraits {
   // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
   // which ptxas serialises).
   static constexpr int kDqColumns = kHeadDimQK / 2;
-  static constexpr int kBarrierBytes = 128;
+  static constexpr int kBarrierBytes = 64;
   // The dq tiles' rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
   // stores of a warp's 8 rows then fall in distinct banks.
   static constexpr int kDqStride = kHeadDimQK + 4;
-  // dq tiles: two where they fit, so that the producer may fall a whole tile behind.
-  static constexpr int kDqBuffers = flash_backward_one_kernel_dq_buffers(kHeadDimQK, kHeadDimV);
   // Dropout keep bits per stage: one 32-bit word per consumer thread (draw_query_tile_keep_words).
   static constexpr int kKeepWords = kBlockN / 16 * 32;
   // K and V of the block, kStages of Q and dO, of the rows' LSE and D and of the keep words, the
   // dU^T buffers, the dq tile, barriers, 1 KB of alignment.
-  static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
-                                      kStages * 2 * kBlockM * 4 + kDuBytes +
-                                      kDqBuffers * kBlockM * kDqStride * 4 +
-                                      kStages * kKeepWords * 4 + kBarrierBytes + 1024;
+  static constexpr int kSharedBytes =
+      2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) + kStages * 2 * kBlockM * 4 +
+      kDuBytes + kBlockM * kDqStride * 4 + kStages * kKeepWords * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV),
                 "head dims 64 or 128");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
-  static_assert(2 * kStages + 1 + 2 * kDqBuffers <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
   static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
@@ -80,7 +77,7 @@ struct OneKernelBackwardLayout {
   static constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, du, barriers;
-  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kDqBuffers x kBlockM rows
+  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kBlockM rows
   uint32_t* keep;           // kStages x Traits::kKeepWords
 
   __device__ explicit OneKernelBackwardLayout(unsigned char* storage) {
@@ -93,9 +90,8 @@ struct OneKernelBackwardLayout {
     lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
     delta = lse + kStages * kBlockM;
     dq = delta + kStages * kBlockM;
-    keep = reinterpret_cast<uint32_t*>(dq + Traits::kDqBuffers * kBlockM * Traits::kDqStride);
-    barriers = statistics + kStages * 2 * kBlockM * 4 +
-               Traits::kDqBuffers * kBlockM * Traits::kDqStride * 4 +
+    keep = reinterpret_cast<uint32_t*>(dq + kBlockM * Traits::kDqStride);
+    barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * Traits::kDqStride * 4 +
                kStages * Traits::kKeepWords * 4;
   }
   __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
@@ -105,16 +101,9 @@ struct OneKernelBackwardLayout {
   __device__ uint32_t full(int stage) const { return barriers + 8u * stage; }
   __device__ uint32_t empty(int stage) const { return barriers + 8u * (kStages + stage); }
   __device__ uint32_t kv() const { return barriers + 8u * (2 * kStages); }
-  // Iteration it's dq tile (buffer it % kDqBuffers), stored by the consumers and added to the
-  // workspace by the producer, and its barriers: full once stored, empty once added (the
-  // phase of iteration it is (it / kDqBuffers) & 1).
-  __device__ float* dq_tile(int it) const {
-    return dq + (it % Traits::kDqBuffers) * kBlockM * Traits::kDqStride;
-  }
-  __device__ uint32_t dq_full(int it) const { return kv() + 8u * (1 + it % Traits::kDqBuffers); }
-  __device__ uint32_t dq_empty(int it) const {
-    return kv() + 8u * (1 + Traits::kDqBuffers + it % Traits::kDqBuffers);
-  }
+  // The dq tile stored by the consumers / added to the workspace by the producer.
+  __device__ uint32_t dq_full() const { return kv() + 8u; }
+  __device__ uint32_t dq_empty() const { return kv() + 16u; }
 };
 
 // Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
@@ -221,8 +210,7 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // sequence) added to the workspace, a warp per row and pass, 16 bytes per lane. The consumers
 // finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
 // right after iteration it's copies are issued, and, with dropout, before iteration it's keep
-// bits are drawn (the consumers wait for the rows of the tile kDqBuffers before to be read before
-// they store the next).
+// bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
 // kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): thread 0 waits
 // until the tile's flag names this block, when the previous key block adds to the tile too, and
 // after every producer thread's reductions (a barrier) hands the tile on with a releasing store.
@@ -239,9 +227,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
                             kb.diagonal, p.window_left, p.window_right);
   auto add_dq_tile = [&](int j) {
-    constexpr int kDqBuffers = Traits::kDqBuffers;
-    ptx::mbarrier_wait(l.dq_full(j), (j / kDqBuffers) & 1);
-    const float* dq_tile = l.dq_tile(j);
+    ptx::mbarrier_wait(l.dq_full(), j & 1);
     const int head = kb.head(j), i0 = kb.first_query(j);
     int* order = nullptr;
     if constexpr (kDeterministic) {
@@ -260,7 +246,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
 #pragma unroll 1
       for (int row = first_row; row < kBlockM; row += kRowsPerPass) {
         if (i0 + row >= kb.seqlen_q) break;
-        const float4 sum = *reinterpret_cast<const float4*>(dq_tile + row * kDqStride + column);
+        const float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
         ptx::red_add_v4(
             bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
       }
@@ -275,7 +261,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       const int rows = kb.seqlen_q - i0;  // the tile's rows inside the sequence
       float* accum =
           bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + first_row) * kDimQK + column;
-      const float* tile = dq_tile + first_row * kDqStride + column;
+      const float* tile = l.dq + first_row * kDqStride + column;
 #pragma unroll 1
       for (int pass = 0; pass < kPasses; pass += kLoadsInFlight) {
         float4 sums[kLoadsInFlight];
@@ -288,7 +274,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
             ptx::red_add_v4(accum + int64_t(pass + k) * kRowsPerPass * kDimQK, sums[k]);
       }
     }
-    ptx::mbarrier_arrive(l.dq_empty(j));  // the tile's rows are read
+    ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
     if constexpr (kDeterministic) {
       ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
       if (threadIdx.x == 0) ptx::store_release_gpu(order, key_block + 1);
@@ -362,10 +348,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   init_key_block_barriers<Traits>(l);
   if (threadIdx.x == 0) {
-    for (int buffer = 0; buffer < Traits::kDqBuffers; ++buffer) {
-      ptx::mbarrier_init(l.dq_full(buffer), Traits::kConsumerThreads);
-      ptx::mbarrier_init(l.dq_empty(buffer), 128);
-    }
+    ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
+    ptx::mbarrier_init(l.dq_empty(), 128);
   }
   __syncthreads();
 
@@ -463,19 +447,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dq_tile);
-      // The producer has added the tile that last used this buffer (its rows are free).
-      constexpr int kDqBuffers = Traits::kDqBuffers;
-      if (it >= kDqBuffers) ptx::mbarrier_wait(l.dq_empty(it), (it / kDqBuffers - 1) & 1);
+      // The producer has added the previous tile (its rows are free).
+      if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float* row = l.dq_tile(it) + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride +
-                     dq_column0 + 2 * quad_col;
+        float* row = l.dq + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
+                     2 * quad_col;
 #pragma unroll
         for (int t = 0; t < kDqColumns / 8; ++t)
           *reinterpret_cast<float2*>(row + 8 * t) =
               make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
       }
-      ptx::mbarrier_arrive(l.dq_full(it));  // release: the rows above are visible
+      ptx::mbarrier_arrive(l.dq_full());  // release: the rows above are visible
     }
   }
 

@@ -189,38 +189,18 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
 // The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
 // asserts them): the host sizes its deterministic-mode flags by them.
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
-// The narrow form's shared memory without its fp32 dq tiles, and one tile (rows padded by 4
-// floats).
-constexpr int flash_backward_one_kernel_narrow_bytes_but_dq(int head_dim_qk, int head_dim_v) {
-  const int stages = 2, barriers = 128, block_m = kOneKernelBackwardBlockM,
-            block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
-            keep_words = block_n / 16 * 32;
-  return 2 * (block_n + stages * block_m) * (head_dim_qk + head_dim_v) + stages * 2 * block_m * 4 +
-         du + stages * keep_words * 4 + barriers + 1024;
-}
-constexpr int flash_backward_one_kernel_dq_tile_bytes(int head_dim_qk) {
-  return kOneKernelBackwardBlockM * (head_dim_qk + 4) * 4;
-}
-// The narrow form's dq tiles in shared memory: two where they fit (head dim 64, and 128 with a
-// 64-wide V), so that the producer may add a tile while the consumers store the next; one at
-// head dim 128 (two would need 235 KB of the 227).
-constexpr int flash_backward_one_kernel_dq_buffers(int head_dim_qk, int head_dim_v) {
-  return flash_backward_one_kernel_narrow_bytes_but_dq(head_dim_qk, head_dim_v) +
-                     2 * flash_backward_one_kernel_dq_tile_bytes(head_dim_qk) <=
-                 227 * 1024
-             ? 2
-             : 1;
-}
 constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
-  const int stages = 2, block_m = kOneKernelBackwardBlockM;
+  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
+            block_m = kOneKernelBackwardBlockM;
   if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)) {
-    const int block_n = 64, operand_tile = block_n * block_m * 2, barriers = 64;
-    return 2 * (block_n + stages * block_m) * (head_dim_qk + head_dim_v) +
-           stages * 2 * block_m * 4 + 4 * operand_tile + barriers + 1024;
+    const int block_n = 64, operand_tile = block_n * block_m * 2;
+    return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
+           barriers + 1024;
   }
-  return flash_backward_one_kernel_narrow_bytes_but_dq(head_dim_qk, head_dim_v) +
-         flash_backward_one_kernel_dq_buffers(head_dim_qk, head_dim_v) *
-             flash_backward_one_kernel_dq_tile_bytes(head_dim_qk);
+  const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
+            keep_words = block_n / 16 * 32;
+  return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
+         block_m * (head_dim_qk + 4) * 4 + stages * keep_words * 4 + barriers + 1024;
 }
 
 // What a backward runs: its family and that family's shared memory per block. The selector's
