@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cp/cp_exchange.h"
@@ -14,6 +15,7 @@
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
+#include "support/dropout_probe.h"
 #include "support/forwarding_communicator.h"
 
 namespace dpa {
@@ -732,6 +734,35 @@ TEST(CpFeatures, DropoutMovesTheReference) {
     EXPECT_GT(test::relative_error(test::run_case(c.spec, tensors, BackendKind::kCpuExact).o,
                                    test::run_case(off, tensors, BackendKind::kCpuExact).o),
               0.05);
+  }
+}
+
+// Dropout under CP keeps exactly the elements the unsharded call keeps, bit for bit, for every
+// comm type (support/dropout_probe.h reads them from o, dv, dq and dk; the GPU suite runs the
+// same probes on the device paths). Also checks the probes on cpu_exact.
+TEST(CpFeatures, DropoutKeepsExactlyThePhiloxElements) {
+  // 32 rows: at most the head dim (unit vectors), cp chunks of 4 or more; 4 heads: a2a
+  // scatters whole heads over up to 4 ranks.
+  const CaseSpec spec = test::dropout_probe_spec(DType::kFloat64, 32, 32, 4, 32, MaskType::kCausal);
+  const test::CpLayout layouts[] = {{CpCommType::kP2P, 2, 0},
+                                    {CpCommType::kP2P, 4, 0},
+                                    {CpCommType::kAllGather, 4, 0},
+                                    {CpCommType::kA2A, 4, 0},
+                                    {CpCommType::kA2AP2P, 4, 2}};
+  for (test::DropoutProbe probe : test::kDropoutProbes) {
+    const CaseTensors tensors = test::dropout_probe_tensors(spec, probe);
+    // run_case and run_cp draw with RngState{seed, 7}.
+    auto failure = [&](const CaseOutputs& got) {
+      return test::dropout_probe_failure(probe, test::count_dropout_probe(spec, probe, got, 7));
+    };
+    EXPECT_EQ(failure(test::run_case(spec, tensors, BackendKind::kCpuExact)), "") << "cpu_exact";
+    for (const test::CpLayout& layout : layouts) {
+      CpConfig config;
+      config.comm_type = layout.type;
+      config.a2a_group_size = layout.group;
+      EXPECT_EQ(failure(run_cp(spec, tensors, config, layout.cp).out), "")
+          << test::cp_layout_name(layout);
+    }
   }
 }
 

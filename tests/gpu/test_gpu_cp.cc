@@ -16,6 +16,7 @@
 #include "dpa/cp.h"
 #include "gpu/device_case.h"
 #include "support/cp_case.h"
+#include "support/dropout_probe.h"
 
 namespace dpa::test {
 namespace {
@@ -431,6 +432,37 @@ INSTANTIATE_TEST_SUITE_P(DeviceCommunicator, GpuCp,
 INSTANTIATE_TEST_SUITE_P(DeviceCommunicatorCp8, GpuCp,
                          ::testing::ValuesIn(params_for(gpu_wide_layouts(), Transport::kDevice)),
                          param_name);
+
+// Dropout under CP keeps exactly the elements the unsharded call keeps (DESIGN.md §5: every tile
+// draws at its global row, key and head), for every comm type, read bit for bit from CP's
+// outputs and gradients through the probes of support/dropout_probe.h: the comparison with the
+// oracle above could hide a few wrong bits under bf16's tolerance.
+class GpuCpDropoutMask : public ::testing::TestWithParam<Layout> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(GpuCpDropoutMask, KeepsExactlyThePhiloxElements) {
+  // 64 rows: at most the head dim (unit vectors), cp chunks of 8 or more; 4 heads: a2a
+  // scatters whole heads over up to 4 ranks.
+  const CaseSpec spec = dropout_probe_spec(DType::kFloat16, 64, 64, 4, 64, MaskType::kCausal);
+  for (DropoutProbe probe : kDropoutProbes) {
+    const GpuCpRun run =
+        run_gpu_cp(spec, dropout_probe_tensors(spec, probe), GetParam(), Transport::kDevice);
+    // run_gpu_cp draws with RngState{seed, 7}.
+    EXPECT_EQ(dropout_probe_failure(probe, count_dropout_probe(spec, probe, run.out, 7)), "");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DeviceCommunicator, GpuCpDropoutMask,
+    ::testing::Values(Layout{CpCommType::kP2P, 2, 0}, Layout{CpCommType::kP2P, 4, 0},
+                      Layout{CpCommType::kAllGather, 4, 0}, Layout{CpCommType::kA2A, 4, 0},
+                      Layout{CpCommType::kA2AP2P, 4, 2}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return cp_layout_name(info.param); });
 
 }  // namespace
 }  // namespace dpa::test
