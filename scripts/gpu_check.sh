@@ -77,7 +77,8 @@ memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
     'GpuDeviceComm.*' \
     'DeviceCommunicator/GpuCp.MatchesExact/causal_window_sink_all_gather_cp4' \
     'DeviceCommunicator/GpuCp.MatchesExact/thd_uneven_a2a_cp4' \
-    'DeviceCommunicator/GpuCp.MatchesExact/post_bias_a2a_p2p_cp4_a2a2'
+    'DeviceCommunicator/GpuCp.MatchesExact/post_bias_a2a_p2p_cp4_a2a2' \
+    'DeviceCommunicator/GpuCpDropoutMask.KeepsExactlyThePhiloxElements/a2a_p2p_cp4_a2a2'
 )}"
 racecheck_filter="${DPA_RACECHECK_FILTER:-$(
   printf '%s:' \
