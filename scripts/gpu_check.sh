@@ -201,11 +201,11 @@ step_test() {
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
-    local -a environment=(DPA_FLASH_FORWARD_KERNEL=$kernel)
+    local -a environment=("DPA_FLASH_FORWARD_KERNEL=$kernel")
     filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
     [ "$kernel" = wgmma ] && filter='Cases/FlashForward.*'
     if [ "${kernel%_backward}" != "$kernel" ]; then
-      environment=(DPA_FLASH_BACKWARD_KERNEL=${kernel%_backward})
+      environment=("DPA_FLASH_BACKWARD_KERNEL=${kernel%_backward}")
       filter='Cases/FlashForwardBackward.*:Backends/DropoutMask.*:FlashOnGpu.Deterministic*'
     fi
     run_step "$log" "$(remaining)" env "${environment[@]}" "$exe" \
