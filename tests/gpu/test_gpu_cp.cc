@@ -1,9 +1,9 @@
 // Context parallelism with virtual ranks on one GPU (DESIGN.md §8): ranks are threads of this
 // process, every tensor of the call lives on the device, and the tiles run on the CUDA
-// backends (cuda_flash forward where it takes the tile, cuda_unfused backward unless the one-kernel
-// backward is opted in). Every output
-// and gradient (dbias as the sum of the ranks' partials) is compared with the unsharded
-// cpu_exact oracle on the same rounded inputs.
+// backends (cuda_flash where it takes the tile, else cuda_unfused). Every output and gradient
+// (dbias as the sum of the ranks' partials) is compared with the unsharded cpu_exact oracle on
+// the same rounded inputs and, on the device communicators, with the unsharded call on the
+// tiles' backend; dropout's mask is read back bit for bit (GpuCpDropoutMask).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -383,8 +383,14 @@ TEST_P(GpuCp, MatchesExact) {
     EXPECT_EQ(run.forward_backend, BackendKind::kCudaFlash);
   }
   // The one-kernel backward takes the tiles the flash forward takes.
-  EXPECT_EQ(run.backward_backend,
-            gpu_case.flash_forward ? BackendKind::kCudaFlash : BackendKind::kCudaUnfused);
+  const BackendKind tile_backend =
+      gpu_case.flash_forward ? BackendKind::kCudaFlash : BackendKind::kCudaUnfused;
+  EXPECT_EQ(run.backward_backend, tile_backend);
+  // And against the unsharded call on the same backend (DESIGN.md §8: CP changes the order of
+  // the sums, not what is summed), on the device communicators.
+  if (transport == Transport::kDevice)
+    expect_matches_reference(run.out, run_device_case(spec, tensors, tile_backend, true),
+                             spec.dtype, true, gpu_case.name + " against the unsharded call");
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
