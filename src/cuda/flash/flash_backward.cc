@@ -1,6 +1,8 @@
 // cuda_flash backward orchestration: validated problem -> kernel parameters, workspace, the
 // rows outside every sequence, the kernels and the sink gradient's reduction.
 
+#include <optional>
+
 #include "core/problem.h"
 #include "core/workspace.h"
 #include "cuda/device_buffer.h"
@@ -9,6 +11,7 @@
 #include "cuda/flash/flash_forward_plan.h"
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/runtime.h"
+#include "cuda/tensor_map.h"
 #include "cuda/unfused/unfused_kernels.h"
 #include "dpa/error.h"
 
@@ -66,6 +69,26 @@ FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBack
   return sizes;
 }
 
+// TMA copies of the one-kernel backward's query tiles (FlashBackwardParams::tma_query_tiles):
+// where every query sequence fills its tensor's rows and the maps can address Q and dO.
+// Otherwise (or where the driver will not encode a map) the producer copies with cp.async.
+void plan_query_tile_maps(const AttentionProblem& p, FlashBackwardParams& bp) {
+  if (!bp.one_kernel || p.format == Format::kTHD) return;
+  for (int64_t length : p.seqlen_q)
+    if (length != p.max_seqlen_q) return;
+  const RowTensor q =
+      row_tensor(p.q, p.q_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_qk);
+  const RowTensor d_o =
+      row_tensor(p.d_o, p.do_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_v);
+  if (!tensor_map_can_address(q) || !tensor_map_can_address(d_o)) return;
+  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, kOneKernelBackwardBlockM);
+  const std::optional<CUtensorMap> do_map = encode_row_tensor_map(d_o, kOneKernelBackwardBlockM);
+  if (!q_map || !do_map) return;
+  bp.q_tile_map = *q_map;
+  bp.do_tile_map = *do_map;
+  bp.tma_query_tiles = true;
+}
+
 }  // namespace
 
 size_t flash_backward_workspace_bytes(const AttentionProblem& p) {
@@ -93,6 +116,7 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   bp.scale = float(p.scale);
   const FlashBackwardFamily family = backward_family(p);
   bp.one_kernel = family == FlashBackwardFamily::kOneKernel;
+  plan_query_tile_maps(p, bp);
 
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);
   DeviceBuffer dq_accum(sizes.dq_accum, stream);

@@ -34,6 +34,14 @@ struct FlashBackwardParams {
   int* dq_order = nullptr;
   int dq_order_tiles = 0, key_chain = 0;
 
+  // Bulk tensor copies (TMA) of each query tile's Q and dO in the one-kernel backward's producer:
+  // boxes of 64 rows (kOneKernelBackwardBlockM) by 64 columns (cuda/tensor_map.h). Only where
+  // every query sequence fills its tensor's rows, so that the rows past a sequence are past the
+  // tensor and land as zeros (P^T = 0 there, but dk += dU^T Q and dv += P^T dO would turn a
+  // non-finite row of other data into NaN). Otherwise the producer's threads copy with cp.async.
+  bool tma_query_tiles = false;
+  CUtensorMap q_tile_map{}, do_tile_map{};
+
   // Workspace [b, H, max_sq] fp32: D = rowsum(dO * o) per row, and each row's share of the
   // learnable sink's gradient, -exp(alpha_h - LSE) * D (nullptr when not wanted), both written
   // by the prepare kernel (0 for rows outside a sequence).

@@ -109,11 +109,11 @@ struct OneKernelBackwardLayout {
 // Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
 // form (`Layout` has full, empty and kv; the caller synchronises the block after).
 template <typename Traits, typename Layout>
-__device__ __forceinline__ void init_key_block_barriers(const Layout& l) {
+__device__ __forceinline__ void init_key_block_barriers(const FlashBackwardParams& bp,
+                                                        const Layout& l) {
   if (threadIdx.x != 0) return;
   for (int s = 0; s < Traits::kStages; ++s) {
-    // 128 cp.async arrivals + 2 kBlockM plain ones per stage (produce_query_tile).
-    ptx::mbarrier_init(l.full(s), 128 + 2 * Traits::kBlockM);
+    ptx::mbarrier_init(l.full(s), query_tile_full_arrivals<Traits::kBlockM>(bp));
     ptx::mbarrier_init(l.empty(s), Traits::kConsumerThreads);
   }
   ptx::mbarrier_init(l.kv(), 128);
@@ -134,6 +134,10 @@ __device__ __forceinline__ void produce_key_block_iterations(const FlashBackward
                                                              AfterCopies after_copies) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kStages = Traits::kStages;
+  if (bp.tma_query_tiles && threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&bp.q_tile_map);
+    ptx::prefetch_tensor_map(&bp.do_tile_map);
+  }
   produce_key_block<Element, Traits::kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
       bp.fwd, kb, l.k, l.v, l.kv());
   float next_statistic = kStatisticsAhead ? query_tile_row_statistic<kBlockM>(bp, kb, 0) : 0.f;
@@ -346,7 +350,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else if (!make_key_block(p, kBlockN, kBlockM, kb)) {
     return;
   }
-  init_key_block_barriers<Traits>(l);
+  init_key_block_barriers<Traits>(bp, l);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
     ptx::mbarrier_init(l.dq_empty(), 128);
@@ -388,7 +392,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages, buffer = it % 2;
       ptx::mbarrier_wait(l.full(stage), (it / kStages) & 1);
-      ptx::fence_proxy_async_shared();
+      // cp.async wrote Q and dO through the generic proxy; TMA writes through the async one.
+      if (!bp.tma_query_tiles) ptx::fence_proxy_async_shared();
 
       // S^T = K Q^T and dP^T = V dO^T (two groups: P^T is computed while dP^T runs).
       ptx::wgmma_fence();

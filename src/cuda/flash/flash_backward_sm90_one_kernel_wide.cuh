@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   KeyBlock kb;
   if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
-  init_key_block_barriers<Traits>(l);
+  init_key_block_barriers<Traits>(bp, l);
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int it = 0; it < kb.iterations; ++it) {
       const int stage = it % kStages, buffer = it % 2;
       ptx::mbarrier_wait(l.full(stage), (it / kStages) & 1);
-      ptx::fence_proxy_async_shared();
+      // cp.async wrote Q and dO through the generic proxy; TMA writes through the async one.
+      if (!bp.tma_query_tiles) ptx::fence_proxy_async_shared();
 
       // This consumer's columns of S^T = K Q^T and dP^T = V dO^T (P^T is computed while dP^T
       // runs).

@@ -1,7 +1,7 @@
 // What the Hopper one-kernel backward (flash_backward_sm90_one_kernel.cuh and its wide form)
 // builds on: wgmma operand descriptors of 128-byte-swizzled tiles, the S^T / dP^T and
 // register-operand products, and the producer warpgroup's copies of a key block and of each
-// query tile (cp.async into the tiles, the rows' LSE and D loaded an iteration ahead and stored
+// query tile (TMA or cp.async into the tiles, the rows' LSE and D loaded an iteration ahead and stored
 // plainly, all completing on the stage's `full` mbarrier). The per-tile math shared with the
 // mma.sync pair is in flash_backward_kernel.cuh.
 #pragma once
@@ -9,6 +9,7 @@
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_forward_sm90_ws.cuh"
 #include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 
 namespace dpa::cuda {
@@ -85,11 +86,21 @@ __device__ __forceinline__ float query_tile_row_statistic(const FlashBackwardPar
                      : row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
 }
 
-// Iteration it's Q and dO rows (cp.async) and its rows' LSE and D (`row_statistic`, from
+// The arrivals that complete a stage's `full` mbarrier (produce_query_tile): the copies' (one
+// expect-tx arrival with TMA, else one cp.async arrival per producer thread) and one plain
+// arrival per stored row statistic.
+template <int kBlockM>
+__device__ __forceinline__ uint32_t query_tile_full_arrivals(const FlashBackwardParams& bp) {
+  return (bp.tma_query_tiles ? 1u : 128u) + 2u * kBlockM;
+}
+
+// Iteration it's Q and dO rows and its rows' LSE and D (`row_statistic`, from
 // query_tile_row_statistic: plain stores by the first 2 kBlockM producer threads, each followed
-// by a plain arrive): `full_barrier` counts 128 cp.async arrivals and 2 kBlockM plain ones.
-// `extras` runs in every producer thread before those stores; what it stores is released with
-// them by the threads that arrive.
+// by a plain arrive), all completing on `full_barrier` (query_tile_full_arrivals). The rows are
+// copied by TMA (bp.tma_query_tiles: thread 0 issues one 64-column box per tensor and block
+// of columns; rows past the tensor land as zeros) or by every producer thread with cp.async
+// (rows past the sequence zero-filled). `extras` runs in every producer thread before the
+// statistics' stores; what it stores is released with them by the threads that arrive.
 template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras>
 __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp,
                                                    const KeyBlock& kb, int it, uint32_t q_shared,
@@ -98,18 +109,33 @@ __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp
                                                    Extras extras) {
   const FlashForwardParams& p = bp.fwd;
   const int i0 = kb.first_query(it);
-  produce_swizzled_tile<Element, kBlockM, kDimQK>(
-      q_shared,
-      query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-      p.q_row_stride, kb.seqlen_q - i0);
-  produce_swizzled_tile<Element, kBlockM, kDimV>(
-      do_shared,
-      query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
-                               bp.do_head_stride),
-      bp.do_row_stride, kb.seqlen_q - i0);
-  ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
-  extras();
   const int r = int(threadIdx.x);
+  if (bp.tma_query_tiles) {
+    if (r == 0) {
+      const int head = kb.head(it);
+      ptx::mbarrier_arrive_expect_tx(full_barrier, kBlockM * (kDimQK + kDimV) * 2);
+#pragma unroll
+      for (int c = 0; c < kDimQK / 64; ++c)
+        ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &bp.q_tile_map, 64 * c, i0, head,
+                         kb.batch, full_barrier);
+#pragma unroll
+      for (int c = 0; c < kDimV / 64; ++c)
+        ptx::tma_load_4d(do_shared + c * (kBlockM * 128), &bp.do_tile_map, 64 * c, i0, head,
+                         kb.batch, full_barrier);
+    }
+  } else {
+    produce_swizzled_tile<Element, kBlockM, kDimQK>(
+        q_shared,
+        query_tile_rows<Element>(kb, it, p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+        p.q_row_stride, kb.seqlen_q - i0);
+    produce_swizzled_tile<Element, kBlockM, kDimV>(
+        do_shared,
+        query_tile_rows<Element>(kb, it, bp.d_o, bp.do_batch_stride, bp.do_row_stride,
+                                 bp.do_head_stride),
+        bp.do_row_stride, kb.seqlen_q - i0);
+    ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+  }
+  extras();
   if (r < 2 * kBlockM) {
     if (r < kBlockM)
       lse[r] = row_statistic;

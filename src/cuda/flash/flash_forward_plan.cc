@@ -12,21 +12,6 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
 
-RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtype, int64_t batch,
-                     int64_t rows, int64_t heads, int64_t dim) {
-  RowTensor t;
-  t.base = view.data;
-  t.dtype = dtype;
-  t.batch = batch;
-  t.rows = rows;
-  t.heads = heads;
-  t.dim = dim;
-  t.batch_stride = layout.stride_batch;
-  t.row_stride = layout.stride_seq;
-  t.head_stride = layout.stride_head;
-  return t;
-}
-
 // TMA copies for the warp-specialised kernel where they read exactly what cp.async would
 // (FlashForwardParams::tma): every sequence fills its tensor's rows, and the maps can address
 // the tensors. Q's rows past a sequence need not be zeros: they are never stored.
@@ -54,6 +39,21 @@ void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
 }
 
 }  // namespace
+
+RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtype, int64_t batch,
+                     int64_t rows, int64_t heads, int64_t dim) {
+  RowTensor t;
+  t.base = view.data;
+  t.dtype = dtype;
+  t.batch = batch;
+  t.rows = rows;
+  t.heads = heads;
+  t.dim = dim;
+  t.batch_stride = layout.stride_batch;
+  t.row_stride = layout.stride_seq;
+  t.head_stride = layout.stride_head;
+  return t;
+}
 
 void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
                   int64_t& head_stride) {

@@ -9,6 +9,7 @@
 #include "cuda/flash/flash_params.h"
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/sequence_tables.h"
+#include "cuda/tensor_map.h"
 
 namespace dpa::cuda {
 
@@ -21,6 +22,10 @@ struct FlashForwardPlan {
 // A tensor's batch, row and head strides (elements) into kernel parameters.
 void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,
                   int64_t& head_stride);
+
+// A [batch, rows, heads, dim] view of a q/k/v-like tensor, for its tensor map.
+RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtype, int64_t batch,
+                     int64_t rows, int64_t heads, int64_t dim);
 
 // `shape` is the tile shape the launch will use (it decides the split count); `split_kv` false
 // keeps one split (the backward, whose kernels walk every tile themselves).
