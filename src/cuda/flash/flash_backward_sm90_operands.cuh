@@ -1,8 +1,8 @@
 // What the Hopper one-kernel backward (flash_backward_sm90_one_kernel.cuh and its wide form)
 // builds on: wgmma operand descriptors of 128-byte-swizzled tiles, the S^T / dP^T and
 // register-operand products, and the producer warpgroup's copies of a key block and of each
-// query tile (TMA or cp.async into the tiles, the rows' LSE and D loaded an iteration ahead and stored
-// plainly, all completing on the stage's `full` mbarrier). The per-tile math shared with the
+// query tile (TMA or cp.async into the tiles, the rows' LSE and D loaded an iteration ahead and
+// stored plainly, all completing on the stage's `full` mbarrier). The per-tile math shared with the
 // mma.sync pair is in flash_backward_kernel.cuh.
 #pragma once
 
@@ -116,8 +116,8 @@ __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp
       ptx::mbarrier_arrive_expect_tx(full_barrier, kBlockM * (kDimQK + kDimV) * 2);
 #pragma unroll
       for (int c = 0; c < kDimQK / 64; ++c)
-        ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &bp.q_tile_map, 64 * c, i0, head,
-                         kb.batch, full_barrier);
+        ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &bp.q_tile_map, 64 * c, i0, head, kb.batch,
+                         full_barrier);
 #pragma unroll
       for (int c = 0; c < kDimV / 64; ++c)
         ptx::tma_load_4d(do_shared + c * (kBlockM * 128), &bp.do_tile_map, 64 * c, i0, head,
