@@ -23,6 +23,9 @@
 #                        is stopped when it would overrun it, so the summary always prints
 #   DPA_MEMCHECK_FILTER  gtest filter for memcheck (default: a representative subset)
 #   DPA_RACECHECK_FILTER gtest filter for racecheck and synccheck (default: a smaller subset)
+#   DPA_CHECK_FAMILIES   the kernel families whose cases `test` re-runs after the whole suite
+#                        (default "mma_sync wgmma mma_sync_backward"; "" for none): a change to
+#                        the backward alone needs only mma_sync_backward
 #   DPA_BENCH_ARGS       extra arguments for bench/compare.py (e.g. "--quick")
 #
 # .device/ (filled here by scripts/prepare_device.sh, carried to the GPU machine) holds peers.py
@@ -197,7 +200,9 @@ step_test() {
   # (DPA_FLASH_BACKWARD_KERNEL=mma_sync; the default run above takes the one-kernel backward on
   # Hopper wherever it can).
   local kernel filter
-  for kernel in mma_sync wgmma mma_sync_backward; do
+  local -a families
+  read -r -a families <<<"${DPA_CHECK_FAMILIES-mma_sync wgmma mma_sync_backward}"
+  for kernel in "${families[@]}"; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
