@@ -1,9 +1,12 @@
-// What the TMA path of the warp-specialised forward accepts (cuda/tensor_map.h): host-side
-// checks, no GPU needed. A layout TMA cannot address keeps the cp.async copies.
+// What the TMA copies of the warp-specialised forward and the one-kernel backward accept
+// (cuda/tensor_map.h, flash_forward_plan.h): host-side checks, no GPU needed. A layout TMA cannot
+// address keeps the cp.async copies.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
+#include "core/problem.h"
+#include "cuda/flash/flash_forward_plan.h"
 #include "cuda/tensor_map.h"
 
 namespace dpa::cuda {
@@ -57,6 +60,41 @@ TEST(TensorMap, RefusesWhatTheCopyEngineCannotAddress) {
 TEST(TensorMap, EncodingNeverThrows) {
   // Without a driver (CI) there is no encoder: nullopt, and the plan keeps cp.async.
   EXPECT_NO_THROW((void)encode_row_tensor_map(bshd(), 128));
+}
+
+// TMA's zero fill stands in for cp.async's only where the rows past a sequence are past the
+// tensor: a padded or packed sequence is followed by other data, which a tile would multiply by
+// its masked zeros (NaN for a non-finite value there).
+TEST(TensorMap, TakesOnlySequencesThatFillTheirTensorsRows) {
+  AttentionProblem p;
+  p.format = Format::kBSHD;
+  p.batch = 2;
+  p.max_seqlen_q = 256;
+  p.max_seqlen_kv = 512;
+  p.seqlen_q = {256, 256};
+  p.seqlen_kv = {512, 512};
+  EXPECT_TRUE(queries_fill_tensor_rows(p));
+  EXPECT_TRUE(keys_fill_tensor_rows(p));
+  p.format = Format::kSBHD;
+  EXPECT_TRUE(queries_fill_tensor_rows(p));
+  EXPECT_TRUE(keys_fill_tensor_rows(p));
+
+  AttentionProblem padded = p;  // one padded sequence on each side
+  padded.seqlen_q = {256, 200};
+  padded.seqlen_kv = {511, 512};
+  EXPECT_FALSE(queries_fill_tensor_rows(padded));
+  EXPECT_FALSE(keys_fill_tensor_rows(padded));
+  padded.seqlen_kv = {512, 512};  // the keys alone: the forward's TMA condition holds
+  EXPECT_FALSE(queries_fill_tensor_rows(padded));
+  EXPECT_TRUE(keys_fill_tensor_rows(padded));
+
+  AttentionProblem packed = p;  // thd: each sequence is followed by the next one's rows
+  packed.format = Format::kTHD;
+  packed.batch = 1;
+  packed.seqlen_q = {256};
+  packed.seqlen_kv = {512};
+  EXPECT_FALSE(queries_fill_tensor_rows(packed));
+  EXPECT_FALSE(keys_fill_tensor_rows(packed));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <vector>
 
 #include "cuda/runtime.h"
 #include "cuda/tensor_map.h"
@@ -12,14 +13,20 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
 
+bool lengths_fill_rows(const AttentionProblem& p, const std::vector<int64_t>& lengths,
+                       int64_t rows) {
+  if (p.format == Format::kTHD) return false;
+  for (int64_t length : lengths)
+    if (length != rows) return false;
+  return true;
+}
+
 // TMA copies for the warp-specialised kernel where they read exactly what cp.async would
 // (FlashForwardParams::tma): every sequence fills its tensor's rows, and the maps can address
 // the tensors. Q's rows past a sequence need not be zeros: they are never stored.
 void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
                       FlashForwardParams& params) {
-  if (!shape.warp_specialized || p.format == Format::kTHD) return;
-  for (int64_t length : p.seqlen_kv)
-    if (length != p.max_seqlen_kv) return;
+  if (!shape.warp_specialized || !keys_fill_tensor_rows(p)) return;
   const RowTensor q =
       row_tensor(p.q, p.q_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_qk);
   const RowTensor k =
@@ -53,6 +60,13 @@ RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtyp
   t.row_stride = layout.stride_seq;
   t.head_stride = layout.stride_head;
   return t;
+}
+
+bool queries_fill_tensor_rows(const AttentionProblem& problem) {
+  return lengths_fill_rows(problem, problem.seqlen_q, problem.max_seqlen_q);
+}
+bool keys_fill_tensor_rows(const AttentionProblem& problem) {
+  return lengths_fill_rows(problem, problem.seqlen_kv, problem.max_seqlen_kv);
 }
 
 void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,

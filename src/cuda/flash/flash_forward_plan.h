@@ -27,6 +27,13 @@ void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_s
 RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtype, int64_t batch,
                      int64_t rows, int64_t heads, int64_t dim);
 
+// Whether every query (key) sequence fills its tensor's rows, so that the rows past a sequence
+// are past the tensor, which TMA reads as zeros: bshd or sbhd with every length at the tensor's
+// row count. A padded sequence, or thd's packed ones, is followed by rows of other data, which
+// only cp.async's zero fill keeps out of a tile (0 times a non-finite value there is NaN).
+bool queries_fill_tensor_rows(const AttentionProblem& problem);
+bool keys_fill_tensor_rows(const AttentionProblem& problem);
+
 // `shape` is the tile shape the launch will use (it decides the split count); `split_kv` false
 // keeps one split (the backward, whose kernels walk every tile themselves).
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
