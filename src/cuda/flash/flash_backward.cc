@@ -97,10 +97,11 @@ size_t flash_backward_workspace_bytes(const AttentionProblem& p) {
 
 void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   // The forward's parameters (sequence tables, features, q/k/v/o/lse) with one split: the
-  // backward kernels walk every visible tile themselves.
+  // backward kernels walk every visible tile themselves, and copy Q and dO by their own tensor
+  // maps (plan_query_tile_maps).
   const FlashTileShape shape =
       flash_forward_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), false, false);
-  FlashForwardPlan plan = plan_flash_forward(p, shape, stream, /*split_kv=*/false);
+  FlashForwardPlan plan = plan_flash_forward(p, shape, stream, FlashForwardPlanUse::kBackward);
   FlashBackwardParams bp;
   bp.fwd = plan.params;
   bp.d_o = p.d_o.data;

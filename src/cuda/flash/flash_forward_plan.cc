@@ -77,7 +77,7 @@ void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_s
 }
 
 FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileShape& shape,
-                                    cudaStream_t stream, bool split_kv) {
+                                    cudaStream_t stream, FlashForwardPlanUse use) {
   FlashForwardPlan plan;
   plan.tables = upload_sequence_tables(p, stream);
   FlashForwardParams& params = plan.params;
@@ -139,8 +139,9 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.decode = shape.warps == 1;
+  if (use == FlashForwardPlanUse::kBackward) return plan;
   plan_tensor_maps(p, shape, params);
-  params.num_splits = split_kv ? flash_forward_num_splits(p, shape) : 1;
+  params.num_splits = flash_forward_num_splits(p, shape);
   // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where
   // every block of work visits about as many KV tiles, so that a static stride over them
   // balances: full-length sequences (TMA's condition) and no window or one bounded on both

@@ -34,10 +34,15 @@ RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtyp
 bool queries_fill_tensor_rows(const AttentionProblem& problem);
 bool keys_fill_tensor_rows(const AttentionProblem& problem);
 
-// `shape` is the tile shape the launch will use (it decides the split count); `split_kv` false
-// keeps one split (the backward, whose kernels walk every tile themselves).
+// Whom the forward's parameters are for: the forward's launch, or the backward's kernels, which
+// take the features and sequence tables but walk every tile themselves and copy their own tiles
+// (one split; no forward tensor maps or persistent grid).
+enum class FlashForwardPlanUse { kForwardLaunch, kBackward };
+
+// `shape` is the tile shape the forward launch will use (it decides the split count).
 FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const FlashTileShape& shape,
-                                    cudaStream_t stream, bool split_kv = true);
+                                    cudaStream_t stream,
+                                    FlashForwardPlanUse use = FlashForwardPlanUse::kForwardLaunch);
 
 // The split-KV count the forward launches with `shape`, and the bytes of its partials.
 int flash_forward_num_splits(const AttentionProblem& problem, const FlashTileShape& shape);
