@@ -13,7 +13,8 @@
 #          2,16,16,8192,8192,128 --causal`); `#` starts a comment
 #
 # Environment: DPA_BUILD_DIR (default build-device), DPA_CUDA_ARCHS (default 90a), DPA_JOBS
-# (default 16). AB_START_BASE=1: only start the base build in the background and return, so that
+# (default 16), AB_BASE_ROOT (default /tmp/dpa-ab-base: give each patch its own when one call
+# times two changes against the same new tree). AB_START_BASE=1: only start the base build in the background and return, so that
 # it runs under the caller's other steps (the GPU suite); a later call without it waits for
 # that build instead of starting one.
 # Writes OUTDIR/ab.md (the table and the commands) and OUTDIR/ab.log.
@@ -30,7 +31,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DPA_BUILD_DIR:-$root/build-device}"
 archs="${DPA_CUDA_ARCHS:-90a}"
 jobs="${DPA_JOBS:-16}"
-base_root=/tmp/dpa-ab-base
+base_root="${AB_BASE_ROOT:-/tmp/dpa-ab-base}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 log="$out/ab.log"
