@@ -119,10 +119,9 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
 
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);
   DeviceBuffer dq_accum(sizes.dq_accum, stream);
-  if (bp.one_kernel) {
-    bp.dq_accum = dq_accum.get<float>();
-    DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_accum, 0, dq_accum.bytes(), stream));
-  }
+  // Zeroed by the backward's prepare kernel (flash_backward_rows.cuh), which reads each row's o
+  // and dO anyway.
+  if (bp.one_kernel) bp.dq_accum = dq_accum.get<float>();
   DeviceBuffer dq_order(sizes.dq_order, stream);
   if (sizes.dq_order > 0) {
     bp.dq_order = dq_order.get<int>();

@@ -307,42 +307,6 @@ __device__ __forceinline__ void store_key_block_gradients(const FlashBackwardPar
                                  bp.dv_row_stride, bp.dv_head_stride);
 }
 
-// D and the sink-gradient share of each row: one warp per row.
-template <typename Element>
-__global__ void flash_backward_prepare_kernel(const __grid_constant__ FlashBackwardParams bp,
-                                              int dim_v) {
-  const FlashForwardParams& p = bp.fwd;
-  const int batch = blockIdx.z, head = blockIdx.y;
-  const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (i >= p.max_seqlen_q) return;
-  const int seqlen_q = p.seqlen_q[batch];
-  float delta = 0.f;
-  if (i < seqlen_q) {
-    const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
-    const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
-                       row * p.o_row_stride + head * p.o_head_stride;
-    const Element* d_o = static_cast<const Element*>(bp.d_o) + batch * bp.do_batch_stride +
-                         row * bp.do_row_stride + head * bp.do_head_stride;
-    for (int c = lane; c < dim_v; c += 32) delta += to_float(o[c]) * to_float(d_o[c]);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      delta += __shfl_xor_sync(0xffffffffu, delta, offset);
-  }
-  if (lane != 0) return;
-  const int64_t index = row_workspace_index(p, batch, head, i);
-  bp.row_delta[index] = delta;
-  if (bp.row_dalpha != nullptr) {
-    float share = 0.f;
-    if (i < seqlen_q) {
-      const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
-      const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
-      const float sink = sink_logit(p.softmax_type, p.softmax_offset, head);
-      if (lse != -INFINITY) share = -expf(sink - lse) * delta;
-    }
-    bp.row_dalpha[index] = share;
-  }
-}
-
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_backward_dq_kernel(const __grid_constant__ FlashBackwardParams bp) {

@@ -7,6 +7,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_backward_kernel.cuh"
 #include "cuda/flash/flash_backward_launch.h"
+#include "cuda/flash/flash_backward_rows.cuh"
 #include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
 #include "cuda/flash/flash_backward_sm90_one_kernel_wide.cuh"
 #include "dpa/error.h"
@@ -56,11 +57,9 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
                 "one-kernel backward asked for head dims it does not take");
   }
   if (f.max_seqlen_q > 0) {
-    constexpr int kRowsPerBlock = 4;  // one warp per row
-    const dim3 grid(unsigned((f.max_seqlen_q + kRowsPerBlock - 1) / kRowsPerBlock),
-                    unsigned(f.heads_q), batch);
-    flash_backward_convert_dq_kernel<Element>
-        <<<grid, 32 * kRowsPerBlock, 0, stream>>>(p, kHeadDimQK);
+    flash_backward_convert_dq_kernel<Element, kHeadDimQK>
+        <<<backward_row_grid(f.max_seqlen_q, f.heads_q, f.batch, kHeadDimQK),
+           kBackwardRowBlockThreads, 0, stream>>>(p);
     DPA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -72,12 +71,10 @@ void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t st
   if (f.batch == 0 || f.heads_q == 0) return;
   const unsigned batch = unsigned(f.batch);
   if (f.max_seqlen_q > 0) {
-    constexpr int kRowsPerPrepareBlock = 4;  // one warp per row
-    const dim3 prepare_grid(
-        unsigned((f.max_seqlen_q + kRowsPerPrepareBlock - 1) / kRowsPerPrepareBlock),
-        unsigned(f.heads_q), batch);
-    flash_backward_prepare_kernel<Element>
-        <<<prepare_grid, 32 * kRowsPerPrepareBlock, 0, stream>>>(p, kHeadDimV);
+    // Also zeroes the one-kernel family's dq workspace (p.dq_accum).
+    flash_backward_prepare_kernel<Element, kHeadDimQK, kHeadDimV>
+        <<<backward_row_grid(f.max_seqlen_q, f.heads_q, f.batch, kHeadDimV),
+           kBackwardRowBlockThreads, 0, stream>>>(p);
     DPA_CUDA_CHECK_LAUNCH();
   }
   if (p.one_kernel)

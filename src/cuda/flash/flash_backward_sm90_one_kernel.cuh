@@ -479,22 +479,4 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-// dq = scale * the fp32 workspace of the one-kernel backward, for every row of every sequence: one
-// warp per row.
-template <typename Element>
-__global__ void flash_backward_convert_dq_kernel(const __grid_constant__ FlashBackwardParams bp,
-                                                 int dim_qk) {
-  const FlashForwardParams& p = bp.fwd;
-  const int batch = blockIdx.z, head = blockIdx.y;
-  const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (i >= p.seqlen_q[batch]) return;
-  const float* accum = bp.dq_accum + row_workspace_index(p, batch, head, i) * dim_qk;
-  const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
-  Element* dq = static_cast<Element*>(bp.dq) + batch * bp.dq_batch_stride + row * bp.dq_row_stride +
-                head * bp.dq_head_stride;
-  for (int c = 2 * lane; c < dim_qk; c += 64)
-    *reinterpret_cast<uint32_t*>(dq + c) =
-        ptx::pack2<Element>(accum[c] * bp.scale, accum[c + 1] * bp.scale);
-}
-
 }  // namespace dpa::cuda
