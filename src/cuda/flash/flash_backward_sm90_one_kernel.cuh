@@ -215,15 +215,19 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
 // right after iteration it's copies are issued, and, with dropout, before iteration it's keep
 // bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
-// kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): thread 0 waits
-// until the tile's flag names this block, when the previous key block adds to the tile too, and
-// after every producer thread's reductions (a barrier) hands the tile on with a releasing store.
+// kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
+// waits until the tile's flag names this block, when the previous key block adds to the tile
+// too, and after every producer thread's reductions (a barrier) hands the tile on with a
+// releasing store. That thread is warp 1's first: the releasing store stalls its warp until the
+// reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait
+// for that.
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kDimQK = Traits::kHeadDimQK;
   constexpr int kStages = Traits::kStages, kDqStride = Traits::kDqStride;
   constexpr int kProducerBarrier = 2;  // the consumers use named barrier 1
+  constexpr int kHandOffThread = 32;   // deterministic mode's waits and releases
   const FlashForwardParams& p = bp.fwd;
   const int key_block = kb.j0 / kBlockN;
   // The query tiles the previous key block adds to (empty for the first).
@@ -237,7 +241,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     if constexpr (kDeterministic) {
       const int tile = i0 / kBlockM;
       order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
-      if (threadIdx.x == 0 && previous.first <= tile && tile <= previous.last)
+      if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
         while (ptx::load_acquire_gpu(order) != key_block) {
         }
       ptx::named_barrier_sync(kProducerBarrier, 128);
@@ -281,7 +285,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
     if constexpr (kDeterministic) {
       ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
-      if (threadIdx.x == 0) ptx::store_release_gpu(order, key_block + 1);
+      if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
     }
   };
   auto add_previous_dq_tile = [&](int it) {
