@@ -52,6 +52,9 @@ std::vector<FlagSpec> bench_flag_specs() {
        "time KvCacheAttention instead: sq queries per sequence over skv cached keys "
        "(bottom-right diagonal; --causal, --window, --softcap, --softmax-type apply)"},
       {"page-size", "N", "with --decode: a paged cache of N-token pages (default: contiguous)"},
+      {"varlen", "",
+       "pack the b sequences into thd tensors with cu_seqlens (each one full length; a mask "
+       "becomes its padding form)"},
       {"dtype", "T", "bf16 (default) or fp16"},
       {"pass", "P", "fwd (default), bwd or fwdbwd"},
       {"backend", "NAME", "force a backend (default: the selector's choice)"},
@@ -103,6 +106,7 @@ struct BenchOptions {
   DType dtype = DType::kBFloat16;
   BenchPass pass = BenchPass::kForward;
   bool decode = false;    // KvCacheAttention over a cache
+  bool varlen = false;    // thd tensors with cu_seqlens (config.format is kTHD)
   int64_t page_size = 0;  // --decode: 0 contiguous
   int iters = 30;
   int warmup = 5;
@@ -216,6 +220,18 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
       throw UsageError("deterministic", "--decode: the forward is deterministic already");
     // The call's diagonal is bottom-right: say so in the output.
     if (mask == MaskType::kCausal) o.config.mask_type = MaskType::kCausalBottomRight;
+  }
+  o.varlen = args.has("varlen");
+  if (o.varlen) {
+    if (o.decode) throw UsageError("varlen", "--varlen and --decode are exclusive");
+    // thd takes the padding forms of the masks (cu_seqlens say where each sequence ends).
+    const MaskType mask = o.config.mask_type;
+    o.config.mask_type = mask == MaskType::kCausal ? MaskType::kPaddingCausal
+                         : mask == MaskType::kCausalBottomRight
+                             ? MaskType::kPaddingCausalBottomRight
+                         : mask == MaskType::kNoMask ? MaskType::kPadding
+                                                     : mask;
+    o.config.format = Format::kTHD;
   }
   o.label = args.get_or("label", "");
   o.json_path = args.get("json");
@@ -344,6 +360,7 @@ std::string describe_config(const BenchOptions& o) {
   std::string text = std::string(to_string(o.dtype)) + " " + pass_name(o.pass);
   if (o.decode)
     text += o.page_size > 0 ? " decode paged=" + std::to_string(o.page_size) : " decode contiguous";
+  if (o.varlen) text += " thd";
   if (c.mask_type != MaskType::kNoMask) text += " " + std::string(to_string(c.mask_type));
   if (c.window_left >= 0 || c.window_right >= 0)
     text += " window=" + std::to_string(c.window_left) + "," + std::to_string(c.window_right);
@@ -464,11 +481,17 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   BenchResult r;
   r.shape = s;
   const int64_t b = s.batch, sq = s.seqlen_q, skv = s.seqlen_kv;
-  BenchTensor q(o.dtype, {b, sq, s.heads_q, s.head_dim_qk});
-  BenchTensor k(o.dtype, {b, skv, s.heads_kv, s.head_dim_qk});
-  BenchTensor v(o.dtype, {b, skv, s.heads_kv, s.head_dim_v});
-  BenchTensor out(o.dtype, {b, sq, s.heads_q, s.head_dim_v});
-  BenchTensor lse(DType::kFloat32, {b, s.heads_q, sq});
+  // bshd [b, rows, heads, dim], or thd [b * rows, heads, dim] with --varlen.
+  auto rows_of = [&](int64_t rows, int64_t heads, int64_t dim) {
+    return o.varlen ? std::vector<int64_t>{b * rows, heads, dim}
+                    : std::vector<int64_t>{b, rows, heads, dim};
+  };
+  BenchTensor q(o.dtype, rows_of(sq, s.heads_q, s.head_dim_qk));
+  BenchTensor k(o.dtype, rows_of(skv, s.heads_kv, s.head_dim_qk));
+  BenchTensor v(o.dtype, rows_of(skv, s.heads_kv, s.head_dim_v));
+  BenchTensor out(o.dtype, rows_of(sq, s.heads_q, s.head_dim_v));
+  BenchTensor lse(DType::kFloat32, o.varlen ? std::vector<int64_t>{s.heads_q, b * sq}
+                                            : std::vector<int64_t>{b, s.heads_q, sq});
   q.fill_random(seed * 16 + 1, 1.0);
   k.fill_random(seed * 16 + 2, 1.0);
   v.fill_random(seed * 16 + 3, 1.0);
@@ -485,6 +508,22 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   fwd.in.k = k.view();
   fwd.in.v = v.view();
   if (offsets) fwd.in.softmax_offset = offsets->view();
+  std::optional<BenchTensor> cu_seqlens_q, cu_seqlens_kv;
+  if (o.varlen) {
+    auto boundaries = [&](int64_t length) {
+      std::vector<int32_t> cu(size_t(b) + 1);
+      for (int64_t i = 0; i <= b; ++i) cu[size_t(i)] = int32_t(i * length);
+      BenchTensor t(DType::kInt32, {b + 1});
+      check(
+          cudaMemcpy(t.view().data, cu.data(), cu.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+      return t;
+    };
+    cu_seqlens_q.emplace(boundaries(sq));
+    cu_seqlens_kv.emplace(boundaries(skv));
+    fwd.in.cu_seqlens_q = cu_seqlens_q->view();
+    fwd.in.cu_seqlens_kv = cu_seqlens_kv->view();
+  }
   fwd.o = out.view();
   fwd.lse = lse.view();
   fwd.stream = stream.get();
@@ -493,11 +532,11 @@ BenchResult run_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   std::optional<BenchTensor> d_o, dq, dk, dv, d_offsets;
   BackwardArgs bwd;
   if (needs_backward) {
-    d_o.emplace(o.dtype, std::vector<int64_t>{b, sq, s.heads_q, s.head_dim_v});
+    d_o.emplace(o.dtype, rows_of(sq, s.heads_q, s.head_dim_v));
     d_o->fill_random(seed * 16 + 5, 1.0);
-    dq.emplace(o.dtype, std::vector<int64_t>{b, sq, s.heads_q, s.head_dim_qk});
-    dk.emplace(o.dtype, std::vector<int64_t>{b, skv, s.heads_kv, s.head_dim_qk});
-    dv.emplace(o.dtype, std::vector<int64_t>{b, skv, s.heads_kv, s.head_dim_v});
+    dq.emplace(o.dtype, rows_of(sq, s.heads_q, s.head_dim_qk));
+    dk.emplace(o.dtype, rows_of(skv, s.heads_kv, s.head_dim_qk));
+    dv.emplace(o.dtype, rows_of(skv, s.heads_kv, s.head_dim_v));
     // The RNG state comes from each timed forward (below).
     bwd = backward_args_for(fwd, ForwardResult{}, d_o->view(), dq->view(), dk->view(), dv->view());
     if (offsets) {

@@ -108,4 +108,13 @@ double max_abs_error(const HostTensor& a, const HostTensor& b) {
   return worst;
 }
 
+bool same_values(const HostTensor& a, const HostTensor& b) {
+  if (a.shape() != b.shape()) return false;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.get(i), y = b.get(i);
+    if (x != y && !(std::isnan(x) && std::isnan(y))) return false;
+  }
+  return true;
+}
+
 }  // namespace dpa::test

@@ -46,6 +46,9 @@ class HostTensor {
 // |a - b| / |b| over all elements (Frobenius norms); +inf if any value is NaN.
 double relative_error(const HostTensor& a, const HostTensor& b);
 double max_abs_error(const HostTensor& a, const HostTensor& b);
+// Whether a and b have the same shape and every element is equal or NaN in both (caches whose
+// unused rows are NaN on purpose).
+bool same_values(const HostTensor& a, const HostTensor& b);
 double norm(const HostTensor& a);
 bool has_nan(const HostTensor& a);
 

@@ -86,6 +86,21 @@ KvCacheCase make_kvcache_case(const KvCacheCaseSpec& spec) {
         c.block_table.set(i * max_pages + p, p < used ? order[size_t(i * max_pages + p)] : -7);
     }
   }
+  if (spec.nan_past_sequences) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t end = capacity;  // contiguous: the sequence's row; paged: its last used page
+      if (spec.page_size > 0)
+        end = (keys_of(spec, i) + spec.page_size - 1) / spec.page_size * spec.page_size;
+      for (int64_t pos = keys_of(spec, i); pos < end; ++pos)
+        for (int64_t h = 0; h < G; ++h) {
+          for (int64_t e = 0; e < d; ++e)
+            c.k_cache.set(cache_element(spec, c, i, pos, h, d) + e, nan);
+          for (int64_t e = 0; e < dv; ++e)
+            c.v_cache.set(cache_element(spec, c, i, pos, h, dv) + e, nan);
+        }
+    }
+  }
   c.cache_seqlens = HostTensor(DType::kInt32, {b});
   for (int64_t i = 0; i < b; ++i) {
     c.cache_seqlens.set(i, double(spec.cached[size_t(i)]));

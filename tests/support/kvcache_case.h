@@ -26,6 +26,10 @@ struct KvCacheCaseSpec {
   double sink_mean = 0.0, sink_stddev = 2.0;  // learnable sinks
   double qk_stddev = 1.0;
   uint64_t seed = 1;
+  // The cache's rows past each sequence's keys (up to its capacity, or the end of its last
+  // page) are NaN rather than large garbage: a kernel that multiplies a masked key's P = 0 by
+  // such a row, or copies it unmasked, writes NaN. Caches then compare with same_values().
+  bool nan_past_sequences = false;
 };
 
 struct KvCacheCase {

@@ -52,8 +52,10 @@ void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t strea
 
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cudaStream_t stream) {
-  // Paged K and V: only the warp-specialised kernel's cp.async producer reads the page table.
-  if (p.block_table && !(p.wgmma && p.warp_specialized && !p.tma))
+  // Paged K and V: only the warp-specialised kernel reads the page table, and with TMA its
+  // tiles that cross a sequence's end need the cp.async tails (a cache's rows past the sequence
+  // are stale, not zeros).
+  if (p.block_table && !(p.wgmma && p.warp_specialized && (!p.tma || p.tma_tails)))
     throw Error(ErrorCode::kInternal, "block_table",
                 "paged K/V planned for a flash kernel that cannot read pages");
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {

@@ -21,18 +21,28 @@ bool lengths_fill_rows(const AttentionProblem& p, const std::vector<int64_t>& le
   return true;
 }
 
-// TMA copies for the warp-specialised kernel where they read exactly what cp.async would
-// (FlashForwardParams::tma): every sequence fills its tensor's rows, and the maps can address
-// the tensors. Q's rows past a sequence need not be zeros: they are never stored.
+// The [batch, rows, heads, dim] view of q, k or v that the forward's tensor map addresses: a
+// packed (thd) tensor as one batch of all its rows.
+RowTensor forward_row_tensor(const AttentionProblem& p, const TensorView& view,
+                             const RowLayout& layout, bool queries, int64_t heads, int64_t dim) {
+  if (p.format != Format::kTHD)
+    return row_tensor(view, layout, p.dtype, p.batch, queries ? p.max_seqlen_q : p.max_seqlen_kv,
+                      heads, dim);
+  const int64_t rows = queries ? p.total_q : p.total_kv;
+  RowTensor t = row_tensor(view, layout, p.dtype, 1, rows, heads, dim);
+  t.batch_stride = rows * t.row_stride;  // one batch: any stride the encoder takes
+  return t;
+}
+
+// TMA copies for the warp-specialised kernel (FlashForwardParams::tma) where the maps can
+// address the tensors. Where some sequence ends inside its tensor (padding, thd), the key tiles
+// that cross its end come by cp.async (tma_tails). Q's rows past a sequence are never stored.
 void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
                       FlashForwardParams& params) {
-  if (!shape.warp_specialized || !keys_fill_tensor_rows(p)) return;
-  const RowTensor q =
-      row_tensor(p.q, p.q_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_qk);
-  const RowTensor k =
-      row_tensor(p.k, p.k_rows, p.dtype, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_qk);
-  const RowTensor v =
-      row_tensor(p.v, p.v_rows, p.dtype, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_v);
+  if (!shape.warp_specialized) return;
+  const RowTensor q = forward_row_tensor(p, p.q, p.q_rows, true, p.heads_q, p.head_dim_qk);
+  const RowTensor k = forward_row_tensor(p, p.k, p.k_rows, false, p.heads_kv, p.head_dim_qk);
+  const RowTensor v = forward_row_tensor(p, p.v, p.v_rows, false, p.heads_kv, p.head_dim_v);
   if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
     return;
   const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, shape.block_m);
@@ -43,6 +53,7 @@ void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
   params.k_map = *k_map;
   params.v_map = *v_map;
   params.tma = true;
+  params.tma_tails = !keys_fill_tensor_rows(p);
 }
 
 }  // namespace
@@ -149,7 +160,8 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   // (measured: d = 128 causal sink 564 persistent vs 589 TFLOP/s; gpt-oss window 128 91.6 vs
   // 77.0; docs/perf.md, session 13). A split launch has about one block of work per SM
   // already (the splits fill the device), so it gains nothing from looping.
-  const bool uniform_work = params.tma && (params.window_left < 0) == (params.window_right < 0);
+  const bool uniform_work =
+      params.tma && !params.tma_tails && (params.window_left < 0) == (params.window_right < 0);
   if (shape.warp_specialized && uniform_work && params.num_splits == 1)
     params.persistent_blocks = device_info(p.device_index).sm_count;
   if (params.num_splits > 1) {

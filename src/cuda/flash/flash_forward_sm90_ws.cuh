@@ -59,19 +59,20 @@ struct FlashSm90WsTraits {
   static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
 };
 
-// Copies a kRows x kDim tile into 128-byte-swizzled shared memory from the producer warpgroup
-// (threads 0..127); rows at or past `valid_rows` read as zeros. When 128 is a multiple of the
-// 16-byte chunks per row, each thread keeps one column and steps over rows, so the loop body is
-// two pointer increments (the swizzle phase row % 8 is fixed where the step is a multiple of 8);
-// otherwise a rolled loop over chunks. Few registers either way: the producer keeps 40.
-template <typename Element, int kRows, int kDim>
+// Copies a kRows x kDim tile into 128-byte-swizzled shared memory from the producer's first
+// kThreads threads (the warpgroup, or warp 0 for the tiles that TMA cannot copy); rows at or
+// past `valid_rows` read as zeros. When kThreads is a multiple of the 16-byte chunks per row,
+// each thread keeps one column and steps over rows, so the loop body is two pointer increments
+// (the swizzle phase row % 8 is fixed where the step is a multiple of 8); otherwise a rolled
+// loop over chunks. Few registers either way: the producer keeps 40.
+template <typename Element, int kRows, int kDim, int kThreads = 128>
 __device__ __forceinline__ void produce_swizzled_tile(uint32_t shared_tile,
                                                       const Element* global_tile,
                                                       int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = kDim / 8;
-  const int thread = int(threadIdx.x);
-  if constexpr (128 % kChunksPerRow == 0) {
-    constexpr int kRowStep = 128 / kChunksPerRow;
+  const int thread = int(threadIdx.x) % kThreads;
+  if constexpr (kThreads % kChunksPerRow == 0) {
+    constexpr int kRowStep = kThreads / kChunksPerRow;
     const int column = (thread % kChunksPerRow) * 8;
     int row = thread / kChunksPerRow;
     const Element* source = global_tile + row * row_stride + column;
@@ -84,7 +85,7 @@ __device__ __forceinline__ void produce_swizzled_tile(uint32_t shared_tile,
     }
   } else {
 #pragma unroll 1
-    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += 128) {
+    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += kThreads) {
       const int row = chunk / kChunksPerRow;
       const int column = (chunk % kChunksPerRow) * 8;
       const bool valid = row < valid_rows;
@@ -97,7 +98,7 @@ __device__ __forceinline__ void produce_swizzled_tile(uint32_t shared_tile,
 // The same for kRows keys n0.. of a paged K or V (FlashForwardParams::block_table): each row's
 // page comes from the sequence's table row `pages`; `head_base` is the head's column of page 0.
 // Rows past the sequence read no table entry (they may have no page).
-template <typename Element, int kRows, int kDim>
+template <typename Element, int kRows, int kDim, int kThreads = 128>
 __device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const Element* head_base,
                                                    int64_t page_stride, int64_t row_stride,
                                                    const int* pages, int page_shift, int n0,
@@ -114,15 +115,15 @@ __device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const E
     }
     ptx::cp_async_16(shared_tile + ptx::swizzled_offset(kRows, row, column), source, valid);
   };
-  const int thread = int(threadIdx.x);
-  if constexpr (128 % kChunksPerRow == 0) {  // each thread keeps one column
-    constexpr int kRowStep = 128 / kChunksPerRow;
+  const int thread = int(threadIdx.x) % kThreads;
+  if constexpr (kThreads % kChunksPerRow == 0) {  // each thread keeps one column
+    constexpr int kRowStep = kThreads / kChunksPerRow;
     const int column = (thread % kChunksPerRow) * 8;
 #pragma unroll 1
     for (int row = thread / kChunksPerRow; row < kRows; row += kRowStep) copy_chunk(row, column);
   } else {
 #pragma unroll 1
-    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += 128)
+    for (int chunk = thread; chunk < kRows * kChunksPerRow; chunk += kThreads)
       copy_chunk(chunk / kChunksPerRow, (chunk % kChunksPerRow) * 8);
   }
 }
@@ -165,9 +166,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             rest / p.heads_q, b);
   };
 
-  // A stage is full after one expect-tx arrival and its bytes (TMA), or after the 128 producer
-  // threads' cp.async arrivals.
-  const uint32_t producer_arrivals = p.tma ? 1 : 128;
+  // A stage is full after one expect-tx arrival and its bytes (TMA), or after the cp.async
+  // arrivals of the threads that copy it: warp 0 with TMA where some key tiles cross a
+  // sequence's end inside the tensor (p.tma_tails), the warpgroup without TMA.
+  const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(full_barrier(s), producer_arrivals);
@@ -178,17 +180,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
 
+  // Whether the key tile at n0 comes by cp.async, zero-filled past the sequence: without TMA,
+  // and with it where the rows past the sequence are inside the tensor (padding, the next
+  // packed sequence, a cache's stale rows): 0 * NaN there would reach O.
+  auto copied_by_threads = [&](int n0, int seqlen_kv) {
+    return !p.tma || (p.tma_tails && n0 + kBlockN > seqlen_kv);
+  };
+
   // Producer and consumers count the same tiles: `round` blocks of work with tiles (Q's
   // barrier phases) and `issued` KV tiles (the stage ring's position).
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0 && p.tma) {
     // Producer with TMA: one thread issues every copy (64-column boxes), the copy engine
-    // writes the swizzled tiles and counts their bytes on the stage's barrier.
+    // writes the swizzled tiles and counts their bytes on the stage's barrier. With tails, the
+    // rest of warp 0 stays to copy the tiles that cross a sequence's end with cp.async, and
+    // arrives on the other tiles' barriers.
     ptx::setmaxnreg_decrease<40>();
-    if (threadIdx.x != 0) return;
-    ptx::prefetch_tensor_map(&p.q_map);
-    ptx::prefetch_tensor_map(&p.k_map);
-    ptx::prefetch_tensor_map(&p.v_map);
+    const int lane = int(threadIdx.x);
+    if (lane >= (p.tma_tails ? 32 : 1)) return;
+    if (lane == 0) {
+      ptx::prefetch_tensor_map(&p.q_map);
+      ptx::prefetch_tensor_map(&p.k_map);
+      ptx::prefetch_tensor_map(&p.v_map);
+    }
+    // A packed (thd) tensor's map has one batch of all its rows; a paged cache's has one
+    // batch per page, whose boxes are min(page size, kBlockN) rows.
+    const int page_mask = (1 << p.page_shift) - 1;
+    const int box_rows = p.block_table ? min(page_mask + 1, kBlockN) : kBlockN;
     int round = 0, issued = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
@@ -197,26 +215,66 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
       ++round;
       const int kv_head = b.head / p.group_size;
-      ptx::mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
+      const int q_row = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
+      const int q_batch = p.start_q ? 0 : b.batch;
+      const int kv_row0 = p.start_kv ? p.start_kv[b.batch] : 0;
+      const int kv_batch = p.start_kv ? 0 : b.batch;
+      const int* pages = p.block_table ? p.block_table + b.batch * p.block_table_stride : nullptr;
+      if (lane == 0) {
+        ptx::mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
 #pragma unroll
-      for (int c = 0; c < kDimQK / 64; ++c)
-        ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, b.m0, b.head, b.batch,
-                         q_full);
+        for (int c = 0; c < kDimQK / 64; ++c)
+          ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, q_row, b.head, q_batch,
+                           q_full);
+      } else {
+        ptx::mbarrier_arrive(q_full);
+      }
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
         const int stage = issued % kStages;
         if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
         const int n0 = n_block * kBlockN;
-        ptx::mbarrier_arrive_expect_tx(full_barrier(stage), Traits::kKBytes + Traits::kVBytes);
+        const uint32_t full = full_barrier(stage);
+        if (copied_by_threads(n0, b.seqlen_kv)) {
+          const int valid_rows = b.seqlen_kv - n0;
+          if (pages) {
+            produce_paged_tile<Element, kBlockN, kDimQK, 32>(k_shared(stage), b.k, p.k_batch_stride,
+                                                             p.k_row_stride, pages, p.page_shift,
+                                                             n0, valid_rows);
+            produce_paged_tile<Element, kBlockN, kDimV, 32>(v_shared(stage), b.v, p.v_batch_stride,
+                                                            p.v_row_stride, pages, p.page_shift, n0,
+                                                            valid_rows);
+          } else {
+            produce_swizzled_tile<Element, kBlockN, kDimQK, 32>(
+                k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, valid_rows);
+            produce_swizzled_tile<Element, kBlockN, kDimV, 32>(
+                v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, valid_rows);
+          }
+          ptx::cp_async_mbarrier_arrive_noinc(full);
+        } else if (lane == 0) {
+          ptx::mbarrier_arrive_expect_tx(full, Traits::kKBytes + Traits::kVBytes);
+#pragma unroll 1
+          for (int r = 0; r < kBlockN; r += box_rows) {
+            const int key = n0 + r;
+            const int row = pages ? key & page_mask : kv_row0 + key;
+            const int batch = pages ? pages[key >> p.page_shift] : kv_batch;
 #pragma unroll
-        for (int c = 0; c < kDimQK / 64; ++c)
-          ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128), &p.k_map, 64 * c, n0, kv_head,
-                           b.batch, full_barrier(stage));
+            for (int c = 0; c < kDimQK / 64; ++c)
+              ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128) + r * 128, &p.k_map, 64 * c,
+                               row, kv_head, batch, full);
 #pragma unroll
-        for (int c = 0; c < kDimV / 64; ++c)
-          ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128), &p.v_map, 64 * c, n0, kv_head,
-                           b.batch, full_barrier(stage));
+            for (int c = 0; c < kDimV / 64; ++c)
+              ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128) + r * 128, &p.v_map, 64 * c,
+                               row, kv_head, batch, full);
+          }
+        } else {
+          ptx::mbarrier_arrive(full);
+        }
       }
+    }
+    if (p.tma_tails) {
+      ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
+      ptx::cp_async_wait<0>();
     }
     return;
   }
@@ -284,9 +342,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Waits until a stage's copies landed and makes them visible to this thread's wgmma
   // (cp.async writes through the generic proxy, wgmma reads through the async one; TMA
   // writes through the async proxy already).
-  auto wait_landed = [&](uint32_t barrier, uint32_t parity) {
+  auto wait_landed = [&](uint32_t barrier, uint32_t parity, bool by_threads) {
     ptx::mbarrier_wait(barrier, parity);
-    if (!p.tma) ptx::fence_proxy_async_shared();
+    if (by_threads) ptx::fence_proxy_async_shared();
   };
 
   if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
@@ -337,12 +395,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
       };
 
-      wait_landed(q_full, round & 1);
+      wait_landed(q_full, round & 1, !p.tma);
       ++round;
       uint32_t keep[2];
       float s_acc[kNTiles][4];
       draw_keep(b.n_block_begin, keep);
-      wait_landed(full_barrier(issued % kStages), (issued / kStages) & 1);
+      wait_landed(full_barrier(issued % kStages), (issued / kStages) & 1,
+                  copied_by_threads(b.n_block_begin * kBlockN, b.seqlen_kv));
       ptx::named_barrier_sync(my_turn, kConsumerThreads);
       ptx::wgmma_fence();
       issue_qk(s_acc, issued % kStages);
@@ -359,7 +418,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int stage = tile % kStages, previous = (tile - 1) % kStages;
         const int n_block = b.n_block_begin + it;
         draw_keep(n_block, keep);
-        wait_landed(full_barrier(stage), (tile / kStages) & 1);
+        wait_landed(full_barrier(stage), (tile / kStages) & 1,
+                    copied_by_threads(n_block * kBlockN, b.seqlen_kv));
         ptx::named_barrier_sync(my_turn, kConsumerThreads);
         ptx::fence_accumulators(o_acc);
         ptx::wgmma_fence();

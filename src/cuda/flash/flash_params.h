@@ -82,15 +82,20 @@ struct FlashForwardParams {
   float* partial_lse = nullptr;
 
   // Bulk tensor copies (TMA) of Q, K and V in the warp-specialised kernel, with boxes of
-  // block_m (Q) and block_n (K, V) rows by 64 columns (cuda/tensor_map.h). Only where every
-  // sequence fills its tensor's rows (bshd / sbhd without padding): rows past a sequence are then
-  // past the tensor, which TMA reads as zeros; a padded or packed (thd) sequence is followed by
-  // rows that are not zeros, and 0 * NaN there would reach O. Otherwise cp.async.
+  // block_m (Q) and block_n (K, V) rows by 64 columns (cuda/tensor_map.h). The maps address
+  // [batch, rows, heads, dim]; a packed (thd) tensor's map has one batch of all its rows, a
+  // paged cache's one batch per page (boxes of min(page size, block_n) rows). Rows past the
+  // tensor read as zeros. Rows past a sequence inside the tensor (padding, the next packed
+  // sequence, a cache's stale rows) are not zeros, and a masked key's P = 0 times a non-finite
+  // V there would reach O: with tma_tails, the key tiles that cross a sequence's end are copied
+  // with cp.async instead, zero-filled past the sequence. Q's rows past a sequence are never
+  // stored, so Q always comes by TMA.
   bool tma = false;
+  bool tma_tails = false;
   CUtensorMap q_map{}, k_map{}, v_map{};
 
   // Paged K and V (a KV cache's pages [pages, page size, G, d], docs/kvcache.md; the
-  // warp-specialised kernel's cp.async producer only): key n of sequence b is row n % page size
+  // warp-specialised kernel only): key n of sequence b is row n % page size
   // of page block_table[b * block_table_stride + n / page size], pages k_batch_stride
   // (v_batch_stride) elements apart. nullptr: rows of the batch, as above.
   const int* block_table = nullptr;

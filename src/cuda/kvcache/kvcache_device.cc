@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "core/kvcache_splits.h"
@@ -15,6 +16,7 @@
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/kvcache/kvcache_launch.h"
 #include "cuda/runtime.h"
+#include "cuda/tensor_map.h"
 
 namespace dpa::cuda {
 namespace {
@@ -241,6 +243,54 @@ FlashForwardParams flash_prefill_params(const KvCachePlan& plan, const KvCacheLa
   return f;
 }
 
+// TMA copies for a prefill chunk on the flash forward (FlashForwardParams::tma): q as
+// [b, sq, H, d]; the cache as [b, capacity, G, d] or, paged, as [pages, page size, G, d] with
+// boxes of min(page size, block_n) rows, one page each. The key tiles that cross a sequence's end
+// come by cp.async (tma_tails): the cache's rows past a sequence are stale, not zeros. Pages of
+// fewer than 8 rows keep cp.async for every tile: their boxes would be shorter than the
+// 128-byte swizzle's 8-row period, and a tile would take 16 or more boxes per 64 columns.
+void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, int64_t queries,
+                              FlashForwardParams& f) {
+  if (plan.paged && plan.page_size < 8) return;
+  const FlashTileShape shape =
+      flash_forward_wgmma_ws_tile_shape(int(plan.head_dim_qk), int(plan.head_dim_v));
+  auto tensor = [&](const void* base, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
+                    int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    RowTensor t;
+    t.base = base;
+    t.dtype = a.q.dtype;
+    t.batch = batch;
+    t.rows = rows;
+    t.heads = heads;
+    t.dim = dim;
+    t.batch_stride = batch_stride;
+    t.row_stride = row_stride;
+    t.head_stride = head_stride;
+    return t;
+  };
+  const RowTensor q = tensor(f.q, plan.batch, queries, plan.heads_q, plan.head_dim_qk,
+                             f.q_batch_stride, f.q_row_stride, f.q_head_stride);
+  // Dim 0 is the batch (contiguous) or the page (paged); dim 1 the rows of either.
+  const int64_t dim0 = a.k_cache.shape[0], rows = a.k_cache.shape[1];
+  const RowTensor k = tensor(f.k, dim0, rows, plan.heads_kv, plan.head_dim_qk, f.k_batch_stride,
+                             f.k_row_stride, f.k_head_stride);
+  const RowTensor v = tensor(f.v, dim0, rows, plan.heads_kv, plan.head_dim_v, f.v_batch_stride,
+                             f.v_row_stride, f.v_head_stride);
+  if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
+    return;
+  const int box_rows =
+      plan.paged ? int(std::min<int64_t>(plan.page_size, shape.block_n)) : shape.block_n;
+  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, shape.block_m);
+  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, box_rows);
+  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, box_rows);
+  if (!q_map || !k_map || !v_map) return;  // cp.async copies instead
+  f.q_map = *q_map;
+  f.k_map = *k_map;
+  f.v_map = *v_map;
+  f.tma = true;
+  f.tma_tails = true;
+}
+
 size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
   const KvCacheParams& p = launch.params;
   if (p.num_splits <= 1 || plan.batch == 0 || launch.queries == 0) return 0;
@@ -290,9 +340,10 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     const DeviceBuffer scratch_lse(flash_lse_bytes(plan, launch, a), stream);
     launch_kvcache_flash_tables(p, tables.get<int>(), stream);
     float* lse = a.lse.defined() ? p.lse : scratch_lse.get<float>();
-    launch_flash_forward(
-        flash_prefill_params(plan, launch, tables.get<int>(), lse, a.q.device_index), dtype,
-        head_dim, int(plan.head_dim_v), stream);
+    FlashForwardParams f =
+        flash_prefill_params(plan, launch, tables.get<int>(), lse, a.q.device_index);
+    plan_prefill_tensor_maps(plan, a, queries, f);
+    launch_flash_forward(f, dtype, head_dim, int(plan.head_dim_v), stream);
     return;
   }
   if (plan.packed_q) fill_rows_of_a_packed_q(plan, config, a, stream);

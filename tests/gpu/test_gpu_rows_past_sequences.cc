@@ -1,0 +1,117 @@
+// Rows of k and v past a sequence but inside its tensor (bshd padding, the gaps of thd's padded
+// offsets) are not part of the problem: cuda_flash's forward must never let them reach o, even
+// when they are NaN. Its TMA copies take whole key tiles, so a tile that crosses a sequence's
+// end is copied with cp.async and zero-filled instead (FlashForwardParams::tma_tails); a TMA
+// copy there would multiply a masked key's P = 0 by NaN. The suite's other cases fill those rows
+// with finite random values, where such a read goes unseen.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gpu/device_case.h"
+#include "gpu/gpu_cases.h"
+
+namespace dpa::test {
+namespace {
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+// Sets every k and v row that lies outside all sequences to NaN; returns how many rows.
+// bshd: rows lengths_kv[b] .. seqlen_kv of batch b. thd: rows outside every [start, start + len)
+// of cu_seqlens_kv_padded (or cu_seqlens_kv).
+int64_t poison_rows_past_sequences(const CaseSpec& spec, CaseTensors& t) {
+  const Format format = spec.config.format;
+  EXPECT_TRUE(format == Format::kBSHD || format == Format::kTHD);
+  std::vector<bool> used;  // per flattened row: (b * rows + r) for bshd, r for thd
+  int64_t rows = 0;
+  if (format == Format::kTHD) {
+    rows = t.k.shape()[0];
+    used.assign(size_t(rows), false);
+    const HostTensor& starts =
+        t.cu_seqlens_kv_padded.defined() ? t.cu_seqlens_kv_padded : t.cu_seqlens_kv;
+    for (size_t b = 0; b < spec.lengths_kv.size(); ++b)
+      for (int64_t r = 0; r < spec.lengths_kv[b]; ++r)
+        used[size_t(int64_t(starts.get(int64_t(b))) + r)] = true;
+  } else {
+    rows = t.k.shape()[1];
+    used.assign(size_t(spec.batch * rows), false);
+    for (int64_t b = 0; b < spec.batch; ++b)
+      for (int64_t r = 0; r < spec.lengths_kv.at(size_t(b)); ++r) used[size_t(b * rows + r)] = true;
+  }
+  const int64_t k_row = spec.heads_kv * spec.head_dim_qk, v_row = spec.heads_kv * spec.head_dim_v;
+  int64_t poisoned = 0;
+  for (size_t row = 0; row < used.size(); ++row) {
+    if (used[row]) continue;
+    ++poisoned;
+    for (int64_t e = 0; e < k_row; ++e) t.k.set(int64_t(row) * k_row + e, kNan);
+    for (int64_t e = 0; e < v_row; ++e) t.v.set(int64_t(row) * v_row + e, kNan);
+  }
+  return poisoned;
+}
+
+CaseSpec padded_bshd_d128() {
+  CaseSpec spec;
+  spec.dtype = DType::kBFloat16;
+  spec.batch = 3;
+  spec.seqlen_q = 150;
+  spec.seqlen_kv = 400;
+  spec.heads_q = 4;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 128;
+  spec.config.mask_type = MaskType::kPaddingCausalBottomRight;
+  // A full tile then a tail; a tail only; whole tiles only (no tail), then padding.
+  spec.lengths_q = {150, 33, 128};
+  spec.lengths_kv = {200, 90, 256};
+  return spec;
+}
+
+class FlashRowsPastSequences : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_present(&why) && !reference_only_mode()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(FlashRowsPastSequences, NanThereNeverReachesO) {
+  CaseSpec spec;
+  CaseTensors tensors;
+  if (GetParam() == "padded_bshd_d128") {
+    spec = padded_bshd_d128();
+    tensors = make_case(spec);
+  } else {
+    for (const GpuCase& c : gpu_cases())
+      if (c.name == GetParam()) {
+        spec = gpu_case_spec(c);
+        tensors = make_gpu_case_tensors(c, spec);
+      }
+    ASSERT_TRUE(tensors.k.defined()) << "no case " << GetParam();
+  }
+  const CaseOutputs clean = run_case(spec, tensors, BackendKind::kCpuExact, /*backward=*/false);
+  ASSERT_GT(poison_rows_past_sequences(spec, tensors), 0) << "the case has no such rows";
+  // The truth never reads them: the poisoned inputs give the same o and LSE, without NaN.
+  const CaseOutputs reference = run_case(spec, tensors, BackendKind::kCpuExact, /*backward=*/false);
+  ASSERT_FALSE(has_nan(reference.o));
+  ASSERT_EQ(max_abs_error(reference.o, clean.o), 0.0);
+  ASSERT_EQ(max_abs_error(reference.lse, clean.lse), 0.0);
+  if (reference_only_mode()) GTEST_SKIP() << "reference only";
+
+  const CaseOutputs got = run_device_case(spec, tensors, BackendKind::kCudaFlash, false);
+  EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
+  expect_matches_reference(got, reference, spec.dtype, /*backward=*/false,
+                           GetParam() + " with NaN past its sequences");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashRowsPastSequences,
+                         ::testing::Values("padded_bshd_d128", "padding_causal",
+                                           "thd_padded_offsets_causal", "thd_window",
+                                           "hdim256_thd_alibi"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace dpa::test
