@@ -606,7 +606,8 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
                                    std::pair{"bench --decode --page-size 3", "--page-size"},
                                    std::pair{"bench --decode --pass bwd", "--decode"},
                                    std::pair{"bench --decode --dropout 0.1", "--decode"},
-                                   std::pair{"bench --decode --mask padding", "--decode"}}) {
+                                   std::pair{"bench --decode --mask padding", "--decode"},
+                                   std::pair{"bench --decode --varlen", "--varlen"}}) {
     CliResult r = run_cli(args, scratch);
     EXPECT_EQ(r.status, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
@@ -614,8 +615,8 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
   }
   CliResult r = run_cli("bench --help", scratch);
   EXPECT_EQ(r.status, 0);
-  for (const char* flag :
-       {"--dropout", "--deterministic", "--softcap", "--pass", "--decode", "--page-size"})
+  for (const char* flag : {"--dropout", "--deterministic", "--softcap", "--pass", "--decode",
+                           "--page-size", "--varlen"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
