@@ -171,6 +171,37 @@ TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
               same_bytes(a.dq, b.dq) ? "agreed" : "differed");
 }
 
+// Softcap with a fixed max (bf16, cap 50: softcap_fixed_max_applies) at the edge of its
+// range: q ~ +3 and k ~ -3 put every raw logit near -1150, so every capped logit sits at -50
+// (log2 units -72.1) and P = exp2(s - m) at 2^-124, just above the smallest normal float. Had
+// the bound been wrong, every P would flush to zero and each row would read as empty (o = 0,
+// lse = -inf). The cap moves the truth by far more than the tolerance (without it each row is
+// one-hot on its largest logit; with it nearly uniform).
+TEST_F(FlashOnGpu, SoftcapFixedMaxKeepsRowsWhoseLogitsAllSitAtMinusTheCap) {
+  CaseSpec spec;
+  spec.dtype = DType::kBFloat16;
+  spec.batch = 2;
+  spec.seqlen_q = 130;
+  spec.seqlen_kv = 300;
+  spec.heads_q = 4;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 128;
+  spec.qk_stddev = 0.3;
+  spec.config.scale = 1.0;
+  spec.config.softcap = 50.0;
+  CaseTensors tensors = make_case(spec);
+  for (int64_t i = 0; i < tensors.q.numel(); ++i) tensors.q.set(i, tensors.q.get(i) + 3.0);
+  for (int64_t i = 0; i < tensors.k.numel(); ++i) tensors.k.set(i, tensors.k.get(i) - 3.0);
+  CaseSpec uncapped = spec;
+  uncapped.config.softcap = 0.0;
+  const CaseOutputs with_cap = run_case(spec, tensors, BackendKind::kCpuExact, false);
+  const CaseOutputs without = run_case(uncapped, tensors, BackendKind::kCpuExact, false);
+  ASSERT_GT(relative_error(without.o, with_cap.o), 10 * output_tolerance(spec.dtype));
+  const CaseOutputs got = run_device_case(spec, tensors, BackendKind::kCudaFlash, false);
+  EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
+  expect_matches_reference(got, with_cap, spec.dtype, false, "softcap 50 at -cap");
+}
+
 // Automatic selection runs the whole step on cuda_flash, and its gradients (the one-kernel
 // backward's, on Hopper) match cpu_exact.
 TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndBackward) {

@@ -73,6 +73,11 @@ RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtyp
   return t;
 }
 
+bool softcap_fixed_max_applies(double softcap, DType dtype, bool alibi) {
+  constexpr double kLargestCapLog2 = 72.5;  // 2^(-2c' + 20) >= 2^-125
+  return softcap > 0 && softcap * kLog2e <= kLargestCapLog2 && dtype == DType::kBFloat16 && !alibi;
+}
+
 bool queries_fill_tensor_rows(const AttentionProblem& problem) {
   return lengths_fill_rows(problem, problem.seqlen_q, problem.max_seqlen_q);
 }
@@ -119,6 +124,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   if (params.use_softcap) {
     params.softcap_arg_scale = float(p.scale / p.softcap);
     params.softcap_log2 = float(p.softcap * kLog2e);
+    params.softcap_fixed_max = softcap_fixed_max_applies(p.softcap, p.dtype, p.has_alibi);
   }
   // A window at least as long as any distance between a query and a key (diagonal included)
   // is unbounded; passing it as -1 keeps the kernels' int arithmetic (center +- window) from

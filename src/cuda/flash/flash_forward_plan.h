@@ -34,6 +34,13 @@ RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtyp
 bool queries_fill_tensor_rows(const AttentionProblem& problem);
 bool keys_fill_tensor_rows(const AttentionProblem& problem);
 
+// Whether the forward may run softcap with a fixed max (FlashForwardParams::softcap_fixed_max):
+// P = exp2(s - m) with m = c' - 20 (c' = softcap * log2 e) must stay within bf16's and fp32's
+// normal range for every visible key, which holds for a bf16 P (fp16's 5-bit exponent overflows
+// at 2^16), without ALiBi (it lowers whole rows below -c') and with c' <= 72.5 (softcap up to
+// 50.25: Gemma 2's 50 and Grok's 30 qualify).
+bool softcap_fixed_max_applies(double softcap, DType dtype, bool alibi);
+
 // Whom the forward's parameters are for: the forward's launch, or the backward's kernels, which
 // take the features and sequence tables but walk every tile themselves and copy their own tiles
 // (one split; no forward tensor maps or persistent grid).

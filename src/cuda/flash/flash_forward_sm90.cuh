@@ -109,7 +109,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // This thread's row g (the slab's half 0) in the sequence.
   const int row0 = b.m0 + warpgroup * 64 + warp_in_group * 16 + quad_row;
 
-  RowStats stats = initial_row_stats(block_sink_log2(p, b.head), quad_col);
+  const float sink_log2 = block_sink_log2(p, b.head);
+  const SoftmaxShift shift = block_softmax_shift<Element>(p, sink_log2);
+  RowStats stats = initial_row_stats(sink_log2, quad_col, shift);
   float o_acc[kVTiles][4];
 #pragma unroll
   for (int t = 0; t < kVTiles; ++t)
@@ -155,8 +157,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                      const uint32_t(&keep)[2]) {
     const int n0 = n_block * kBlockN;
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-    transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible);
-    softmax_update(s_acc, stats, correction);
+    transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible, shift.shift);
+    softmax_update(s_acc, stats, correction, shift);
     if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
   };
   // P rounded to Element: the A operand of the next O += P V.
@@ -228,7 +230,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(o_acc);
       ptx::fence_registers(p_operand);
-      rescale_rows(o_acc, correction);
+      if (!shift.fixed) rescale_rows(o_acc, correction);
       pack_probabilities(s_acc);
     }
 

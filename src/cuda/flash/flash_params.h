@@ -40,6 +40,10 @@ struct FlashForwardParams {
   float softcap_arg_scale = 0.f;
   float softcap_log2 = 0.f;
   bool use_softcap = false;
+  // Softcap bounds every logit to [-c', c'] (c' = softcap_log2): the bf16 forward then shifts by
+  // a fixed max instead of a running one (flash_tile_math.cuh, SoftmaxShift), where
+  // softcap_fixed_max_applies (flash_forward_plan.h) says it stays exact.
+  bool softcap_fixed_max = false;
 
   // Visibility (DESIGN.md §3): window (-1 = unbounded); the diagonal offset of each sequence
   // (SequenceTables::diagonal: bottom-right skv - sq, top-left 0, or a CP tile's global delta).

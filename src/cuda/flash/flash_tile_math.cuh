@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/philox.h"
 #include "cuda/device_common.cuh"
@@ -155,6 +156,46 @@ __device__ __forceinline__ RowStats initial_row_stats(float sink_log2, int quad_
   return r;
 }
 
+// Softcap without a running max (FlashForwardParams::softcap_fixed_max, bf16 P only): every
+// logit lies in [-c', c'] (log2 units), so P = exp2(s - m) with the head's fixed m =
+// max(c' - kSoftcapFixedMaxHeadroom, sink) stays in [2^-125, 2^20] for c' <= 72.5 (the host's
+// rule, softcap_fixed_max_applies): no overflow in bf16 or the fp32 sums, no visible key
+// flushed to zero. The block then takes no max per tile, no correction and no O rescale. A
+// sink above c' - 20 raises m; keys then flush only below 2^-125 of the sink's own term.
+constexpr float kSoftcapFixedMaxHeadroom = 20.f;
+
+struct SoftmaxShift {
+  bool fixed = false;  // the fixed m below instead of the online max
+  float shift = 0.f;   // m, subtracted inside the logit transform (0 when not fixed)
+};
+
+template <typename Element>
+__device__ __forceinline__ SoftmaxShift block_softmax_shift(const FlashForwardParams& p,
+                                                            float sink_log2) {
+  SoftmaxShift shift;
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
+    if (p.softcap_fixed_max) {
+      shift.fixed = true;
+      shift.shift = fmaxf(p.softcap_log2 - kSoftcapFixedMaxHeadroom, sink_log2);
+    }
+  }
+  return shift;
+}
+
+// The statistics a block starts from: the sink starts the max and the sum (quad lane 0), or,
+// with a fixed m, the sum alone as exp2(sink - m).
+__device__ __forceinline__ RowStats initial_row_stats(float sink_log2, int quad_col,
+                                                      const SoftmaxShift& shift) {
+  if (!shift.fixed) return initial_row_stats(sink_log2, quad_col);
+  RowStats r;
+  for (int half = 0; half < 2; ++half) {
+    r.max[half] = shift.shift;
+    r.sum[half] =
+        (sink_log2 != -INFINITY && quad_col == 0) ? fast_exp2(sink_log2 - shift.shift) : 0.f;
+  }
+  return r;
+}
+
 // Dropout keep bits of one slab's tile, drawn before S exists so Philox's registers never
 // compete with the S accumulators. A thread's keys 2q + {0, 1} of each 8-key Philox block are
 // the low and high halves of word q; bit 2t (+1) of bits[half] is key 8t + 2q (+1). `row0` is
@@ -223,11 +264,13 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
 // is one branch around a whole loop: a test per element compiles to a branch per element.
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
 // row of the block sees every key of the tile.
+// `shift` (softcap only: a fixed max, SoftmaxShift) is subtracted inside the last FFMA.
 template <typename Element, int kNTiles>
 __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
                                                  const FlashBlock<Element>& b,
                                                  float (&s)[kNTiles][4], int row0, int n0,
-                                                 int quad_col, bool fully_visible) {
+                                                 int quad_col, bool fully_visible,
+                                                 float shift = 0.f) {
   if (p.use_softcap) {
     // Accurate tanh (softcap_ratio) with the cap folded into the last FFMA:
     // c' tanh(u a) = c' - 2c' r (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD,
@@ -235,11 +278,12 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
     // moves capped logits by up to c * 5e-4.)
     const float exp_scale = softcap_exp_scale(p);
     const float slope = -2.f * p.softcap_log2;
+    const float offset = p.softcap_log2 - shift;
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, p.softcap_log2);
+        s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, offset);
       }
   } else {
 #pragma unroll
@@ -317,6 +361,30 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
       partial_sum[t] = p0 + p1;
     }
     stats.sum[half] = stats.sum[half] * correction[half] + tree_sum<kNTiles / 2>(partial_sum);
+  }
+}
+
+// The same with a fixed max (SoftmaxShift::fixed): S, already shifted, becomes P = exp2(S) and
+// the sums absorb it; nothing needs rescaling (`correction` is left unset).
+template <int kNTiles>
+__device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
+                                               float (&correction)[2], const SoftmaxShift& shift) {
+  if (!shift.fixed) {
+    softmax_update(s, stats, correction);
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float partial_sum[kNTiles];
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+      const float p0 = fast_exp2(s[t][2 * half]);
+      const float p1 = fast_exp2(s[t][2 * half + 1]);
+      s[t][2 * half] = p0;
+      s[t][2 * half + 1] = p1;
+      partial_sum[t] = p0 + p1;
+    }
+    stats.sum[half] += tree_sum<kNTiles / 2>(partial_sum);
   }
 }
 

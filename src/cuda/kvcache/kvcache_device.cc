@@ -13,6 +13,7 @@
 #include "cuda/device_buffer.h"
 #include "cuda/fill_rows.h"
 #include "cuda/flash/flash_forward_launch.h"
+#include "cuda/flash/flash_forward_plan.h"
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/kvcache/kvcache_launch.h"
 #include "cuda/runtime.h"
@@ -343,6 +344,8 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     FlashForwardParams f =
         flash_prefill_params(plan, launch, tables.get<int>(), lse, a.q.device_index);
     plan_prefill_tensor_maps(plan, a, queries, f);
+    f.softcap_fixed_max =
+        softcap_fixed_max_applies(config.softcap, dtype, p.alibi_slopes != nullptr);
     launch_flash_forward(f, dtype, head_dim, int(plan.head_dim_v), stream);
     return;
   }
