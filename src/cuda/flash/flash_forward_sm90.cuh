@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(o_acc);
       ptx::fence_registers(p_operand);
-      if (!shift.fixed) rescale_rows(o_acc, correction);
+      if (!shift.fixed) rescale_rows_if_moved(o_acc, correction);
       pack_probabilities(s_acc);
     }
 

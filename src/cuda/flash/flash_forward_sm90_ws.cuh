@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::fence_accumulators(o_acc);
         ptx::fence_registers(p_operand);
         ptx::mbarrier_arrive(empty_barrier(previous));  // K(n-1) and V(n-1) are read
-        if (!shift.fixed) rescale_rows(o_acc, correction);
+        if (!shift.fixed) rescale_rows_if_moved(o_acc, correction);
         pack_probabilities(s_acc);
       }
 

@@ -330,9 +330,17 @@ __device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
   }
 }
 
+// The running max moves only when a tile's max passes it by more than kMaxSlack (log2 units;
+// FlashAttention-4's conditional rescale): P = exp2(s - m) then stays below 2^8, which every
+// P type (fp16 included) and the fp32 sums hold as exactly as P <= 1, and the correction is
+// exactly exp2(0) = 1 for a row that kept its max, so a warp whose rows all kept theirs skips
+// the O rescale (rescale_rows_if_moved). Exact: m cancels in O / l and enters the LSE as
+// m + log2 l whichever m it is.
+constexpr float kMaxSlack = 8.f;
+
 // Online-softmax update of one slab's statistics: S (logits, log2 units) becomes
 // P = exp2(S - max) and the row statistics absorb the tile. Returns, per row, the factor that
-// rescales everything accumulated so far (O) to the new max.
+// rescales everything accumulated so far (O) to the new max (1 where the max did not move).
 template <int kNTiles>
 __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
                                                float (&correction)[2]) {
@@ -345,7 +353,10 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
     float tile_max = tree_max<kNTiles / 2>(partial_max);
     tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float new_max = max_keeping_nan(stats.max[half], tile_max);
+    // A NaN max (a NaN logit) is taken, not kept: the row stays NaN.
+    const float tile_new_max = max_keeping_nan(stats.max[half], tile_max);
+    const float new_max =
+        tile_new_max - stats.max[half] <= kMaxSlack ? stats.max[half] : tile_new_max;
     // A row that has seen only masked keys (and no sink) keeps max -inf: shift by 0 so
     // exp2(-inf - shift) = 0 instead of NaN.
     const float shift = new_max == -INFINITY ? 0.f : new_max;
@@ -389,6 +400,18 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
 }
 
 template <int kVTiles>
+__device__ __forceinline__ void rescale_rows(float (&o)[kVTiles][4], const float (&correction)[2]);
+
+// rescale_rows where some row of the warp moved its max (a correction of exactly 1 changes
+// nothing; with kMaxSlack most tiles past the first move none). Every lane must call it.
+template <int kVTiles>
+__device__ __forceinline__ void rescale_rows_if_moved(float (&o)[kVTiles][4],
+                                                      const float (&correction)[2]) {
+  if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f))
+    rescale_rows(o, correction);
+}
+
+template <int kVTiles>
 __device__ __forceinline__ void rescale_rows(float (&o)[kVTiles][4], const float (&correction)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half)
@@ -404,7 +427,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o
                                                RowStats& stats) {
   float correction[2];
   softmax_update(s, stats, correction);
-  rescale_rows(o, correction);
+  rescale_rows_if_moved(o, correction);
 }
 
 // Dropout scales what multiplies V, not the normaliser (DESIGN.md §3.7).

@@ -376,10 +376,7 @@ __global__ void __launch_bounds__(kKvThreads)
                 n0 >= last.begin && n0 + 16 <= first.end);
       float correction[2];
       softmax_update(s_acc, stats, correction);
-      // Once the running max settles, the correction is exp2(0) = 1 exactly: skipping the
-      // multiply by 1 changes nothing, and saves kDim / 2 multiplies per thread and tile.
-      if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f))
-        rescale_rows(o_acc, correction);
+      rescale_rows_if_moved(o_acc, correction);
 
       // O += P V.
       uint32_t a[4];
