@@ -1,6 +1,7 @@
-// The forward plan's rule for softcap with a fixed max (flash_forward_plan.h): it holds for
-// bf16 caps up to 50.25 without ALiBi, and nowhere the fixed shift could overflow a P or flush
-// a visible key to zero.
+// The forward plan's rules for the softmax's shift (flash_forward_plan.h): softcap with a fixed
+// max holds for bf16 caps up to 50.25 without ALiBi, and nowhere the fixed shift could overflow
+// a P or flush a visible key to zero; the online max's slack keeps an fp16 P with dropout in
+// range.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,13 +25,29 @@ TEST(SoftcapFixedMax, RefusesWhereTheShiftCouldLeaveTheRange) {
 }
 
 // The arithmetic behind the bound: at the largest cap taken, the smallest P (the lowest logit
-// -c' shifted by m = c' - 20) is still a normal float, and the largest is 2^20.
-TEST(SoftcapFixedMax, TheLargestCapKeepsEveryPNormal) {
+// -c' shifted by m = c' - 64) is 2^-81 or more, far above fp32's smallest normal, and the
+// largest is 2^64.
+TEST(SoftcapFixedMax, TheLargestCapKeepsEveryPFarFromTheRangesEnds) {
   const double cap_log2 = 50.25 * 1.4426950408889634;
-  const double m = cap_log2 - 20.0;
-  EXPECT_GE(-cap_log2 - m, -125.0);
-  EXPECT_DOUBLE_EQ(cap_log2 - m, 20.0);
-  EXPECT_LT(-(50.3 * 1.4426950408889634) * 2 + 20.0, -125.0);
+  const double m = cap_log2 - 64.0;
+  EXPECT_GE(-cap_log2 - m, -81.0);
+  EXPECT_DOUBLE_EQ(cap_log2 - m, 64.0);
+}
+
+// The slack lets P reach 2^slack; dropout scales it by 1 / keep_prob. bf16 holds any of that;
+// fp16 (largest 65504) gets the full slack of 8 down to keep_prob 2^-6 and less below.
+TEST(ForwardMaxSlack, KeepsAnFp16PWithDropoutBelowItsLargestValue) {
+  EXPECT_EQ(forward_max_slack(DType::kBFloat16, 0.001), 8.f);
+  EXPECT_EQ(forward_max_slack(DType::kFloat16, 1.0), 8.f);
+  EXPECT_EQ(forward_max_slack(DType::kFloat16, 0.9), 8.f);
+  for (double keep : {0.9, 0.5, 0.01, 0.004, 0.0001, 1e-6}) {
+    const float slack = forward_max_slack(DType::kFloat16, keep);
+    EXPECT_GE(slack, 0.f) << keep;
+    EXPECT_LE(slack, 8.f) << keep;
+    if (slack > 0.f) EXPECT_LE(std::exp2(double(slack)) / keep, 65504.0) << keep;
+  }
+  EXPECT_LT(forward_max_slack(DType::kFloat16, 0.004), 8.f);
+  EXPECT_EQ(forward_max_slack(DType::kFloat16, 1e-6), 0.f);
 }
 
 }  // namespace

@@ -173,10 +173,10 @@ TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
 
 // Softcap with a fixed max (bf16, cap 50: softcap_fixed_max_applies) at the edge of its
 // range: q ~ +3 and k ~ -3 put every raw logit near -1150, so every capped logit sits at -50
-// (log2 units -72.1) and P = exp2(s - m) at 2^-124, just above the smallest normal float. Had
-// the bound been wrong, every P would flush to zero and each row would read as empty (o = 0,
-// lse = -inf). The cap moves the truth by far more than the tolerance (without it each row is
-// one-hot on its largest logit; with it nearly uniform).
+// (log2 units -72.1) and P = exp2(s - m) at 2^-80, the floor of the fixed shift's range. Had
+// the bound been wrong, every P (or P V) would flush to zero and each row would read as empty
+// (o = 0, lse = -inf). The cap moves the truth by far more than the tolerance (without it each row
+// is one-hot on its largest logit; with it nearly uniform).
 TEST(FlashSoftcapFixedMax, KeepsRowsWhoseLogitsAllSitAtMinusTheCap) {
   std::string why;  // GTEST_SKIP must run in the test body itself to end it
   if (!gpu_present(&why) && !reference_only_mode()) GTEST_SKIP() << why;

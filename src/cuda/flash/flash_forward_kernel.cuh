@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int s = 0; s < kSlabs; ++s)
       transform_logits(p, b, s_acc[s], slab_row0(s), n0, quad_col, fully_visible);
 #pragma unroll
-    for (int s = 0; s < kSlabs; ++s) online_softmax(s_acc[s], o_acc[s], stats[s]);
+    for (int s = 0; s < kSlabs; ++s) online_softmax(s_acc[s], o_acc[s], stats[s], p.max_slack);
     if (p.dropout_threshold != 0) {
 #pragma unroll
       for (int s = 0; s < kSlabs; ++s) apply_dropout(p, s_acc[s], keep_bits[s]);

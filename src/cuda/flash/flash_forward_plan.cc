@@ -1,6 +1,7 @@
 #include "cuda/flash/flash_forward_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <vector>
@@ -78,6 +79,13 @@ bool softcap_fixed_max_applies(double softcap, DType dtype, bool alibi) {
   return softcap > 0 && softcap * kLog2e <= kLargestCapLog2 && dtype == DType::kBFloat16 && !alibi;
 }
 
+float forward_max_slack(DType dtype, double keep_prob) {
+  constexpr double kSlack = 8.0, kLargestHalf = 65504.0;
+  if (dtype != DType::kFloat16 || keep_prob >= 1.0) return float(kSlack);
+  const double room = std::floor(std::log2(kLargestHalf * keep_prob)) - 1.0;
+  return float(std::clamp(room, 0.0, kSlack));
+}
+
 bool queries_fill_tensor_rows(const AttentionProblem& problem) {
   return lengths_fill_rows(problem, problem.seqlen_q, problem.max_seqlen_q);
 }
@@ -148,6 +156,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.softmax_type = int(p.softmax_type);
   params.softmax_offset = static_cast<const float*>(p.softmax_offset.data);
   params.dropout_threshold = p.dropout_threshold;
+  params.max_slack = forward_max_slack(p.dtype, p.keep_prob);
   params.dropout_scale = float(1.0 / p.keep_prob);
   params.seed = p.rng.seed;
   params.offset = p.rng.offset;

@@ -41,6 +41,11 @@ bool keys_fill_tensor_rows(const AttentionProblem& problem);
 // 50.25: Gemma 2's 50 and Grok's 30 qualify).
 bool softcap_fixed_max_applies(double softcap, DType dtype, bool alibi);
 
+// The online max's slack (FlashForwardParams::max_slack): 8, or for fp16 with dropout at most
+// what keeps P / keep_prob <= 2^(slack + 1) under fp16's largest value (0: P <= 1, as without
+// the slack, for keep_prob below 2^-15).
+float forward_max_slack(DType dtype, double keep_prob);
+
 // Whom the forward's parameters are for: the forward's launch, or the backward's kernels, which
 // take the features and sequence tables but walk every tile themselves and copy their own tiles
 // (one split; no forward tensor maps or persistent grid).

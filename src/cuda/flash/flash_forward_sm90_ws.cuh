@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kNTiles = kBlockN / 8;
   constexpr int kVTiles = kDimV / 8;
   constexpr int kConsumerThreads = 256;
+  static_assert((kBlockN & (kBlockN - 1)) == 0, "a paged tile is whole boxes of pages");
 
   extern __shared__ __align__(1024) unsigned char shared_ws[];
   const uint32_t shared_base = (ptx::shared_address(shared_ws) + 1023u) & ~1023u;

@@ -44,6 +44,9 @@ struct FlashForwardParams {
   // a fixed max instead of a running one (flash_tile_math.cuh, SoftmaxShift), where
   // softcap_fixed_max_applies (flash_forward_plan.h) says it stays exact.
   bool softcap_fixed_max = false;
+  // The online max's slack (flash_tile_math.cuh, kMaxSlack): P stays below 2^max_slack, and
+  // dropout scales it by 1 / keep_prob, which an fp16 P must hold (forward_max_slack).
+  float max_slack = 8.f;
 
   // Visibility (DESIGN.md §3): window (-1 = unbounded); the diagonal offset of each sequence
   // (SequenceTables::diagonal: bottom-right skv - sq, top-left 0, or a CP tile's global delta).

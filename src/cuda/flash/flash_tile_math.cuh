@@ -158,23 +158,27 @@ __device__ __forceinline__ RowStats initial_row_stats(float sink_log2, int quad_
 
 // Softcap without a running max (FlashForwardParams::softcap_fixed_max, bf16 P only): every
 // logit lies in [-c', c'] (log2 units), so P = exp2(s - m) with the head's fixed m =
-// max(c' - kSoftcapFixedMaxHeadroom, sink) stays in [2^-125, 2^20] for c' <= 72.5 (the host's
-// rule, softcap_fixed_max_applies): no overflow in bf16 or the fp32 sums, no visible key
-// flushed to zero. The block then takes no max per tile, no correction and no O rescale. A
-// sink above c' - 20 raises m; keys then flush only below 2^-125 of the sink's own term.
-constexpr float kSoftcapFixedMaxHeadroom = 20.f;
+// max(c' - kSoftcapFixedMaxHeadroom, sink) stays in [2^-81, 2^64] for c' <= 72.5 (the host's
+// rule, softcap_fixed_max_applies): no overflow in bf16 or the fp32 sums (N 2^64 |V| stays far
+// below 2^128 for any realistic V), and the floor leaves P V and the sink's term exp2(sink - m)
+// about 45 binades above fp32's smallest normal, so nothing a running max would keep flushes.
+// The block then takes no max per tile, no correction and no O rescale. A sink above c' - 64
+// raises m.
+constexpr float kSoftcapFixedMaxHeadroom = 64.f;
 
 struct SoftmaxShift {
-  bool fixed = false;  // the fixed m below instead of the online max
-  float shift = 0.f;   // m, subtracted inside the logit transform (0 when not fixed)
+  bool fixed = false;     // the fixed m below instead of the online max
+  float shift = 0.f;      // m, subtracted inside the logit transform (0 when not fixed)
+  float max_slack = 8.f;  // the online max's slack (FlashForwardParams::max_slack)
 };
 
 template <typename Element>
 __device__ __forceinline__ SoftmaxShift block_softmax_shift(const FlashForwardParams& p,
                                                             float sink_log2) {
   SoftmaxShift shift;
+  shift.max_slack = p.max_slack;
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
-    if (p.softcap_fixed_max) {
+    if (p.use_softcap && p.softcap_fixed_max) {
       shift.fixed = true;
       shift.shift = fmaxf(p.softcap_log2 - kSoftcapFixedMaxHeadroom, sink_log2);
     }
@@ -330,12 +334,13 @@ __device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
   }
 }
 
-// The running max moves only when a tile's max passes it by more than kMaxSlack (log2 units;
-// FlashAttention-4's conditional rescale): P = exp2(s - m) then stays below 2^8, which every
-// P type (fp16 included) and the fp32 sums hold as exactly as P <= 1, and the correction is
-// exactly exp2(0) = 1 for a row that kept its max, so a warp whose rows all kept theirs skips
-// the O rescale (rescale_rows_if_moved). Exact: m cancels in O / l and enters the LSE as
-// m + log2 l whichever m it is.
+// The running max moves only when a tile's max passes it by more than `max_slack` (log2 units;
+// FlashAttention-4's conditional rescale; kMaxSlack unless the forward's plan lowers it,
+// FlashForwardParams::max_slack): P = exp2(s - m) then stays below 2^8, which every P type
+// (fp16 included) and the fp32 sums hold as exactly as P <= 1, and the correction is exactly 1
+// for a row that kept its max, so a warp whose rows all kept theirs skips the O rescale
+// (rescale_rows_if_moved). Exact: m cancels in O / l and enters the LSE as m + log2 l
+// whichever m it is.
 constexpr float kMaxSlack = 8.f;
 
 // Online-softmax update of one slab's statistics: S (logits, log2 units) becomes
@@ -343,7 +348,8 @@ constexpr float kMaxSlack = 8.f;
 // rescales everything accumulated so far (O) to the new max (1 where the max did not move).
 template <int kNTiles>
 __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
-                                               float (&correction)[2]) {
+                                               float (&correction)[2],
+                                               float max_slack = kMaxSlack) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float partial_max[kNTiles];
@@ -356,11 +362,12 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
     // A NaN max (a NaN logit) is taken, not kept: the row stays NaN.
     const float tile_new_max = max_keeping_nan(stats.max[half], tile_max);
     const float new_max =
-        tile_new_max - stats.max[half] <= kMaxSlack ? stats.max[half] : tile_new_max;
+        tile_new_max - stats.max[half] <= max_slack ? stats.max[half] : tile_new_max;
     // A row that has seen only masked keys (and no sink) keeps max -inf: shift by 0 so
     // exp2(-inf - shift) = 0 instead of NaN.
     const float shift = new_max == -INFINITY ? 0.f : new_max;
-    correction[half] = fast_exp2(stats.max[half] - shift);
+    // Exactly 1 where the max stayed (a row still at -inf included), so the rescale is skipped.
+    correction[half] = new_max == stats.max[half] ? 1.f : fast_exp2(stats.max[half] - shift);
     stats.max[half] = new_max;
     float partial_sum[kNTiles];
 #pragma unroll
@@ -381,7 +388,7 @@ template <int kNTiles>
 __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
                                                float (&correction)[2], const SoftmaxShift& shift) {
   if (!shift.fixed) {
-    softmax_update(s, stats, correction);
+    softmax_update(s, stats, correction, shift.max_slack);
     return;
   }
 #pragma unroll
@@ -424,9 +431,9 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kVTiles][4], const float
 
 template <int kNTiles, int kVTiles>
 __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&o)[kVTiles][4],
-                                               RowStats& stats) {
+                                               RowStats& stats, float max_slack) {
   float correction[2];
-  softmax_update(s, stats, correction);
+  softmax_update(s, stats, correction, max_slack);
   rescale_rows_if_moved(o, correction);
 }
 
