@@ -44,7 +44,9 @@ TEST(ForwardMaxSlack, KeepsAnFp16PWithDropoutBelowItsLargestValue) {
     const float slack = forward_max_slack(DType::kFloat16, keep);
     EXPECT_GE(slack, 0.f) << keep;
     EXPECT_LE(slack, 8.f) << keep;
-    if (slack > 0.f) EXPECT_LE(std::exp2(double(slack)) / keep, 65504.0) << keep;
+    if (slack > 0.f) {
+      EXPECT_LE(std::exp2(double(slack)) / keep, 65504.0) << keep;
+    }
   }
   EXPECT_LT(forward_max_slack(DType::kFloat16, 0.004), 8.f);
   EXPECT_EQ(forward_max_slack(DType::kFloat16, 1e-6), 0.f);
