@@ -6,51 +6,13 @@
 // with finite random values, where such a read goes unseen.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <limits>
 #include <string>
-#include <vector>
 
 #include "gpu/device_case.h"
 #include "gpu/gpu_cases.h"
 
 namespace dpa::test {
 namespace {
-
-constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-
-// Sets every k and v row that lies outside all sequences to NaN; returns how many rows.
-// bshd: rows lengths_kv[b] .. seqlen_kv of batch b. thd: rows outside every [start, start + len)
-// of cu_seqlens_kv_padded (or cu_seqlens_kv).
-int64_t poison_rows_past_sequences(const CaseSpec& spec, CaseTensors& t) {
-  const Format format = spec.config.format;
-  EXPECT_TRUE(format == Format::kBSHD || format == Format::kTHD);
-  std::vector<bool> used;  // per flattened row: (b * rows + r) for bshd, r for thd
-  int64_t rows = 0;
-  if (format == Format::kTHD) {
-    rows = t.k.shape()[0];
-    used.assign(size_t(rows), false);
-    const HostTensor& starts =
-        t.cu_seqlens_kv_padded.defined() ? t.cu_seqlens_kv_padded : t.cu_seqlens_kv;
-    for (size_t b = 0; b < spec.lengths_kv.size(); ++b)
-      for (int64_t r = 0; r < spec.lengths_kv[b]; ++r)
-        used[size_t(int64_t(starts.get(int64_t(b))) + r)] = true;
-  } else {
-    rows = t.k.shape()[1];
-    used.assign(size_t(spec.batch * rows), false);
-    for (int64_t b = 0; b < spec.batch; ++b)
-      for (int64_t r = 0; r < spec.lengths_kv.at(size_t(b)); ++r) used[size_t(b * rows + r)] = true;
-  }
-  const int64_t k_row = spec.heads_kv * spec.head_dim_qk, v_row = spec.heads_kv * spec.head_dim_v;
-  int64_t poisoned = 0;
-  for (size_t row = 0; row < used.size(); ++row) {
-    if (used[row]) continue;
-    ++poisoned;
-    for (int64_t e = 0; e < k_row; ++e) t.k.set(int64_t(row) * k_row + e, kNan);
-    for (int64_t e = 0; e < v_row; ++e) t.v.set(int64_t(row) * v_row + e, kNan);
-  }
-  return poisoned;
-}
 
 CaseSpec padded_bshd_d128() {
   CaseSpec spec;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 namespace dpa::test {
 namespace {
@@ -107,6 +109,39 @@ CaseTensors make_case(const CaseSpec& spec) {
     for (int64_t i = 0; i < t.attn_mask.numel(); ++i) t.attn_mask.set(i, masked(rng) ? 1 : 0);
   }
   return t;
+}
+
+int64_t poison_rows_past_sequences(const CaseSpec& spec, CaseTensors& t) {
+  const Format format = spec.config.format;
+  // sbhd is not taken here; bshd without lengths has no such rows.
+  if (format != Format::kBSHD && format != Format::kTHD) return 0;
+  if (spec.lengths_kv.empty()) return 0;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<bool> used;  // per flattened row: (b * rows + r) for bshd, r for thd
+  int64_t rows = 0;
+  if (format == Format::kTHD) {
+    rows = t.k.shape()[0];
+    used.assign(size_t(rows), false);
+    const HostTensor& starts =
+        t.cu_seqlens_kv_padded.defined() ? t.cu_seqlens_kv_padded : t.cu_seqlens_kv;
+    for (size_t b = 0; b < spec.lengths_kv.size(); ++b)
+      for (int64_t r = 0; r < spec.lengths_kv[b]; ++r)
+        used[size_t(int64_t(starts.get(int64_t(b))) + r)] = true;
+  } else {
+    rows = t.k.shape()[1];
+    used.assign(size_t(spec.batch * rows), false);
+    for (int64_t b = 0; b < spec.batch; ++b)
+      for (int64_t r = 0; r < spec.lengths_kv.at(size_t(b)); ++r) used[size_t(b * rows + r)] = true;
+  }
+  const int64_t k_row = spec.heads_kv * spec.head_dim_qk, v_row = spec.heads_kv * spec.head_dim_v;
+  int64_t poisoned = 0;
+  for (size_t row = 0; row < used.size(); ++row) {
+    if (used[row]) continue;
+    ++poisoned;
+    for (int64_t e = 0; e < k_row; ++e) t.k.set(int64_t(row) * k_row + e, nan);
+    for (int64_t e = 0; e < v_row; ++e) t.v.set(int64_t(row) * v_row + e, nan);
+  }
+  return poisoned;
 }
 
 CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& t, BackendKind backend,

@@ -46,6 +46,11 @@ struct CaseOutputs {
 
 CaseTensors make_case(const CaseSpec& spec);
 
+// Sets every k and v row that lies outside all sequences (bshd: rows lengths_kv[b] .. of batch
+// b; thd: rows outside every [start, start + length) of the padded offsets) to NaN, and returns
+// how many rows: a backend must never let them reach a result.
+int64_t poison_rows_past_sequences(const CaseSpec& spec, CaseTensors& tensors);
+
 // Runs forward (and backward when `backward`) with `spec.config` and the given backend forced.
 // Dropout uses RngState{spec.config.seed, 7}.
 CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& tensors, BackendKind backend,
