@@ -48,6 +48,9 @@ TEST_P(RowsPastSequences, NanThereChangesNothing) {
   CaseTensors tensors = make_case(spec);
   const CaseOutputs clean = run_case(spec, tensors, backend, /*backward=*/true);
   ASSERT_GT(poison_rows_past_sequences(spec, tensors), 0) << "the case has no such rows";
+  if (spec.config.format == Format::kBSHD) {
+    ASSERT_TRUE(poison_reaches_o_without_the_lengths(spec, tensors));
+  }
   const CaseOutputs got = run_case(spec, tensors, backend, /*backward=*/true);
   expect_same(got.o, clean.o, "o");
   expect_same(got.lse, clean.lse, "lse");

@@ -54,6 +54,9 @@ TEST_P(FlashRowsPastSequences, NanThereNeverReachesO) {
   }
   const CaseOutputs clean = run_case(spec, tensors, BackendKind::kCpuExact, /*backward=*/false);
   ASSERT_GT(poison_rows_past_sequences(spec, tensors), 0) << "the case has no such rows";
+  if (spec.config.format == Format::kBSHD) {
+    ASSERT_TRUE(poison_reaches_o_without_the_lengths(spec, tensors));
+  }
   // The truth never reads them: the poisoned inputs give the same o and LSE, without NaN.
   const CaseOutputs reference = run_case(spec, tensors, BackendKind::kCpuExact, /*backward=*/false);
   ASSERT_FALSE(has_nan(reference.o));

@@ -144,6 +144,16 @@ int64_t poison_rows_past_sequences(const CaseSpec& spec, CaseTensors& t) {
   return poisoned;
 }
 
+bool poison_reaches_o_without_the_lengths(const CaseSpec& spec, const CaseTensors& tensors) {
+  CaseSpec every_row = spec;
+  every_row.lengths_q.clear();
+  every_row.lengths_kv.clear();
+  every_row.config.mask_type = MaskType::kCausalBottomRight;
+  CaseTensors full = tensors;
+  full.cu_seqlens_q = full.cu_seqlens_kv = HostTensor();
+  return has_nan(run_case(every_row, full, BackendKind::kCpuExact, /*backward=*/false).o);
+}
+
 CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& t, BackendKind backend,
                      bool backward) {
   AttentionConfig config = spec.config;

@@ -51,6 +51,11 @@ CaseTensors make_case(const CaseSpec& spec);
 // how many rows: a backend must never let them reach a result.
 int64_t poison_rows_past_sequences(const CaseSpec& spec, CaseTensors& tensors);
 
+// For a poisoned bshd case: whether cpu_exact's o turns NaN when the same tensors are read as
+// full-length sequences (no lengths), i.e. whether the poison would reach a result that read
+// those rows. Shows that a test of the rows can fail.
+bool poison_reaches_o_without_the_lengths(const CaseSpec& spec, const CaseTensors& tensors);
+
 // Runs forward (and backward when `backward`) with `spec.config` and the given backend forced.
 // Dropout uses RngState{spec.config.seed, 7}.
 CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& tensors, BackendKind backend,

@@ -44,17 +44,8 @@ void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
   const RowTensor q = forward_row_tensor(p, p.q, p.q_rows, true, p.heads_q, p.head_dim_qk);
   const RowTensor k = forward_row_tensor(p, p.k, p.k_rows, false, p.heads_kv, p.head_dim_qk);
   const RowTensor v = forward_row_tensor(p, p.v, p.v_rows, false, p.heads_kv, p.head_dim_v);
-  if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
-    return;
-  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, shape.block_m);
-  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, shape.block_n);
-  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, shape.block_n);
-  if (!q_map || !k_map || !v_map) return;  // cp.async copies instead
-  params.q_map = *q_map;
-  params.k_map = *k_map;
-  params.v_map = *v_map;
-  params.tma = true;
-  params.tma_tails = !keys_fill_tensor_rows(p);
+  plan_forward_tensor_maps(q, k, v, shape.block_m, shape.block_n, !keys_fill_tensor_rows(p),
+                           params);
 }
 
 }  // namespace
@@ -72,6 +63,22 @@ RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtyp
   t.row_stride = layout.stride_seq;
   t.head_stride = layout.stride_head;
   return t;
+}
+
+void plan_forward_tensor_maps(const RowTensor& q, const RowTensor& k, const RowTensor& v,
+                              int q_box_rows, int kv_box_rows, bool tails,
+                              FlashForwardParams& params) {
+  if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
+    return;
+  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, q_box_rows);
+  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, kv_box_rows);
+  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, kv_box_rows);
+  if (!q_map || !k_map || !v_map) return;  // cp.async copies instead
+  params.q_map = *q_map;
+  params.k_map = *k_map;
+  params.v_map = *v_map;
+  params.tma = true;
+  params.tma_tails = tails;
 }
 
 bool softcap_fixed_max_applies(double softcap, DType dtype, bool alibi) {

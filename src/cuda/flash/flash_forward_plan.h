@@ -27,6 +27,14 @@ void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_s
 RowTensor row_tensor(const TensorView& view, const RowLayout& layout, DType dtype, int64_t batch,
                      int64_t rows, int64_t heads, int64_t dim);
 
+// Encodes the warp-specialised forward's tensor maps of q, k and v (boxes of q_box_rows and
+// kv_box_rows rows) into `params` and sets params.tma, with tma_tails = `tails` (some sequence
+// ends inside its tensor), where TMA can address all three; otherwise leaves `params` to
+// cp.async. Shared by plan_flash_forward and the KV cache's prefill on the flash forward.
+void plan_forward_tensor_maps(const RowTensor& q, const RowTensor& k, const RowTensor& v,
+                              int q_box_rows, int kv_box_rows, bool tails,
+                              FlashForwardParams& params);
+
 // Whether every query (key) sequence fills its tensor's rows, so that the rows past a sequence
 // are past the tensor, which TMA reads as zeros: bshd or sbhd with every length at the tensor's
 // row count. A padded sequence, or thd's packed ones, is followed by rows of other data, which

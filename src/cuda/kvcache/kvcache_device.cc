@@ -255,41 +255,39 @@ void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, int
   if (plan.paged && plan.page_size < 8) return;
   const FlashTileShape shape =
       flash_forward_wgmma_ws_tile_shape(int(plan.head_dim_qk), int(plan.head_dim_v));
-  auto tensor = [&](const void* base, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
-                    int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    RowTensor t;
-    t.base = base;
-    t.dtype = a.q.dtype;
-    t.batch = batch;
-    t.rows = rows;
-    t.heads = heads;
-    t.dim = dim;
-    t.batch_stride = batch_stride;
-    t.row_stride = row_stride;
-    t.head_stride = head_stride;
-    return t;
-  };
-  const RowTensor q = tensor(f.q, plan.batch, queries, plan.heads_q, plan.head_dim_qk,
-                             f.q_batch_stride, f.q_row_stride, f.q_head_stride);
+  const DType dtype = a.q.dtype;
+  const RowTensor q{f.q,
+                    dtype,
+                    plan.batch,
+                    queries,
+                    plan.heads_q,
+                    plan.head_dim_qk,
+                    f.q_batch_stride,
+                    f.q_row_stride,
+                    f.q_head_stride};
   // Dim 0 is the batch (contiguous) or the page (paged); dim 1 the rows of either.
   const int64_t dim0 = a.k_cache.shape[0], rows = a.k_cache.shape[1];
-  const RowTensor k = tensor(f.k, dim0, rows, plan.heads_kv, plan.head_dim_qk, f.k_batch_stride,
-                             f.k_row_stride, f.k_head_stride);
-  const RowTensor v = tensor(f.v, dim0, rows, plan.heads_kv, plan.head_dim_v, f.v_batch_stride,
-                             f.v_row_stride, f.v_head_stride);
-  if (!tensor_map_can_address(q) || !tensor_map_can_address(k) || !tensor_map_can_address(v))
-    return;
+  const RowTensor k{f.k,
+                    dtype,
+                    dim0,
+                    rows,
+                    plan.heads_kv,
+                    plan.head_dim_qk,
+                    f.k_batch_stride,
+                    f.k_row_stride,
+                    f.k_head_stride};
+  const RowTensor v{f.v,
+                    dtype,
+                    dim0,
+                    rows,
+                    plan.heads_kv,
+                    plan.head_dim_v,
+                    f.v_batch_stride,
+                    f.v_row_stride,
+                    f.v_head_stride};
   const int box_rows =
       plan.paged ? int(std::min<int64_t>(plan.page_size, shape.block_n)) : shape.block_n;
-  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, shape.block_m);
-  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, box_rows);
-  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, box_rows);
-  if (!q_map || !k_map || !v_map) return;  // cp.async copies instead
-  f.q_map = *q_map;
-  f.k_map = *k_map;
-  f.v_map = *v_map;
-  f.tma = true;
-  f.tma_tails = true;
+  plan_forward_tensor_maps(q, k, v, shape.block_m, box_rows, /*tails=*/true, f);
 }
 
 size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
