@@ -35,6 +35,9 @@ struct FeatureRequest {
   int64_t head_dim_qk = 64, head_dim_v = 64;
   MaskType mask_type = MaskType::kNoMask;
   bool window = false;          // a finite left or right bound beyond what the mask implies
+  // The diagonal of a causal mask, a window and ALiBi: bottom-right (query i of sq at key
+  // i + skv - sq) or top-left (at key i).
+  bool bottom_right = true;
   bool padded_offsets = false;  // thd with cu_seqlens_*_padded
   BiasType bias_type = BiasType::kNoBias;
   bool bias_grad = false;

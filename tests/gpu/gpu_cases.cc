@@ -342,6 +342,26 @@ std::vector<GpuCase> gpu_cases() {
                 },
                 mask(MaskType::kPaddingCausalBottomRight), window(100, 0)}),
            no_window()),
+      // Decode on the KV-cache kernel (cuda_flash takes it for bshd / sbhd with at most 16
+      // queries; sq1 and decode_gqa_64_8_sink above go there too): sbhd strides, a window and
+      // softcap; several queries per sequence with ALiBi per batch; 128 packed rows of head dim
+      // 256; a top-left causal mask where sq = skv makes it the bottom-right one.
+      make("decode_sbhd_window_softcap",
+           all({sizes(2, 1, 1000, 16, 2, 64),
+                [](CaseSpec& s) { s.config.format = Format::kSBHD; },
+                mask(MaskType::kCausalBottomRight), window(100, 0), softcap(5), qk(2.0)}),
+           no_window()),
+      make("decode_queries_4_alibi_off_by_one_fp16",
+           all({sizes(2, 4, 700, 8, 2, 128), head_dims(128, 128, fp16), alibi(true),
+                mask(MaskType::kCausalBottomRight), softmax(SoftmaxType::kOffByOne)}),
+           no_alibi()),
+      with_means(make("decode_queries_16_hdim256_window_sink",
+                      all({sizes(1, 16, 900, 8, 1, 256), softmax(SoftmaxType::kLearnable),
+                           mask(MaskType::kCausalBottomRight), window(20, 0)}),
+                      no_window()),
+                 0, 4.0),
+      make("decode_sq_equals_skv_causal_top_left",
+           all({sizes(2, 12, 12, 4, 2, 64), mask(MaskType::kCausal)}), mask(MaskType::kNoMask)),
   };
   return cases;
 }

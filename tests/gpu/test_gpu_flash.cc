@@ -95,6 +95,23 @@ TEST_F(FlashOnGpu, ChosenAutomaticallyForDecode) {
   EXPECT_EQ(selection.chosen, BackendKind::kCudaFlash) << selection.to_string();
 }
 
+// explain() names the KV-cache kernel for a decode it can run (GQA packing), and the flash
+// forward's decode tiles for a top-left causal decode, whose diagonal that kernel cannot place
+// (docs/cuda_flash.md, "Decode on the KV-cache kernel").
+TEST_F(FlashOnGpu, ExplainNamesTheKvCacheKernelForDecode) {
+  const auto plan = [](MaskType mask) {
+    AttentionConfig config;
+    config.mask_type = mask;
+    const Selection selection = DotProductAttention(config).explain(
+        device_shapes(2, 1, 32768, 64, 8, 128), Pass::kForward);
+    const BackendVerdict* flash = verdict_for(selection, BackendKind::kCudaFlash);
+    return flash != nullptr ? flash->plan : std::string("no cuda_flash verdict");
+  };
+  EXPECT_NE(plan(MaskType::kCausalBottomRight).find("kvcache decode"), std::string::npos);
+  EXPECT_NE(plan(MaskType::kNoMask).find("kvcache decode"), std::string::npos);
+  EXPECT_EQ(plan(MaskType::kCausal).find("kvcache decode"), std::string::npos);
+}
+
 GpuCase find_case(const std::string& name) {
   for (const GpuCase& c : gpu_cases())
     if (c.name == name) return c;

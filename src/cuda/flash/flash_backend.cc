@@ -11,6 +11,7 @@
 #include "cuda/fill_rows.h"
 #include "cuda/flash/flash_backward_launch.h"
 #include "cuda/flash/flash_forward_launch.h"
+#include "cuda/flash/flash_forward_on_kvcache.h"
 #include "cuda/flash/flash_forward_plan.h"
 #include "cuda/flash/flash_head_dim_pairs.h"
 #include "cuda/flash/flash_tiles.h"
@@ -47,6 +48,9 @@ std::string describe_flash_plan(const FeatureRequest& r) {
         return "backward kernel family mma_sync (atomic-free pair)" + shared;
     }
   }
+  if (cuda::forward_runs_on_kvcache_kernel(r))
+    return "forward kernel family kvcache decode (the query heads of a KV head packed into "
+           "16-row blocks, split-KV with an LSE merge)";
   const cuda::FlashTileShape shape =
       cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.device_arch, r.flash_forward_kernel);
   const std::string tiles =
@@ -136,6 +140,8 @@ class CudaFlashBackend final : public Backend {
   void forward(const AttentionProblem& p) const override {
     auto stream = static_cast<cudaStream_t>(p.stream);
     const cuda::DeviceGuard device(p.device_index);  // restores the caller's device
+    if (cuda::forward_runs_on_kvcache_kernel(make_feature_request(p)))
+      return cuda::run_forward_on_kvcache_kernel(p, stream);
     const cuda::FlashTileShape shape = cuda::flash_forward_shape_for(p);
     cuda::FlashForwardPlan plan = cuda::plan_flash_forward(p, shape, stream);
     // Rows outside every sequence (bshd padding, thd gaps) get o = 0 and the empty-row LSE;
@@ -151,6 +157,8 @@ class CudaFlashBackend final : public Backend {
 
   size_t workspace_bytes(const AttentionProblem& p) const override {
     if (p.pass == Pass::kBackward) return cuda::flash_backward_workspace_bytes(p);
+    if (cuda::forward_runs_on_kvcache_kernel(make_feature_request(p)))
+      return cuda::forward_on_kvcache_workspace_bytes(p);
     const cuda::FlashTileShape shape = cuda::flash_forward_shape_for(p);
     const int splits = cuda::flash_forward_num_splits(p, shape);
     return workspace_bytes_for(
