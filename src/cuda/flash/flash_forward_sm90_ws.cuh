@@ -233,14 +233,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
         const int stage = issued % kStages;
-        const int n0 = n_block * kBlockN;
-        // A paged tile's pages: lane i reads box i's table entry before the stage is free, so
-        // that the table's loads overlap the wait and one another (with tails the whole warp is
-        // here; without, lane 0 reads them one by one below). Rows past the sequence read none.
-        int lane_page = 0;
-        if (pages && p.tma_tails && lane * box_rows < kBlockN && n0 + lane * box_rows < b.seqlen_kv)
-          lane_page = pages[(n0 + lane * box_rows) >> p.page_shift];
         if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
+        const int n0 = n_block * kBlockN;
         const uint32_t full = full_barrier(stage);
         if (copied_by_threads(n0, b.seqlen_kv)) {
           const int valid_rows = b.seqlen_kv - n0;
@@ -258,17 +252,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, valid_rows);
           }
           ptx::cp_async_mbarrier_arrive_noinc(full);
-        } else {
-          if (lane == 0) ptx::mbarrier_arrive_expect_tx(full, Traits::kKBytes + Traits::kVBytes);
+        } else if (lane == 0) {
+          ptx::mbarrier_arrive_expect_tx(full, Traits::kKBytes + Traits::kVBytes);
 #pragma unroll 1
           for (int r = 0; r < kBlockN; r += box_rows) {
             const int key = n0 + r;
             const int row = pages ? key & page_mask : kv_row0 + key;
-            int batch = kv_batch;
-            if (pages)
-              batch = p.tma_tails ? __shfl_sync(0xffffffffu, lane_page, r / box_rows)
-                                  : pages[key >> p.page_shift];
-            if (lane != 0) continue;
+            const int batch = pages ? pages[key >> p.page_shift] : kv_batch;
 #pragma unroll
             for (int c = 0; c < kDimQK / 64; ++c)
               ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128) + r * 128, &p.k_map, 64 * c,
@@ -278,7 +268,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128) + r * 128, &p.v_map, 64 * c,
                                row, kv_head, batch, full);
           }
-          if (lane != 0) ptx::mbarrier_arrive(full);
+        } else {
+          ptx::mbarrier_arrive(full);
         }
       }
     }
