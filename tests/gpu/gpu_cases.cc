@@ -362,10 +362,6 @@ std::vector<GpuCase> gpu_cases() {
                  0, 4.0),
       make("decode_sq_equals_skv_causal_top_left",
            all({sizes(2, 12, 12, 4, 2, 64), mask(MaskType::kCausal)}), mask(MaskType::kNoMask)),
-      // No keys at all: o = 0 and the LSE is the sink's logit (DESIGN.md §3).
-      with_means(make("decode_no_keys_sink", all({sizes(2, 3, 0, 8, 2, 64),
-                                                   softmax(SoftmaxType::kLearnable)})),
-                 0, 4.0),
   };
   return cases;
 }
