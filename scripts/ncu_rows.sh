@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Profiles one kernel launch of each `dpa bench` row with Nsight Compute on the GPU machine and
+# keeps text only (reports are too large to bring back): per row the throughput, warp-state and
+# scheduler sections, and the source view's hottest SASS lines by stall samples. For finding
+# where a kernel's time goes before changing it (docs/perf.md's rule: predict, then measure).
+#
+# usage: scripts/ncu_rows.sh OUTDIR ROWS KERNEL_REGEX
+#   ROWS          one `dpa bench` argument list per line (`#` starts a comment), as for
+#                 scripts/ab_bench.sh
+#   KERNEL_REGEX  ncu's --kernel-name regex (e.g. `sm90_ws`, `kvcache_attention`, `one_kernel`)
+#
+# Environment: DPA_BUILD_DIR (default build-device; built by scripts/gpu_check.sh OUTDIR build
+# when missing), NCU (default ncu), NCU_HOT_LINES (default 40: source lines kept per row).
+# Writes OUTDIR/ncu.txt (every row's sections and hot lines) and OUTDIR/ncu.log.
+set -uo pipefail
+
+if [ $# -ne 3 ]; then
+  sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//' | sed '$d' >&2
+  exit 2
+fi
+out="$1"
+rows_file="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+kernel="$3"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${DPA_BUILD_DIR:-$root/build-device}"
+ncu="${NCU:-ncu}"
+hot_lines="${NCU_HOT_LINES:-40}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+report="$out/ncu.txt"
+log="$out/ncu.log"
+: >"$report"
+: >"$log"
+
+if [ ! -x "$build/tools/dpa" ]; then
+  DPA_BUILD_DIR="$build" bash "$root/scripts/gpu_check.sh" "$out/check" build >>"$log" 2>&1
+fi
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+row_number=0
+while IFS= read -r line; do
+  args="${line%%#*}"
+  [ -z "${args// /}" ] && continue
+  row_number=$((row_number + 1))
+  rep="$scratch/row$row_number"
+  {
+    echo "=================================================================="
+    echo "row $row_number: dpa bench $args (kernel regex $kernel)"
+  } >>"$report"
+  # One launch after the warm-up ones, the clocks as the bench leaves them.
+  # shellcheck disable=SC2086
+  if ! timeout 300 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 3 \
+    --launch-count 1 --set full --import-source yes -f -o "$rep" \
+    "$build/tools/dpa" bench --iters 5 --warmup 3 $args >>"$log" 2>&1; then
+    echo "ncu failed (see ncu.log)" >>"$report"
+    continue
+  fi
+  "$ncu" --import "$rep.ncu-rep" --page details \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+    >>"$report" 2>>"$log"
+  # The source view as CSV: keep the SASS lines with the most stall samples.
+  if "$ncu" --import "$rep.ncu-rep" --page source --csv --print-source sass \
+    >"$scratch/source.csv" 2>>"$log"; then
+    echo "--- hottest SASS lines (by the first column whose name has 'Samples') ---" >>"$report"
+    python3 - "$scratch/source.csv" "$hot_lines" >>"$report" 2>>"$log" <<'EOF'
+import csv, sys
+path, keep = sys.argv[1], int(sys.argv[2])
+with open(path, newline="") as f:
+    rows = list(csv.reader(f))
+header_at = next((i for i, r in enumerate(rows) if any("Samples" in c for c in r)), None)
+if header_at is None:
+    sys.exit("no sample column in the source page")
+header = rows[header_at]
+column = next(i for i, c in enumerate(header) if "Samples" in c)
+source = next((i for i, c in enumerate(header) if c.strip() in ("Source", "# Source")), 1)
+def samples(r):
+    try:
+        return float(r[column].replace(",", ""))
+    except (ValueError, IndexError):
+        return 0.0
+body = [r for r in rows[header_at + 1:] if len(r) > column]
+total = sum(samples(r) for r in body) or 1.0
+for r in sorted(body, key=samples, reverse=True)[:keep]:
+    print(f"{100 * samples(r) / total:5.1f}%  {r[source].strip()}")
+EOF
+  fi
+done <"$rows_file"
+echo "ncu_rows: $row_number rows profiled into $report"
