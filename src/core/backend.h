@@ -34,11 +34,16 @@ struct FeatureRequest {
   int64_t max_seqlen_q = 1, max_seqlen_kv = 1;
   int64_t head_dim_qk = 64, head_dim_v = 64;
   MaskType mask_type = MaskType::kNoMask;
-  bool window = false;          // a finite left or right bound beyond what the mask implies
+  // A finite left or right bound beyond what the mask implies.
+  bool window = false;
   // The diagonal of a causal mask, a window and ALiBi: bottom-right (query i of sq at key
   // i + skv - sq) or top-left (at key i).
   bool bottom_right = true;
   bool padded_offsets = false;  // thd with cu_seqlens_*_padded
+  // Every sequence has max_seqlen_q queries (max_seqlen_kv keys): no sequence is shorter than
+  // its tensor's rows, whichever the mask (cu_seqlens count with no_mask too).
+  bool queries_fill_rows = true;
+  bool keys_fill_rows = true;
   BiasType bias_type = BiasType::kNoBias;
   bool bias_grad = false;
   bool alibi = false;

@@ -63,9 +63,9 @@ TEST(FlashForwardOnKvCache, LeavesEverythingElseToTheFlashForward) {
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.pass = Pass::kBackward; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.device = Device::kCPU; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.format = Format::kTHD; }));
-  EXPECT_TRUE(refused([](FeatureRequest& r) { r.mask_type = MaskType::kPadding; }));
-  EXPECT_TRUE(
-      refused([](FeatureRequest& r) { r.mask_type = MaskType::kPaddingCausalBottomRight; }));
+  // A sequence shorter than its tensor's rows (padding, or cu_seqlens with any mask).
+  EXPECT_TRUE(refused([](FeatureRequest& r) { r.queries_fill_rows = false; }));
+  EXPECT_TRUE(refused([](FeatureRequest& r) { r.keys_fill_rows = false; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.dropout = true; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.bias_type = BiasType::kPostScale; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.cp.tile = true; }));
@@ -81,18 +81,22 @@ TEST(FlashForwardOnKvCache, LeavesEverythingElseToTheFlashForward) {
       refused([](FeatureRequest& r) { r.flash_forward_kernel = FlashForwardKernel::kMmaSync; }));
 }
 
-// The kernel places query i of sq at key i + skv - sq. A top-left diagonal differs unless sq =
-// skv, and only a causal mask, a window or ALiBi read it.
+// The kernel places query i of sq at key i + skv - sq. A top-left diagonal (kCausal, or a
+// window or ALiBi placed top-left) differs unless sq = skv, and only a causal mask, a window or
+// ALiBi read it.
 TEST(FlashForwardOnKvCache, TakesATopLeftDiagonalOnlyWhereNothingReadsItOrItIsTheSame) {
   FeatureRequest r = decode_request();
+  r.mask_type = MaskType::kCausal;
   r.bottom_right = false;
   EXPECT_FALSE(on_kvcache(r));
   r.window = false;
   r.alibi = false;
-  r.mask_type = MaskType::kCausal;
-  EXPECT_FALSE(on_kvcache(r));
+  EXPECT_FALSE(on_kvcache(r));  // the causal mask alone
   r.mask_type = MaskType::kNoMask;
   EXPECT_TRUE(on_kvcache(r));
+  r.alibi = true;
+  EXPECT_FALSE(on_kvcache(r));
+  r.alibi = false;
   r.mask_type = MaskType::kCausal;
   r.max_seqlen_q = r.max_seqlen_kv = 12;
   EXPECT_TRUE(on_kvcache(r));

@@ -72,6 +72,38 @@ TEST(FlashRules, FeatureRequestSeesMisalignedRows) {
       make_feature_request(build_forward_problem(config, args, 0.0, {})).rows_16_byte_aligned);
 }
 
+// The request says whether every sequence fills its tensor's rows (decode on the KV-cache
+// kernel needs it: docs/cuda_flash.md), from the lengths cu_seqlens give with any mask.
+TEST(FlashRules, FeatureRequestSeesWhetherSequencesFillTheirRows) {
+  std::vector<uint16_t> q(2 * 2 * 4 * 64), kv(2 * 6 * 2 * 64), o(q.size());
+  std::vector<float> lse(2 * 4 * 2);
+  ForwardArgs args;
+  args.in.q = TensorView::contiguous(q.data(), DType::kBFloat16, {2, 2, 4, 64});
+  args.in.k = args.in.v = TensorView::contiguous(kv.data(), DType::kBFloat16, {2, 6, 2, 64});
+  args.o = TensorView::contiguous(o.data(), DType::kBFloat16, {2, 2, 4, 64});
+  args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {2, 4, 2});
+  std::vector<int> cu_q, cu_kv;
+  auto request = [&](MaskType mask, std::vector<int> q_starts, std::vector<int> kv_starts) {
+    AttentionConfig config;
+    config.mask_type = mask;
+    cu_q = std::move(q_starts);
+    cu_kv = std::move(kv_starts);
+    args.in.cu_seqlens_q = TensorView::contiguous(cu_q.data(), DType::kInt32, {3});
+    args.in.cu_seqlens_kv = TensorView::contiguous(cu_kv.data(), DType::kInt32, {3});
+    return make_feature_request(build_forward_problem(config, args, 0.0, {}));
+  };
+  for (MaskType mask : {MaskType::kNoMask, MaskType::kPaddingCausalBottomRight}) {
+    const FeatureRequest full = request(mask, {0, 2, 4}, {0, 6, 12});
+    EXPECT_TRUE(full.queries_fill_rows && full.keys_fill_rows) << to_string(mask);
+    const FeatureRequest short_keys = request(mask, {0, 2, 4}, {0, 6, 9});
+    EXPECT_TRUE(short_keys.queries_fill_rows) << to_string(mask);
+    EXPECT_FALSE(short_keys.keys_fill_rows) << to_string(mask);
+    const FeatureRequest short_queries = request(mask, {0, 2, 3}, {0, 6, 12});
+    EXPECT_FALSE(short_queries.queries_fill_rows) << to_string(mask);
+    EXPECT_TRUE(short_queries.keys_fill_rows) << to_string(mask);
+  }
+}
+
 // explain() names the kernel family the launch would take, from the same shape functions, and
 // the config's family reaches it (issue 17: the family is config, not a run-time variable).
 TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {

@@ -362,6 +362,15 @@ std::vector<GpuCase> gpu_cases() {
                  0, 4.0),
       make("decode_sq_equals_skv_causal_top_left",
            all({sizes(2, 12, 12, 4, 2, 64), mask(MaskType::kCausal)}), mask(MaskType::kNoMask)),
+      // cu_seqlens without a padding mask shorten the sequences as padding does: the flash
+      // decode tiles take it (the KV-cache kernel's route needs full sequences).
+      make("decode_lengths_without_padding_mask",
+           all({sizes(2, 4, 700, 8, 2, 64), mask(MaskType::kCausalBottomRight),
+                [](CaseSpec& s) {
+                  s.lengths_q = {4, 2};
+                  s.lengths_kv = {700, 33};
+                }}),
+           no_lengths()),
   };
   return cases;
 }

@@ -78,8 +78,9 @@ bool forward_runs_on_kvcache_kernel(const FeatureRequest& r, size_t shared_memor
   if (r.pass != Pass::kForward || r.device != Device::kCUDA) return false;
   if (r.flash_forward_kernel != FlashForwardKernel::kAuto) return false;
   if (r.max_seqlen_q > kFlashDecodeMaxQueries) return false;
-  // A contiguous cache's sequences each fill their rows; thd and padding do not.
-  if (r.format == Format::kTHD || mask_is_padding(r.mask_type)) return false;
+  // A contiguous cache whose sequences each fill their rows: not thd, and no sequence shorter
+  // than its tensor (padding, or cu_seqlens with any mask).
+  if (r.format == Format::kTHD || !r.queries_fill_rows || !r.keys_fill_rows) return false;
   if (r.dropout || r.bias_type != BiasType::kNoBias || r.cp.tile) return false;
   if (r.dtype != DType::kFloat16 && r.dtype != DType::kBFloat16) return false;
   if (r.head_dim_qk != r.head_dim_v || !kvcache_device_head_dim(r.head_dim_qk)) return false;
