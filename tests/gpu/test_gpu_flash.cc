@@ -113,6 +113,47 @@ TEST_F(FlashOnGpu, ExplainNamesTheKvCacheKernelForDecode) {
   EXPECT_NE(plan(MaskType::kCausal).find("mma_sync decode"), std::string::npos);
 }
 
+// A decode with no keys at all (skv = 0) runs on the KV-cache kernel's route: o = 0 and the
+// LSE is each head's sink logit (DESIGN.md §3), as cpu_exact gives. Outside the case suites,
+// whose comparison refuses a zero reference o.
+class FlashDecodeWithoutKeys : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_present(&why) && !reference_only_mode()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_F(FlashDecodeWithoutKeys, GivesZeroAndTheSinkLse) {
+  CaseSpec spec;
+  spec.dtype = DType::kBFloat16;
+  spec.batch = 2;
+  spec.seqlen_q = 3;
+  spec.seqlen_kv = 0;
+  spec.heads_q = 8;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 64;
+  spec.config.softmax_type = SoftmaxType::kLearnable;
+  spec.seed = 77;
+  const CaseTensors tensors = make_case(spec);
+  const auto expect_contract = [&](const CaseOutputs& out, const char* who) {
+    for (int64_t n = 0; n < out.o.numel(); ++n)
+      ASSERT_EQ(out.o.get(n), 0.0) << who << ": o[" << n << "]";
+    ASSERT_EQ(out.lse.numel(), spec.batch * spec.heads_q * spec.seqlen_q) << who;
+    for (int64_t n = 0; n < out.lse.numel(); ++n) {
+      const int64_t head = (n / spec.seqlen_q) % spec.heads_q;  // lse is [b, H, sq]
+      EXPECT_NEAR(out.lse.get(n), tensors.softmax_offset.get(head), 1e-6)
+          << who << ": lse[" << n << "]";
+    }
+  };
+  expect_contract(run_case(spec, tensors, BackendKind::kCpuExact, /*backward=*/false), "cpu_exact");
+  if (reference_only_mode()) GTEST_SKIP() << "reference only";
+  const CaseOutputs got =
+      run_device_case(spec, tensors, BackendKind::kCudaFlash, /*backward=*/false);
+  EXPECT_EQ(got.forward_backend, BackendKind::kCudaFlash);
+  expect_contract(got, "cuda_flash");
+}
+
 GpuCase find_case(const std::string& name) {
   for (const GpuCase& c : gpu_cases())
     if (c.name == name) return c;
