@@ -40,8 +40,8 @@ struct FeatureRequest {
   // i + skv - sq) or top-left (at key i).
   bool bottom_right = true;
   bool padded_offsets = false;  // thd with cu_seqlens_*_padded
-  // Every sequence has max_seqlen_q queries (max_seqlen_kv keys): no sequence is shorter than
-  // its tensor's rows, whichever the mask (cu_seqlens count with no_mask too).
+  // AttentionProblem::queries_fill_rows / keys_fill_rows: every sequence has max_seqlen_q
+  // queries (max_seqlen_kv keys) in bshd or sbhd, whichever the mask.
   bool queries_fill_rows = true;
   bool keys_fill_rows = true;
   BiasType bias_type = BiasType::kNoBias;

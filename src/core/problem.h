@@ -138,6 +138,18 @@ struct AttentionProblem {
     return (b * heads_q + h) * max_seqlen_q + i;
   }
   int64_t group_size() const { return heads_q / heads_kv; }
+  // Whether every query (key) sequence fills its tensor's rows, so that the rows past a sequence
+  // are past the tensor: bshd or sbhd with every length at the tensor's row count, whichever
+  // the mask (cu_seqlens count with no_mask too). A padded sequence, or thd's packed ones, is
+  // followed by rows of other data.
+  bool queries_fill_rows() const { return lengths_fill_rows(seqlen_q, max_seqlen_q); }
+  bool keys_fill_rows() const { return lengths_fill_rows(seqlen_kv, max_seqlen_kv); }
+  bool lengths_fill_rows(const std::vector<int64_t>& lengths, int64_t rows) const {
+    if (format == Format::kTHD) return false;
+    for (int64_t length : lengths)
+      if (length != rows) return false;
+    return true;
+  }
   int64_t kv_head(int64_t h) const { return h / group_size(); }
   // Offset of the diagonal for sequence b (bottom-right: skv - sq; top-left: 0).
   // For a CP tile: the unsharded delta, moved into local coordinates.

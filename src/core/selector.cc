@@ -169,12 +169,8 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.window = p.window_left >= 0 || (p.window_right >= 0 && !mask_is_causal(p.mask_type));
   r.bottom_right = p.bottom_right;
   r.padded_offsets = p.has_padded_offsets;
-  auto all_equal = [](const std::vector<int64_t>& lengths, int64_t rows) {
-    return std::all_of(lengths.begin(), lengths.end(),
-                       [&](int64_t length) { return length == rows; });
-  };
-  r.queries_fill_rows = all_equal(p.seqlen_q, p.max_seqlen_q);
-  r.keys_fill_rows = all_equal(p.seqlen_kv, p.max_seqlen_kv);
+  r.queries_fill_rows = p.queries_fill_rows();
+  r.keys_fill_rows = p.keys_fill_rows();
   r.bias_type = p.bias_type;
   r.bias_grad = p.wants_dbias;
   r.alibi = p.has_alibi;

@@ -73,28 +73,28 @@ TEST(TensorMap, TakesOnlySequencesThatFillTheirTensorsRows) {
   p.max_seqlen_kv = 512;
   p.seqlen_q = {256, 256};
   p.seqlen_kv = {512, 512};
-  EXPECT_TRUE(queries_fill_tensor_rows(p));
-  EXPECT_TRUE(keys_fill_tensor_rows(p));
+  EXPECT_TRUE(p.queries_fill_rows());
+  EXPECT_TRUE(p.keys_fill_rows());
   p.format = Format::kSBHD;
-  EXPECT_TRUE(queries_fill_tensor_rows(p));
-  EXPECT_TRUE(keys_fill_tensor_rows(p));
+  EXPECT_TRUE(p.queries_fill_rows());
+  EXPECT_TRUE(p.keys_fill_rows());
 
   AttentionProblem padded = p;  // one padded sequence on each side
   padded.seqlen_q = {256, 200};
   padded.seqlen_kv = {511, 512};
-  EXPECT_FALSE(queries_fill_tensor_rows(padded));
-  EXPECT_FALSE(keys_fill_tensor_rows(padded));
+  EXPECT_FALSE(padded.queries_fill_rows());
+  EXPECT_FALSE(padded.keys_fill_rows());
   padded.seqlen_kv = {512, 512};  // the keys alone: the forward's TMA condition holds
-  EXPECT_FALSE(queries_fill_tensor_rows(padded));
-  EXPECT_TRUE(keys_fill_tensor_rows(padded));
+  EXPECT_FALSE(padded.queries_fill_rows());
+  EXPECT_TRUE(padded.keys_fill_rows());
 
   AttentionProblem packed = p;  // thd: each sequence is followed by the next one's rows
   packed.format = Format::kTHD;
   packed.batch = 1;
   packed.seqlen_q = {256};
   packed.seqlen_kv = {512};
-  EXPECT_FALSE(queries_fill_tensor_rows(packed));
-  EXPECT_FALSE(keys_fill_tensor_rows(packed));
+  EXPECT_FALSE(packed.queries_fill_rows());
+  EXPECT_FALSE(packed.keys_fill_rows());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "core/workspace.h"
@@ -147,6 +148,14 @@ TEST_F(FlashDecodeWithoutKeys, GivesZeroAndTheSinkLse) {
     }
   };
   expect_contract(run_case(spec, tensors, BackendKind::kCpuExact, /*backward=*/false), "cpu_exact");
+  // The sink is what gives the LSE its value: without it an empty row's LSE is -inf.
+  CaseSpec vanilla = spec;
+  vanilla.config.softmax_type = SoftmaxType::kVanilla;
+  CaseTensors no_offsets = tensors;
+  no_offsets.softmax_offset = HostTensor();
+  const CaseOutputs without_sink = run_case(vanilla, no_offsets, BackendKind::kCpuExact, false);
+  ASSERT_GT(without_sink.lse.numel(), 0);
+  EXPECT_EQ(without_sink.lse.get(0), -std::numeric_limits<double>::infinity());
   if (reference_only_mode()) GTEST_SKIP() << "reference only";
   const CaseOutputs got =
       run_device_case(spec, tensors, BackendKind::kCudaFlash, /*backward=*/false);

@@ -73,7 +73,7 @@ FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBack
 // where every query sequence fills its tensor's rows and the maps can address Q and dO.
 // Otherwise (or where the driver will not encode a map) the producer copies with cp.async.
 void plan_query_tile_maps(const AttentionProblem& p, FlashBackwardParams& bp) {
-  if (!bp.one_kernel || !queries_fill_tensor_rows(p)) return;
+  if (!bp.one_kernel || !p.queries_fill_rows()) return;
   const RowTensor q =
       row_tensor(p.q, p.q_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_qk);
   const RowTensor d_o =

@@ -14,14 +14,6 @@ namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
 
-bool lengths_fill_rows(const AttentionProblem& p, const std::vector<int64_t>& lengths,
-                       int64_t rows) {
-  if (p.format == Format::kTHD) return false;
-  for (int64_t length : lengths)
-    if (length != rows) return false;
-  return true;
-}
-
 // The [batch, rows, heads, dim] view of q, k or v that the forward's tensor map addresses: a
 // packed (thd) tensor as one batch of all its rows.
 RowTensor forward_row_tensor(const AttentionProblem& p, const TensorView& view,
@@ -44,8 +36,7 @@ void plan_tensor_maps(const AttentionProblem& p, const FlashTileShape& shape,
   const RowTensor q = forward_row_tensor(p, p.q, p.q_rows, true, p.heads_q, p.head_dim_qk);
   const RowTensor k = forward_row_tensor(p, p.k, p.k_rows, false, p.heads_kv, p.head_dim_qk);
   const RowTensor v = forward_row_tensor(p, p.v, p.v_rows, false, p.heads_kv, p.head_dim_v);
-  plan_forward_tensor_maps(q, k, v, shape.block_m, shape.block_n, !keys_fill_tensor_rows(p),
-                           params);
+  plan_forward_tensor_maps(q, k, v, shape.block_m, shape.block_n, !p.keys_fill_rows(), params);
 }
 
 }  // namespace
@@ -91,13 +82,6 @@ float forward_max_slack(DType dtype, double keep_prob) {
   if (dtype != DType::kFloat16 || keep_prob >= 1.0) return float(kSlack);
   const double room = std::floor(std::log2(kLargestHalf * keep_prob)) - 1.0;
   return float(std::clamp(room, 0.0, kSlack));
-}
-
-bool queries_fill_tensor_rows(const AttentionProblem& problem) {
-  return lengths_fill_rows(problem, problem.seqlen_q, problem.max_seqlen_q);
-}
-bool keys_fill_tensor_rows(const AttentionProblem& problem) {
-  return lengths_fill_rows(problem, problem.seqlen_kv, problem.max_seqlen_kv);
 }
 
 void copy_strides(const RowLayout& layout, int64_t& batch_stride, int64_t& row_stride,

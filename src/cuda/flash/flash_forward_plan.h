@@ -35,13 +35,6 @@ void plan_forward_tensor_maps(const RowTensor& q, const RowTensor& k, const RowT
                               int q_box_rows, int kv_box_rows, bool tails,
                               FlashForwardParams& params);
 
-// Whether every query (key) sequence fills its tensor's rows, so that the rows past a sequence
-// are past the tensor, which TMA reads as zeros: bshd or sbhd with every length at the tensor's
-// row count. A padded sequence, or thd's packed ones, is followed by rows of other data, which
-// only cp.async's zero fill keeps out of a tile (0 times a non-finite value there is NaN).
-bool queries_fill_tensor_rows(const AttentionProblem& problem);
-bool keys_fill_tensor_rows(const AttentionProblem& problem);
-
 // Whether the forward may run softcap with a fixed max (FlashForwardParams::softcap_fixed_max):
 // P = exp2(s - m) with m = c' - 20 (c' = softcap * log2 e) must stay within bf16's and fp32's
 // normal range for every visible key, which holds for a bf16 P (fp16's 5-bit exponent overflows
