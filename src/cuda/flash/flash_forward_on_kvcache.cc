@@ -1,5 +1,6 @@
 #include "cuda/flash/flash_forward_on_kvcache.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/kvcache_plan.h"
@@ -27,12 +28,19 @@ TensorView batch_major(const TensorView& tensor, const RowLayout& rows, int64_t 
 }
 
 // The problem as a KV-cache call: k and v are a contiguous cache of max_seqlen_kv rows per
-// sequence, `cache_seqlens` (device int32 [b]) holds each sequence's keys, nothing is appended.
+// sequence, `cache_seqlens` (device int32 [b]; unread when every sequence is full) holds each
+// sequence's keys, nothing is appended.
 struct KvCacheCall {
   KvCachePlan plan;
   KvCacheConfig config;
   KvCacheArgs args;
 };
+
+// Whether every sequence holds max_seqlen_kv keys (FeatureRequest::keys_fill_rows).
+bool keys_fill_rows(const AttentionProblem& p) {
+  return std::all_of(p.seqlen_kv.begin(), p.seqlen_kv.end(),
+                     [&](int64_t keys) { return keys == p.max_seqlen_kv; });
+}
 
 KvCacheCall kvcache_call(const AttentionProblem& p, const int* cache_seqlens) {
   KvCacheCall call;
@@ -60,9 +68,13 @@ KvCacheCall kvcache_call(const AttentionProblem& p, const int* cache_seqlens) {
   a.v_cache = batch_major(p.v, p.v_rows, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_v);
   a.o = batch_major(p.o, p.o_rows, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_v);
   a.lse = p.lse;  // contiguous [b, H, sq], as the KV-cache call's
-  a.cache_seqlens = TensorView::contiguous(const_cast<int*>(cache_seqlens), DType::kInt32,
-                                           {p.batch}, Device::kCUDA);
-  a.cache_seqlens.device_index = p.device_index;
+  if (keys_fill_rows(p)) {
+    plan.uniform_cached = p.max_seqlen_kv;  // no table: every sequence is full
+  } else {
+    a.cache_seqlens = TensorView::contiguous(const_cast<int*>(cache_seqlens), DType::kInt32,
+                                             {p.batch}, Device::kCUDA);
+    a.cache_seqlens.device_index = p.device_index;
+  }
   if (p.has_alibi) {  // [H] or [b, H], as the KV-cache call reads its batch stride from ndim
     a.alibi_slopes = p.alibi_slopes;
     a.alibi_slopes.ndim = p.alibi_stride_batch > 0 ? 2 : 1;
@@ -102,17 +114,19 @@ bool forward_runs_on_kvcache_kernel(const FeatureRequest& r) {
 }
 
 void run_forward_on_kvcache_kernel(const AttentionProblem& p, cudaStream_t stream) {
-  // Each sequence's keys (max_seqlen_kv unless padding or cu_seqlens shorten them).
-  const DeviceBuffer cache_seqlens =
-      upload(std::vector<int>(p.seqlen_kv.begin(), p.seqlen_kv.end()), stream);
+  // Each sequence's keys: one length for all without an upload (a pageable copy and an
+  // allocation per call) when every sequence fills its rows, else a table.
+  DeviceBuffer cache_seqlens;
+  if (!keys_fill_rows(p))
+    cache_seqlens = upload(std::vector<int>(p.seqlen_kv.begin(), p.seqlen_kv.end()), stream);
   const KvCacheCall call = kvcache_call(p, cache_seqlens.get<int>());
   run_kvcache_on_device(call.plan, call.config, call.args);
 }
 
 size_t forward_on_kvcache_workspace_bytes(const AttentionProblem& p) {
   const KvCacheCall call = kvcache_call(p, nullptr);
-  return workspace_bytes_for(
-      {size_t(p.batch) * sizeof(int), kvcache_workspace_bytes(call.plan, call.config, call.args)});
+  const size_t table = keys_fill_rows(p) ? 0 : size_t(p.batch) * sizeof(int);
+  return workspace_bytes_for({table, kvcache_workspace_bytes(call.plan, call.config, call.args)});
 }
 
 }  // namespace dpa::cuda
