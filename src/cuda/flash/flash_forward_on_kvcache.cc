@@ -1,6 +1,5 @@
 #include "cuda/flash/flash_forward_on_kvcache.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "core/kvcache_plan.h"
@@ -36,12 +35,6 @@ struct KvCacheCall {
   KvCacheArgs args;
 };
 
-// Whether every sequence holds max_seqlen_kv keys (FeatureRequest::keys_fill_rows).
-bool keys_fill_rows(const AttentionProblem& p) {
-  return std::all_of(p.seqlen_kv.begin(), p.seqlen_kv.end(),
-                     [&](int64_t keys) { return keys == p.max_seqlen_kv; });
-}
-
 KvCacheCall kvcache_call(const AttentionProblem& p, const int* cache_seqlens) {
   KvCacheCall call;
   KvCachePlan& plan = call.plan;
@@ -68,7 +61,7 @@ KvCacheCall kvcache_call(const AttentionProblem& p, const int* cache_seqlens) {
   a.v_cache = batch_major(p.v, p.v_rows, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_v);
   a.o = batch_major(p.o, p.o_rows, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_v);
   a.lse = p.lse;  // contiguous [b, H, sq], as the KV-cache call's
-  if (keys_fill_rows(p)) {
+  if (p.keys_fill_rows()) {
     plan.uniform_cached = p.max_seqlen_kv;  // no table: every sequence is full
   } else {
     a.cache_seqlens = TensorView::contiguous(const_cast<int*>(cache_seqlens), DType::kInt32,
@@ -117,7 +110,7 @@ void run_forward_on_kvcache_kernel(const AttentionProblem& p, cudaStream_t strea
   // Each sequence's keys: one length for all without an upload (a pageable copy and an
   // allocation per call) when every sequence fills its rows, else a table.
   DeviceBuffer cache_seqlens;
-  if (!keys_fill_rows(p))
+  if (!p.keys_fill_rows())
     cache_seqlens = upload(std::vector<int>(p.seqlen_kv.begin(), p.seqlen_kv.end()), stream);
   const KvCacheCall call = kvcache_call(p, cache_seqlens.get<int>());
   run_kvcache_on_device(call.plan, call.config, call.args);
@@ -125,7 +118,7 @@ void run_forward_on_kvcache_kernel(const AttentionProblem& p, cudaStream_t strea
 
 size_t forward_on_kvcache_workspace_bytes(const AttentionProblem& p) {
   const KvCacheCall call = kvcache_call(p, nullptr);
-  const size_t table = keys_fill_rows(p) ? 0 : size_t(p.batch) * sizeof(int);
+  const size_t table = p.keys_fill_rows() ? 0 : size_t(p.batch) * sizeof(int);
   return workspace_bytes_for({table, kvcache_workspace_bytes(call.plan, call.config, call.args)});
 }
 
