@@ -32,6 +32,9 @@ struct KvCachePlan {
   // pages[first_page[i]].
   std::vector<int64_t> pages;
   std::vector<int64_t> first_page;  // [b]
+  // Every sequence's cached keys when the call has no cache_seqlens tensor (cuda_flash's decode
+  // route with full-length sequences: no table to upload); -1: cache_seqlens holds them.
+  int64_t uniform_cached = -1;
 
   int64_t keys(int64_t i) const { return cached[size_t(i)] + added[size_t(i)]; }
   int64_t max_keys() const;

@@ -26,8 +26,9 @@ TensorView batch_major(const TensorView& tensor, const RowLayout& rows, int64_t 
   return view;
 }
 
-// The problem as a KV-cache call: k and v are a contiguous cache of max_seqlen_kv keys per
-// sequence, `cache_seqlens` (device int32 [b]) holds that length for each, nothing is appended.
+// The problem as a KV-cache call: k and v are a contiguous cache of max_seqlen_kv rows per
+// sequence, `cache_seqlens` (device int32 [b]; unread when every sequence is full) holds each
+// sequence's keys, nothing is appended.
 struct KvCacheCall {
   KvCachePlan plan;
   KvCacheConfig config;
@@ -60,9 +61,13 @@ KvCacheCall kvcache_call(const AttentionProblem& p, const int* cache_seqlens) {
   a.v_cache = batch_major(p.v, p.v_rows, p.batch, p.max_seqlen_kv, p.heads_kv, p.head_dim_v);
   a.o = batch_major(p.o, p.o_rows, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_v);
   a.lse = p.lse;  // contiguous [b, H, sq], as the KV-cache call's
-  a.cache_seqlens = TensorView::contiguous(const_cast<int*>(cache_seqlens), DType::kInt32,
-                                           {p.batch}, Device::kCUDA);
-  a.cache_seqlens.device_index = p.device_index;
+  if (p.keys_fill_rows()) {
+    plan.uniform_cached = p.max_seqlen_kv;  // no table: every sequence is full
+  } else {
+    a.cache_seqlens = TensorView::contiguous(const_cast<int*>(cache_seqlens), DType::kInt32,
+                                             {p.batch}, Device::kCUDA);
+    a.cache_seqlens.device_index = p.device_index;
+  }
   if (p.has_alibi) {  // [H] or [b, H], as the KV-cache call reads its batch stride from ndim
     a.alibi_slopes = p.alibi_slopes;
     a.alibi_slopes.ndim = p.alibi_stride_batch > 0 ? 2 : 1;
@@ -78,17 +83,19 @@ bool forward_runs_on_kvcache_kernel(const FeatureRequest& r, size_t shared_memor
   if (r.pass != Pass::kForward || r.device != Device::kCUDA) return false;
   if (r.flash_forward_kernel != FlashForwardKernel::kAuto) return false;
   if (r.max_seqlen_q > kFlashDecodeMaxQueries) return false;
-  // A contiguous cache whose sequences each fill their rows: not thd, and no sequence shorter
-  // than its tensor (padding, or cu_seqlens with any mask).
-  if (r.format == Format::kTHD || !r.queries_fill_rows || !r.keys_fill_rows) return false;
+  // A contiguous cache: each sequence's keys start at row 0 of its batch (thd packs them), and
+  // its queries fill q's rows (padding or cu_seqlens may shorten the keys, not the queries).
+  if (r.format == Format::kTHD || !r.queries_fill_rows) return false;
   if (r.dropout || r.bias_type != BiasType::kNoBias || r.cp.tile) return false;
   if (r.dtype != DType::kFloat16 && r.dtype != DType::kBFloat16) return false;
   if (r.head_dim_qk != r.head_dim_v || !kvcache_device_head_dim(r.head_dim_qk)) return false;
   if (!r.rows_16_byte_aligned) return false;
-  // The kernel places query i of sq at key i + skv - sq; a top-left diagonal is the same one
-  // only when sq = skv, and matters only to a causal mask, a window and ALiBi.
+  // The kernel places query i of sequence b at key i + skv_b - sq_b; a top-left diagonal is the
+  // same one only when every sequence has as many keys as queries, and matters only to a causal
+  // mask, a window and ALiBi.
   const bool uses_diagonal = mask_is_causal(r.mask_type) || r.window || r.alibi;
-  if (uses_diagonal && !r.bottom_right && r.max_seqlen_q != r.max_seqlen_kv) return false;
+  const bool same_diagonal = r.keys_fill_rows && r.max_seqlen_q == r.max_seqlen_kv;
+  if (uses_diagonal && !r.bottom_right && !same_diagonal) return false;
   const int head_dim = int(r.head_dim_qk);
   return size_t(kvcache_shared_bytes(head_dim, kvcache_default_stages(head_dim))) <=
          shared_memory_per_block;
@@ -100,16 +107,19 @@ bool forward_runs_on_kvcache_kernel(const FeatureRequest& r) {
 }
 
 void run_forward_on_kvcache_kernel(const AttentionProblem& p, cudaStream_t stream) {
-  const DeviceBuffer cache_seqlens =
-      upload(std::vector<int>(size_t(p.batch), int(p.max_seqlen_kv)), stream);
+  // Each sequence's keys: one length for all without an upload (a pageable copy and an
+  // allocation per call) when every sequence fills its rows, else a table.
+  DeviceBuffer cache_seqlens;
+  if (!p.keys_fill_rows())
+    cache_seqlens = upload(std::vector<int>(p.seqlen_kv.begin(), p.seqlen_kv.end()), stream);
   const KvCacheCall call = kvcache_call(p, cache_seqlens.get<int>());
   run_kvcache_on_device(call.plan, call.config, call.args);
 }
 
 size_t forward_on_kvcache_workspace_bytes(const AttentionProblem& p) {
   const KvCacheCall call = kvcache_call(p, nullptr);
-  return workspace_bytes_for(
-      {size_t(p.batch) * sizeof(int), kvcache_workspace_bytes(call.plan, call.config, call.args)});
+  const size_t table = p.keys_fill_rows() ? 0 : size_t(p.batch) * sizeof(int);
+  return workspace_bytes_for({table, kvcache_workspace_bytes(call.plan, call.config, call.args)});
 }
 
 }  // namespace dpa::cuda

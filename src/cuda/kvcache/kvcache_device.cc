@@ -85,6 +85,7 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
     p.page_shift = int(std::log2(double(plan.page_size)) + 0.5);
   }
   p.cache_seqlens = static_cast<const int*>(a.cache_seqlens.data);
+  if (plan.uniform_cached >= 0) p.cache_length = int(plan.uniform_cached);
 
   if (a.k_new.defined()) {
     p.k_new = a.k_new.data;

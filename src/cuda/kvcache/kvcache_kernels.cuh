@@ -71,7 +71,7 @@ __device__ __forceinline__ KvSequence kv_sequence(const KvCacheParams& p, int b)
   s.new_rows = p.k_new == nullptr   ? 0
                : p.cu_seqlens_k_new ? p.cu_seqlens_k_new[b + 1] - s.new_start
                                     : p.new_per_sequence;
-  s.cached = p.cache_seqlens[b];
+  s.cached = p.cache_seqlens ? p.cache_seqlens[b] : p.cache_length;
   s.keys = s.cached + s.new_rows;
   return s;
 }

@@ -33,7 +33,8 @@ struct KvCacheParams {
   const int* block_table = nullptr;  // nullptr: a contiguous cache
   int64_t block_table_stride = 0;
   int page_shift = 0;                  // log2 of the page size
-  const int* cache_seqlens = nullptr;  // [b]
+  const int* cache_seqlens = nullptr;  // [b]; nullptr: every sequence holds cache_length
+  int cache_length = 0;
 
   // The append: row r of sequence b's new tokens is new_row(b) + r, new_row(b) =
   // cu_seqlens_k_new[b] when packed (batch strides 0), else 0.
