@@ -121,14 +121,21 @@ void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
 }
 
 void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
-                          cudaStream_t stream) {
-  const dim3 grid(unsigned(std::clamp<int64_t>(max_queries * p.heads_q, 1, 65535)),
-                  unsigned(p.batch));
+                          bool programmatic, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim =
+      dim3(unsigned(std::clamp<int64_t>(max_queries * p.heads_q, 1, 65535)), unsigned(p.batch));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
   if (dtype == DType::kBFloat16)
-    kvcache_merge_kernel<__nv_bfloat16><<<grid, kMergeThreads, 0, stream>>>(p, head_dim_v);
+    DPA_CUDA_CHECK(cudaLaunchKernelEx(&config, kvcache_merge_kernel<__nv_bfloat16>, p, head_dim_v));
   else
-    kvcache_merge_kernel<__half><<<grid, kMergeThreads, 0, stream>>>(p, head_dim_v);
-  DPA_CUDA_CHECK_LAUNCH();
+    DPA_CUDA_CHECK(cudaLaunchKernelEx(&config, kvcache_merge_kernel<__half>, p, head_dim_v));
 }
 
 void launch_kvcache_flash_tables(const KvCacheParams& p, int* tables, cudaStream_t stream) {

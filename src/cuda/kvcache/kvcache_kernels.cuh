@@ -477,8 +477,14 @@ template <typename Element>
 __global__ void __launch_bounds__(kMergeThreads)
     kvcache_merge_kernel(const KvCacheParams p, int head_dim_v) {
   const int b = blockIdx.y;
-  const KvSequence s = kv_sequence(p, b);
+  const KvSequence s = kv_sequence(p, b);  // the call's tables: no kernel of it writes them
   const int64_t rows = int64_t(s.queries) * p.heads_q;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as the attention's programmatic dependent (launch_kvcache_merge): its blocks may
+  // start while the attention's last ones run; the partials are read only after the whole
+  // attention grid has finished and its writes are visible.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int i = int(r / p.heads_q), head = int(r % p.heads_q);
     Element* o_row = static_cast<Element*>(p.o) + b * p.o_batch_stride +

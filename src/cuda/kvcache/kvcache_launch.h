@@ -35,9 +35,11 @@ void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim,
                               unsigned row_blocks, cudaStream_t stream);
 
 // The merge of p.num_splits > 1 partials; `max_queries` bounds any sequence's queries (grid
-// size only).
+// size only). `programmatic` (sm_90 and newer): launched as the preceding attention kernel's
+// programmatic dependent, so that its launch overlaps that kernel's last blocks (the merge
+// waits for the whole grid before it reads the partials).
 void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
-                          cudaStream_t stream);
+                          bool programmatic, cudaStream_t stream);
 
 // The sequence tables of the flash forward (FlashForwardParams) for a prefill call on it, after
 // the append: `tables` holds 3 * p.batch ints, seqlen_q, then seqlen_kv (the keys after the
