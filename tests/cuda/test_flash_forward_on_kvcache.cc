@@ -51,6 +51,10 @@ TEST(FlashForwardOnKvCache, TakesDecodeWithEveryFeatureTheKernelHas) {
   }
   r.dtype = DType::kFloat16;
   EXPECT_TRUE(on_kvcache(r));
+  // Keys fewer than k's rows (padding or cu_seqlens): a contiguous cache's ragged lengths.
+  r.mask_type = MaskType::kPaddingCausalBottomRight;
+  r.keys_fill_rows = false;
+  EXPECT_TRUE(on_kvcache(r));
 }
 
 TEST(FlashForwardOnKvCache, LeavesEverythingElseToTheFlashForward) {
@@ -65,7 +69,6 @@ TEST(FlashForwardOnKvCache, LeavesEverythingElseToTheFlashForward) {
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.format = Format::kTHD; }));
   // A sequence shorter than its tensor's rows (padding, or cu_seqlens with any mask).
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.queries_fill_rows = false; }));
-  EXPECT_TRUE(refused([](FeatureRequest& r) { r.keys_fill_rows = false; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.dropout = true; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.bias_type = BiasType::kPostScale; }));
   EXPECT_TRUE(refused([](FeatureRequest& r) { r.cp.tile = true; }));
@@ -100,6 +103,9 @@ TEST(FlashForwardOnKvCache, TakesATopLeftDiagonalOnlyWhereNothingReadsItOrItIsTh
   r.mask_type = MaskType::kCausal;
   r.max_seqlen_q = r.max_seqlen_kv = 12;
   EXPECT_TRUE(on_kvcache(r));
+  // Shorter key sequences: equal maxima say nothing of each sequence's lengths.
+  r.keys_fill_rows = false;
+  EXPECT_FALSE(on_kvcache(r));
 }
 
 // Head dim 256's tiles take more shared memory than sm_86 / sm_89 give a block (99 KB): those

@@ -363,12 +363,31 @@ std::vector<GpuCase> gpu_cases() {
       make("decode_sq_equals_skv_causal_top_left",
            all({sizes(2, 12, 12, 4, 2, 64), mask(MaskType::kCausal)}), mask(MaskType::kNoMask)),
       // cu_seqlens without a padding mask shorten the sequences as padding does: the flash
-      // decode tiles take it (the KV-cache kernel's route needs full sequences).
+      // decode tiles take it (the KV-cache kernel's route needs full query sequences).
       make("decode_lengths_without_padding_mask",
            all({sizes(2, 4, 700, 8, 2, 64), mask(MaskType::kCausalBottomRight),
                 [](CaseSpec& s) {
                   s.lengths_q = {4, 2};
                   s.lengths_kv = {700, 33};
+                }}),
+           no_lengths()),
+      // Padding that shortens only the keys (a batch of ragged caches, HF-style padded decode)
+      // stays on the KV-cache kernel: one sequence with none at all, one inside the window.
+      with_means(make("decode_padded_keys_window_sink",
+                      all({sizes(3, 1, 700, 16, 2, 128), softmax(SoftmaxType::kLearnable),
+                           mask(MaskType::kPaddingCausalBottomRight), window(100, 0),
+                           [](CaseSpec& s) {
+                             s.lengths_q = {1, 1, 1};
+                             s.lengths_kv = {700, 130, 0};
+                           }}),
+                      all({mask(MaskType::kCausalBottomRight), no_lengths()})),
+                 0, 4.0),
+      make("decode_keys_lengths_queries_4_fp16",
+           all({sizes(2, 4, 500, 8, 2, 64), head_dims(64, 64, fp16),
+                mask(MaskType::kCausalBottomRight),
+                [](CaseSpec& s) {
+                  s.lengths_q = {4, 4};
+                  s.lengths_kv = {500, 37};
                 }}),
            no_lengths()),
   };

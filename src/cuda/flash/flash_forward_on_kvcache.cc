@@ -26,8 +26,8 @@ TensorView batch_major(const TensorView& tensor, const RowLayout& rows, int64_t 
   return view;
 }
 
-// The problem as a KV-cache call: k and v are a contiguous cache of max_seqlen_kv keys per
-// sequence, `cache_seqlens` (device int32 [b]) holds that length for each, nothing is appended.
+// The problem as a KV-cache call: k and v are a contiguous cache of max_seqlen_kv rows per
+// sequence, `cache_seqlens` (device int32 [b]) holds each sequence's keys, nothing is appended.
 struct KvCacheCall {
   KvCachePlan plan;
   KvCacheConfig config;
@@ -78,17 +78,19 @@ bool forward_runs_on_kvcache_kernel(const FeatureRequest& r, size_t shared_memor
   if (r.pass != Pass::kForward || r.device != Device::kCUDA) return false;
   if (r.flash_forward_kernel != FlashForwardKernel::kAuto) return false;
   if (r.max_seqlen_q > kFlashDecodeMaxQueries) return false;
-  // A contiguous cache whose sequences each fill their rows: not thd, and no sequence shorter
-  // than its tensor (padding, or cu_seqlens with any mask).
-  if (r.format == Format::kTHD || !r.queries_fill_rows || !r.keys_fill_rows) return false;
+  // A contiguous cache: each sequence's keys start at row 0 of its batch (thd packs them), and
+  // its queries fill q's rows (padding or cu_seqlens may shorten the keys, not the queries).
+  if (r.format == Format::kTHD || !r.queries_fill_rows) return false;
   if (r.dropout || r.bias_type != BiasType::kNoBias || r.cp.tile) return false;
   if (r.dtype != DType::kFloat16 && r.dtype != DType::kBFloat16) return false;
   if (r.head_dim_qk != r.head_dim_v || !kvcache_device_head_dim(r.head_dim_qk)) return false;
   if (!r.rows_16_byte_aligned) return false;
-  // The kernel places query i of sq at key i + skv - sq; a top-left diagonal is the same one
-  // only when sq = skv, and matters only to a causal mask, a window and ALiBi.
+  // The kernel places query i of sequence b at key i + skv_b - sq_b; a top-left diagonal is the
+  // same one only when every sequence has as many keys as queries, and matters only to a causal
+  // mask, a window and ALiBi.
   const bool uses_diagonal = mask_is_causal(r.mask_type) || r.window || r.alibi;
-  if (uses_diagonal && !r.bottom_right && r.max_seqlen_q != r.max_seqlen_kv) return false;
+  const bool same_diagonal = r.keys_fill_rows && r.max_seqlen_q == r.max_seqlen_kv;
+  if (uses_diagonal && !r.bottom_right && !same_diagonal) return false;
   const int head_dim = int(r.head_dim_qk);
   return size_t(kvcache_shared_bytes(head_dim, kvcache_default_stages(head_dim))) <=
          shared_memory_per_block;
@@ -100,8 +102,9 @@ bool forward_runs_on_kvcache_kernel(const FeatureRequest& r) {
 }
 
 void run_forward_on_kvcache_kernel(const AttentionProblem& p, cudaStream_t stream) {
+  // Each sequence's keys (max_seqlen_kv unless padding or cu_seqlens shorten them).
   const DeviceBuffer cache_seqlens =
-      upload(std::vector<int>(size_t(p.batch), int(p.max_seqlen_kv)), stream);
+      upload(std::vector<int>(p.seqlen_kv.begin(), p.seqlen_kv.end()), stream);
   const KvCacheCall call = kvcache_call(p, cache_seqlens.get<int>());
   run_kvcache_on_device(call.plan, call.config, call.args);
 }
