@@ -395,6 +395,8 @@ int main(int argc, char** argv) {
         if (cuda::flash_variant_head_dim(v) == 64) {  // gpt-oss: GQA 64/8, window 128, sink
           for (const Features& f : {gptoss, plain})
             time_config({2, 64, 8, 8192, 8192, 64, 64}, f, v);
+          for (const Features& f : {plain, cap, causal_sink})
+            time_config({2, 32, 32, 8192, 8192, 64, 64}, f, v);
           continue;
         }
         const Shape big{2, 16, 16, 8192, 8192, 128, 128};

@@ -73,6 +73,8 @@ const char* flash_variant_name(int variant) {
       return "d64 wgmma warp-specialised ping-pong (library on sm_90)";
     case 9:
       return "d64 wgmma warp-specialised ping-pong, one block per work block";
+    case 10:
+      return "d64 wgmma warp-specialised ping-pong, two consumer warpgroups (128 rows)";
     default:
       return nullptr;
   }
@@ -105,6 +107,8 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
     case 9:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64>>(p, stream, /*tma=*/true,
                                                                     /*persistent=*/false);
+    case 10:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64, 128, 0, 2>>(p, stream);
     default:
       return;
   }

@@ -52,7 +52,7 @@ while IFS= read -r line; do
   # shellcheck disable=SC2086
   if ! timeout 300 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 3 \
     --launch-count 1 --set full --import-source yes -f -o "$rep" \
-    "$build/tools/dpa" bench --iters 5 --warmup 3 $args >>"$log" 2>&1; then
+    "$build/tools/dpa" bench --iters 20 --warmup 3 $args >>"$log" 2>&1; then
     echo "ncu failed (see ncu.log)" >>"$report"
     continue
   fi

@@ -57,18 +57,25 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
     const FlashTileShape shape = flash_forward_wgmma_ws_tile_shape(pair[0], pair[1]);
     const FlashTileShape plain = flash_forward_wgmma_tile_shape(pair[0], pair[1]);
     EXPECT_TRUE(shape.wgmma && shape.warp_specialized) << pair[0] << "/" << pair[1];
-    EXPECT_EQ(shape.warps, 12);  // producer warpgroup + two consumers of 64 rows
-    EXPECT_EQ(shape.block_m, 128);
+    // A producer warpgroup and consumers of 64 rows: three at d = 64, else two.
+    const int consumers = pair[0] == 64 ? 3 : 2;
+    EXPECT_EQ(flash_forward_wgmma_ws_consumers(pair[0], pair[1]), consumers);
+    EXPECT_EQ(shape.warps, 4 * (1 + consumers));
+    EXPECT_EQ(shape.block_m, 64 * consumers);
     EXPECT_EQ(shape.block_n, plain.block_n);
     EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
-    const int stages = flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_n);
-    EXPECT_EQ(shape.shared_bytes,
-              2 * (128 * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) + 1024 + 64);
+    const int stages =
+        flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_m, shape.block_n);
+    EXPECT_EQ(
+        shape.shared_bytes,
+        2 * (shape.block_m * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) + 1024 + 64);
   }
   // d = 128: Q (32 KB) and three 64 KB stages fit; d = 256 (64-key tiles, 64 KB stages) does not.
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128), 3);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 64), 2);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 128), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 64), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 192, 128), 3);
+  // Q's rows count: 256 rows of d = 128 (64 KB) leave room for two 64 KB stages only.
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 256, 128), 2);
   // Where Hopper runs it by default: the 128-key tiles (measured faster at d = 64 and 128, slower
   // at d = 256).
   EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(64, 64));

@@ -1,8 +1,9 @@
 // The warp-specialised wgmma flash forward (sm_90a): a producer warpgroup copies Q, K and V
-// into shared memory; two consumer warpgroups of 64 query rows run the math of
-// flash_forward_sm90.cuh, scheduled in ping-pong so that one warpgroup's softmax runs while
-// the other's MMAs occupy the tensor cores (FlashAttention-3's schedule). Without it both
-// warpgroups wait for S at the same time and the tensor cores idle through the S latency.
+// into shared memory; two or three consumer warpgroups of 64 query rows
+// (flash_forward_wgmma_ws_consumers) run the math of flash_forward_sm90.cuh, scheduled in
+// ping-pong so that one warpgroup's softmax runs while another's MMAs occupy the tensor cores
+// (FlashAttention-3's schedule). Without it the warpgroups wait for S at the same time and the
+// tensor cores idle through the S latency.
 //
 // - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). full[s]
 //   completes when the producer's copies of a tile landed: every producer thread issues its
@@ -12,11 +13,11 @@
 //   that saw full[s] complete issues fence.proxy.async before its wgmma reads the stage (the
 //   copies were generic-proxy writes).
 // - Ping-pong: consumer c waits on named barrier 1 + c before issuing its MMAs of a tile and
-//   then releases the other's barrier; consumer 1 releases consumer 0's barrier once up front.
-//   Arrivals and waits balance exactly (consumer 0 waits once more at the end), so no barrier
-//   is left mid-phase when the block exits.
-// - Registers: the producer gives its registers to the consumers (setmaxnreg 40 / 232;
-//   24 / 240 spilled).
+//   then releases the next one's barrier (c + 1, in a ring); the last consumer releases
+//   consumer 0's barrier once up front. Arrivals and waits balance exactly (consumer 0 waits
+//   once more at the end), so no barrier is left mid-phase when the block exits.
+// - Registers: the producer gives its registers to the consumers (setmaxnreg 40 / 232 with two
+//   consumers, 24 / 240 spilled; 24 / 160 with three).
 // - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
 //   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
 // - Persistent grid (p.persistent_blocks): each block loops over blocks of work w = blockIdx.x,
@@ -34,28 +35,40 @@
 
 namespace dpa::cuda {
 
-// kBlockNT and kStagesT (0: flash_forward_wgmma_ws_stages) default to what the library runs;
-// dev benches instantiate others to compare.
+// kBlockNT, kStagesT (0: flash_forward_wgmma_ws_stages) and kConsumersT (consumer warpgroups of
+// 64 rows) default to what the library runs (flash_forward_wgmma_ws_tile_shape); dev benches
+// instantiate others to compare.
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
           int kBlockNT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_n,
-          int kStagesT = 0>
+          int kStagesT = 0,
+          int kConsumersT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_m / 64>
 struct FlashSm90WsTraits {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
-  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kConsumers = kConsumersT;
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockNT;
-  static constexpr int kThreads = 384;  // producer warpgroup + two consumers
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumers
+  // setmaxnreg: the producer's registers go to the consumers (65536 per block in all). With
+  // three consumers at d = 64, 152 registers made ptxas serialise the wgmmas (C7512); 160 do
+  // not, at the cost of a producer of 24 registers that spills a few words per tile (ptxas -v:
+  // 116 bytes of spills in all, most outside the consumers' main loop).
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 40 : 24;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 160;
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
   static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
   static constexpr int kBarrierBytes = 64;
   static constexpr int kStages = kStagesT > 0 ? kStagesT
                                               : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV,
-                                                                              kBlockN);
+                                                                              kBlockM, kBlockN);
   static constexpr int kSharedBytes =
       kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(2 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1-3 order the consumers");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536,
+                "setmaxnreg within the register file");
   static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
 };
 
@@ -138,7 +151,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages;
   constexpr int kNTiles = kBlockN / 8;
   constexpr int kVTiles = kDimV / 8;
-  constexpr int kConsumerThreads = 256;
+  constexpr int kConsumers = Traits::kConsumers;
+  constexpr int kConsumerThreads = 128 * kConsumers;
   static_assert((kBlockN & (kBlockN - 1)) == 0, "a paged tile is whole boxes of pages");
 
   extern __shared__ __align__(1024) unsigned char shared_ws[];
@@ -196,7 +210,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // writes the swizzled tiles and counts their bytes on the stage's barrier. With tails, the
     // rest of warp 0 stays to copy the tiles that cross a sequence's end with cp.async, and
     // arrives on the other tiles' barriers.
-    ptx::setmaxnreg_decrease<40>();
+    ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     const int lane = int(threadIdx.x);
     if (lane >= (p.tma_tails ? 32 : 1)) return;
     if (lane == 0) {
@@ -282,7 +296,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     // Producer with cp.async: each thread issues its copies of a stage and an arrive that
     // fires when they land; it waits only for a stage (or Q's buffer) to be freed.
-    ptx::setmaxnreg_decrease<40>();
+    ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     int round = 0, issued = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
@@ -321,12 +335,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
 
-  ptx::setmaxnreg_increase<232>();
+  ptx::setmaxnreg_increase<Traits::kConsumerRegisters>();
   const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block
   const int warp_in_group = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int my_turn = 1 + consumer, their_turn = 2 - consumer;  // named barrier ids
+  // Named barrier ids: the consumers take their turns at the tensor cores in a ring.
+  const int my_turn = 1 + consumer, next_turn = 1 + (consumer + 1) % kConsumers;
+  // Each turn barrier counts the waiting warpgroup and the one that hands it the turn.
+  constexpr int kTurnThreads = 256;
 
   auto q_descriptor = [&](int kk) {
     const uint32_t address =
@@ -348,7 +365,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (by_threads) ptx::fence_proxy_async_shared();
   };
 
-  if (consumer == 1) ptx::named_barrier_arrive(1, kConsumerThreads);  // consumer 0 goes first
+  // Consumer 0 goes first: the last consumer hands it the first turn.
+  if (consumer == kConsumers - 1) ptx::named_barrier_arrive(1, kTurnThreads);
   int round = 0, issued = 0;
 #pragma unroll 1
   for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
@@ -406,10 +424,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       draw_keep(b.n_block_begin, keep);
       wait_landed(full_barrier(issued % kStages), (issued / kStages) & 1,
                   copied_by_threads(b.n_block_begin * kBlockN, b.seqlen_kv));
-      ptx::named_barrier_sync(my_turn, kConsumerThreads);
+      ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::wgmma_fence();
       issue_qk(s_acc, issued % kStages);
-      ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+      ptx::named_barrier_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(s_acc);
       if (tiles == 1) ptx::mbarrier_arrive(q_empty);          // the block's last read of Q is done
@@ -424,12 +442,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         draw_keep(n_block, keep);
         wait_landed(full_barrier(stage), (tile / kStages) & 1,
                     copied_by_threads(n_block * kBlockN, b.seqlen_kv));
-        ptx::named_barrier_sync(my_turn, kConsumerThreads);
+        ptx::named_barrier_sync(my_turn, kTurnThreads);
         ptx::fence_accumulators(o_acc);
         ptx::wgmma_fence();
         issue_qk(s_acc, stage);
         issue_pv(previous);  // P(n-1) V(n-1)
-        ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+        ptx::named_barrier_arrive(next_turn, kTurnThreads);
         ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
         ptx::fence_accumulators(s_acc);
         if (it == tiles - 1) ptx::mbarrier_arrive(q_empty);
@@ -444,11 +462,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // O += P(last) V(last).
       const int last = (issued + tiles - 1) % kStages;
-      ptx::named_barrier_sync(my_turn, kConsumerThreads);
+      ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::fence_accumulators(o_acc);
       ptx::wgmma_fence();
       issue_pv(last);
-      ptx::named_barrier_arrive(their_turn, kConsumerThreads);
+      ptx::named_barrier_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(o_acc);
       ptx::fence_registers(p_operand);
@@ -458,7 +476,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     store_slab(p, b, o_acc, stats, row0, quad_col);
   }
   // Balances consumer 1's last arrive.
-  if (consumer == 0) ptx::named_barrier_sync(my_turn, kConsumerThreads);
+  if (consumer == 0) ptx::named_barrier_sync(my_turn, kTurnThreads);
 #else
   (void)p;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif

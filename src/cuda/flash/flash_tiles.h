@@ -55,20 +55,34 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
   return shape;
 }
 
-// The warp-specialised form of the sm_90a kernel: a producer warpgroup and two consumer
-// warpgroups of 64 rows, the same key tile; K and V of a tile share a stage, three stages
-// where they fit in the 227 KB of shared memory, else two.
-constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int block_n) {
-  const int q_bytes = 2 * 128 * head_dim_qk, stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
+// The warp-specialised form of the sm_90a kernel: a producer warpgroup and consumer warpgroups
+// of 64 rows each, the same key tile; K and V of a tile share a stage, three stages where they
+// fit in the 227 KB of shared memory, else two.
+constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int block_m,
+                                            int block_n) {
+  const int q_bytes = 2 * block_m * head_dim_qk,
+            stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
   constexpr int kAlignAndBarriers = 1024 + 64;
   return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
+}
+
+// Consumer warpgroups: three (192 query rows) at head dim 64, where a tile's GEMMs are half as
+// long as at 128 while its softmax is as long, so two warpgroups in ping-pong leave the tensor
+// cores idle; a third one's softmax fills the gap (FlashAttention-3's 192 x 128 tile). Its
+// registers (160 per consumer thread) hold S, P and a 64-column O. Two elsewhere: wider heads
+// need the registers (232 per thread) for O.
+constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk == 64 && head_dim_v == 64 ? 3 : 2;
 }
 
 constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v) {
   FlashTileShape shape = flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
   shape.warp_specialized = true;
-  shape.warps = 12;
-  const int stages = flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_n);
+  const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v);
+  shape.block_m = 64 * consumers;
+  shape.warps = 4 * (1 + consumers);
+  const int stages =
+      flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n);
   shape.shared_bytes =
       2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
       1024 + 64;
