@@ -11,7 +11,7 @@
 #
 # Environment: DPA_BUILD_DIR (default build-device; built by scripts/gpu_check.sh OUTDIR build
 # when missing), NCU (default ncu), NCU_HOT_LINES (default 40: source lines kept per row).
-# Writes OUTDIR/ncu.txt (every row's sections and hot lines) and OUTDIR/ncu.log.
+# Writes OUTDIR/ncu.txt (every row's sections and hot lines), its gzip copy, and OUTDIR/ncu.log.
 set -uo pipefail
 
 if [ $# -ne 3 ]; then
@@ -87,4 +87,6 @@ for r in sorted(body, key=samples, reverse=True)[:keep]:
 EOF
   fi
 done <"$rows_file"
-echo "ncu_rows: $row_number rows profiled into $report"
+# The device tool once left ncu.txt out of the returned files; a compressed copy travels too.
+gzip -kf "$report"
+echo "ncu_rows: $row_number rows profiled into $report (and $report.gz)"
