@@ -52,6 +52,22 @@ void copy_slot(Packed& dst, int64_t dst_slot, const Packed& src, int64_t src_slo
 
 }  // namespace
 
+bool p2p_takes_window_gather(const Plan& plan, const TileContext& ctx) {
+  if (plan.all_gather || plan.a2a != 1 || plan.cp < 2) return false;
+  for (int reader = 0; reader < plan.cp; ++reader) {
+    int peer_chunks = 0;
+    for (int chunk : chunks_needed(ctx, plan.cp, reader))
+      peer_chunks += owner_of(plan.cp, chunk).rank != reader;
+    if (peer_chunks > 4) return false;
+  }
+  return true;
+}
+
+void take_window_gather(Plan& plan) {
+  plan.all_gather = true;
+  plan.ring_ranks = {plan.rank};
+}
+
 GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext& ctx,
                          const Packed& k, const Packed& v) {
   const int cp = plan.cp, me = plan.rank;

@@ -1,5 +1,6 @@
 // The window-aware all_gather: a rank fetches only the KV chunks its query chunks can see,
-// each from its owner, and the backward returns their dK/dV to the owners.
+// each from its owner, and the backward returns their dK/dV to the owners. p2p under a narrow
+// window runs on it too.
 #pragma once
 
 #include <vector>
@@ -20,6 +21,17 @@ struct GatheredKv {
   Packed k, v;
   std::vector<CommHandle> pending;
 };
+
+// Whether a p2p call runs on the window-aware gather instead of the ring: without a2a, when a
+// window leaves every rank at most four peers' chunks to see (the neighbours of its two
+// chunks: a window narrower than a chunk). The ring carries KV one way, and in the dual-chunk
+// layout a rank's chunks r and 2cp - 1 - r border the chunks of both ring neighbours (steps 1
+// and cp - 1): a narrow window still needs every step of the ring, while the gather moves only
+// the chunks it sees, at most six chunks held at once against the ring's four. Every rank
+// derives it from the global geometry, so all agree.
+bool p2p_takes_window_gather(const Plan& plan, const TileContext& ctx);
+// Turns a p2p plan into the gather's (one ring position: this rank).
+void take_window_gather(Plan& plan);
 
 GatheredKv gather_needed(Communicator& comm, const Plan& plan, const TileContext& ctx,
                          const Packed& k, const Packed& v);

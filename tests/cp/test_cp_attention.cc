@@ -649,11 +649,9 @@ class CountingCommunicator final : public Communicator {
   std::atomic<size_t>& sent_;
 };
 
-// all_gather is window-aware: with a (4, 4) window over 16 chunks of 4 rows (cp = 8) a rank
-// fetches only the neighbours of its two chunks (at most 4 chunks, not 14) and returns only
-// their dK/dV, and the result still matches the unsharded reference.
-TEST(CpFeatures, AllGatherMovesOnlyTheChunksAWindowSees) {
-  const CaseSpec spec = feature_spec("window_gqa");  // bshd, s = 64, G = 2, d = 16, fp64
+// The bytes all ranks send in one forward and backward of `spec` at cp = 8 over `type`, after
+// checking o and dK against the unsharded reference.
+size_t bytes_sent_at_cp8(const CaseSpec& spec, CpCommType type) {
   const CaseTensors t = test::make_case(spec);
   const CaseOutputs reference = test::run_case(spec, t, BackendKind::kCpuExact);
   constexpr int kCp = 8;
@@ -674,7 +672,7 @@ TEST(CpFeatures, AllGatherMovesOnlyTheChunksAWindowSees) {
         dv(spec.dtype, v.shape());
     HostTensor lse(DType::kFloat32, {spec.batch, spec.heads_q, spec.seqlen_q / kCp});
     CpConfig config;
-    config.comm_type = CpCommType::kAllGather;
+    config.comm_type = type;
     ContextParallelAttention attention(spec.config, config, comm);
     ForwardArgs fwd;
     fwd.in.q = q.view();
@@ -696,16 +694,35 @@ TEST(CpFeatures, AllGatherMovesOnlyTheChunksAWindowSees) {
     unshard_sequence(o.view(), got.o.view(), Format::kBSHD, kCp, rank);
     unshard_sequence(dk.view(), got.dk.view(), Format::kBSHD, kCp, rank);
   });
-  EXPECT_LT(test::relative_error(got.o, reference.o), kTolerance);
-  EXPECT_LT(test::relative_error(got.dk, reference.dk), kTolerance);
+  EXPECT_LT(test::relative_error(got.o, reference.o), kTolerance) << to_string(type);
+  EXPECT_LT(test::relative_error(got.dk, reference.dk), kTolerance) << to_string(type);
+  return sent.load();
+}
+
+// all_gather is window-aware: with a (4, 4) window over 16 chunks of 4 rows (cp = 8) a rank
+// fetches only the neighbours of its two chunks (at most 4 chunks, not 14) and returns only
+// their dK/dV, and the result still matches the unsharded reference. p2p takes the same
+// schedule under such a window (a one-way ring would need all 7 steps: rank r's two chunks
+// border the chunks of both its ring neighbours).
+TEST(CpFeatures, AllGatherAndP2pMoveOnlyTheChunksAWindowSees) {
+  const CaseSpec spec = feature_spec("window_gqa");  // bshd, s = 64, G = 2, d = 16, fp64
+  constexpr int kCp = 8;
   // A chunk's K and V: 2 * rows * G * d fp64 elements. A full gather sends every rank's two
   // chunks to the 7 others in the forward and again in the backward, plus dK/dV (fp32, half
   // the bytes) back: 2.5 x 8 ranks x 14 chunks. The window needs at most 4 of the 14.
   const size_t rows = size_t(spec.seqlen_kv / (2 * kCp) * spec.batch);
   const size_t chunk_kv = 2 * rows * size_t(spec.heads_kv * spec.head_dim_qk) * sizeof(double);
   const size_t full_gather = size_t(kCp) * 14 * chunk_kv * 5 / 2;
-  EXPECT_LE(sent.load(), full_gather * 4 / 14) << "bytes sent by all ranks, forward + backward";
-  EXPECT_GT(sent.load(), 0u);
+  for (CpCommType type : {CpCommType::kAllGather, CpCommType::kP2P}) {
+    const size_t sent = bytes_sent_at_cp8(spec, type);
+    EXPECT_LE(sent, full_gather * 4 / 14)
+        << "bytes sent by all ranks, forward + backward, " << to_string(type);
+    EXPECT_GT(sent, 0u) << to_string(type);
+  }
+  // Without the window p2p keeps its ring: every chunk travels (7 steps of KV, 7 of dKV).
+  CaseSpec no_window = spec;
+  no_window.config.window_left = no_window.config.window_right = -1;
+  EXPECT_GT(bytes_sent_at_cp8(no_window, CpCommType::kP2P), full_gather * 4 / 14);
 }
 
 // A bias of the local shard's shape (instead of the unsharded one) is refused with a reason.
