@@ -1,4 +1,4 @@
-// Kernel variants of the flash forward for the dev bench (bf16, head dim 128; the last two 64),
+// Kernel variants of the flash forward for the dev bench (bf16, head dim 128; the last three 64),
 // so a single device call can compare them: wgmma tile shapes, the mma.sync family, and the
 // warp-specialised kernel's persistent grid against one block per block of work.
 #include "bench/flash_variants.h"

@@ -54,11 +54,12 @@ void copy_slot(Packed& dst, int64_t dst_slot, const Packed& src, int64_t src_slo
 
 bool p2p_takes_window_gather(const Plan& plan, const TileContext& ctx) {
   if (plan.all_gather || plan.a2a != 1 || plan.cp < 2) return false;
+  const int ring_peer_chunks = 2 * plan.cp - 2;  // what the ring brings every rank
   for (int reader = 0; reader < plan.cp; ++reader) {
     int peer_chunks = 0;
     for (int chunk : chunks_needed(ctx, plan.cp, reader))
       peer_chunks += owner_of(plan.cp, chunk).rank != reader;
-    if (peer_chunks > 4) return false;
+    if (peer_chunks > 4 || peer_chunks >= ring_peer_chunks) return false;
   }
   return true;
 }

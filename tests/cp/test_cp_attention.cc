@@ -12,6 +12,8 @@
 
 #include "cp/cp_exchange.h"
 #include "cp/cp_internal.h"
+#include "cp/cp_setup.h"
+#include "cp/window_gather.h"
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
@@ -723,6 +725,40 @@ TEST(CpFeatures, AllGatherAndP2pMoveOnlyTheChunksAWindowSees) {
   CaseSpec no_window = spec;
   no_window.config.window_left = no_window.config.window_right = -1;
   EXPECT_GT(bytes_sent_at_cp8(no_window, CpCommType::kP2P), full_gather * 4 / 14);
+}
+
+// p2p takes the gather only where it moves fewer chunks than the ring: under a window narrower
+// than a chunk at cp = 4 and 8, never at cp = 2 (the ring brings each rank the 2 peer chunks
+// the window needs anyway) and never without a window.
+TEST(CpFeatures, P2pTakesTheGatherOnlyWhereItMovesLess) {
+  const CaseSpec windowed = feature_spec("window_gqa");  // (4, 4) over s = 64
+  CaseSpec full = windowed;
+  full.config.window_left = full.config.window_right = -1;
+  for (const CaseSpec* spec : std::vector<const CaseSpec*>{&windowed, &full})
+    for (int cp : {2, 4, 8}) {
+      const CaseTensors t = test::make_case(*spec);
+      std::atomic<bool> gathered{false}, ringed{false};
+      run_in_process(cp, [&](int rank, Communicator& comm) {
+        auto shard = [&](const HostTensor& whole) {
+          HostTensor local(whole.dtype(), cp_local_shape(whole.shape(), Format::kBSHD, cp, {}));
+          shard_sequence(whole.view(), local.view(), Format::kBSHD, cp, rank);
+          return local;
+        };
+        const HostTensor q = shard(t.q), k = shard(t.k), v = shard(t.v);
+        AttentionInputs in;
+        in.q = q.view();
+        in.k = k.view();
+        in.v = v.view();
+        CpConfig config;
+        config.comm_type = CpCommType::kP2P;
+        const cp::Setup s = cp::setup(spec->config, config, comm, in);
+        const cp::TileContext ctx = cp::tile_context(spec->config, s, in, 0.0, RngState{});
+        (cp::p2p_takes_window_gather(s.plan, ctx) ? gathered : ringed) = true;
+      });
+      const bool expect_gather = spec == &windowed && cp > 2;
+      EXPECT_EQ(gathered.load(), expect_gather) << "cp " << cp;
+      EXPECT_NE(ringed.load(), expect_gather) << "cp " << cp;  // every rank agrees
+    }
 }
 
 // A bias of the local shard's shape (instead of the unsharded one) is refused with a reason.
