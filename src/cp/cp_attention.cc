@@ -217,9 +217,6 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   TileContext ctx = tile_context(config, s, args.in, dropout, rng);
   ctx.backends = &tile_backends;
   ctx.sets = sets;
-  // p2p under a narrow window: the gather moves only the chunks the window sees (until here
-  // the plan's sets passed through: no a2a).
-  if (p2p_takes_window_gather(plan, ctx)) take_window_gather(s.plan);
   const std::vector<int> q_chunks = plan.group_chunks(plan.group);
   const OwnSlots own(plan, q_chunks.size());
   Packed o_acc = zeros_f32(q.rows, q.heads, v.dim, sets);
@@ -381,7 +378,6 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   TileContext ctx = tile_context(config, s, args.in, dropout, args.rng.value_or(RngState{}));
   ctx.backends = &tile_backends;
   ctx.sets = sets;
-  if (p2p_takes_window_gather(plan, ctx)) take_window_gather(s.plan);  // as in the forward
   // dbias: an fp32 accumulator of the unsharded shape that every tile adds its share to (on the
   // device with device sets).
   std::vector<float> dbias_acc(wants_dbias && !sets.on_device() ? size_t(args.dbias.numel()) : 0,

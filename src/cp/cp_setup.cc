@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/problem_builder.h"
+#include "cp/window_gather.h"
 
 namespace dpa::cp {
 namespace {
@@ -236,6 +237,10 @@ Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicato
   } else {
     require(in.attn_mask.ndim == 0, "attn_mask", "is only used with mask_type arbitrary");
   }
+  // p2p under a narrow window: the window-aware gather moves only the chunks the window sees
+  // (tile_may_see reads the geometry and the config, not the dropout or its seed).
+  if (p2p_takes_window_gather(s.plan, tile_context(config, s, in, 0.0, RngState{})))
+    take_window_gather(s.plan);
   return s;
 }
 

@@ -22,16 +22,17 @@ struct GatheredKv {
   std::vector<CommHandle> pending;
 };
 
-// Whether a p2p call runs on the window-aware gather instead of the ring: without a2a, when a
-// window leaves every rank at most four peers' chunks to see (the neighbours of its two
-// chunks: a window narrower than a chunk), fewer than the 2cp - 2 the ring brings it (so never
-// at cp = 2, nor without a window). The ring carries KV one way, and in the dual-chunk layout a
-// rank's chunks r and 2cp - 1 - r border the chunks of both ring neighbours (steps 1 and
-// cp - 1): a narrow window still needs every step of the ring, while the gather moves only the
-// chunks it sees. It holds more at once: up to 8 chunks of K and V (the local 2 and a gathered
-// set of 6) against the ring's 4, and in the backward up to 12 chunks of fp32 dK and dV against
-// the ring's 4 (docs/context_parallel.md gives the bytes). Every rank derives it from the
-// global geometry, so all agree.
+// Whether a p2p call runs on the window-aware gather instead of the ring (setup() decides it
+// once, for the forward and the backward alike): without a2a, when a window leaves every rank
+// at most four peers' chunks to see (the neighbours of its two chunks: a window narrower than a
+// chunk), fewer than the 2cp - 2 the ring brings it (so never at cp = 2, nor without a window).
+// The ring carries KV one way, and in the dual-chunk layout a rank's chunks r and 2cp - 1 - r
+// border the chunks of both ring neighbours (steps 1 and cp - 1): a narrow window still needs
+// every step of the ring, while the gather moves only the chunks it sees. It holds more at
+// once: up to 8 chunks of K and V (the local 2 and a gathered set of 6) against the ring's 4,
+// and in the backward up to 12 chunks of fp32 dK and dV against the ring's 4
+// (docs/context_parallel.md gives the bytes). Every rank derives it from the global geometry,
+// so all agree.
 bool p2p_takes_window_gather(const Plan& plan, const TileContext& ctx);
 // Turns a p2p plan into the gather's (one ring position: this rank).
 void take_window_gather(Plan& plan);

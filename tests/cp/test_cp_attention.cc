@@ -13,7 +13,6 @@
 #include "cp/cp_exchange.h"
 #include "cp/cp_internal.h"
 #include "cp/cp_setup.h"
-#include "cp/window_gather.h"
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
@@ -752,8 +751,7 @@ TEST(CpFeatures, P2pTakesTheGatherOnlyWhereItMovesLess) {
         CpConfig config;
         config.comm_type = CpCommType::kP2P;
         const cp::Setup s = cp::setup(spec->config, config, comm, in);
-        const cp::TileContext ctx = cp::tile_context(spec->config, s, in, 0.0, RngState{});
-        (cp::p2p_takes_window_gather(s.plan, ctx) ? gathered : ringed) = true;
+        (s.plan.all_gather ? gathered : ringed) = true;
       });
       const bool expect_gather = spec == &windowed && cp > 2;
       EXPECT_EQ(gathered.load(), expect_gather) << "cp " << cp;
