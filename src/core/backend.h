@@ -36,6 +36,9 @@ struct FeatureRequest {
   MaskType mask_type = MaskType::kNoMask;
   // A finite left or right bound beyond what the mask implies.
   bool window = false;
+  // The most keys one query sees when the window is bounded on both sides (a causal mask's
+  // right bound is 0), else -1 (AttentionProblem::window_span).
+  int64_t window_span = -1;
   // The diagonal of a causal mask, a window and ALiBi: bottom-right (query i of sq at key
   // i + skv - sq) or top-left (at key i).
   bool bottom_right = true;

@@ -76,6 +76,12 @@ struct CpTile {
   }
 };
 
+// The most keys one query sees under a window bounded on both sides (left + right + 1, the
+// diagonal included; a causal mask's right bound is 0), else -1.
+constexpr int64_t window_span(int64_t window_left, int64_t window_right) {
+  return window_left >= 0 && window_right >= 0 ? window_left + window_right + 1 : -1;
+}
+
 struct AttentionProblem {
   Pass pass = Pass::kForward;
   Format format = Format::kBSHD;
@@ -151,6 +157,7 @@ struct AttentionProblem {
     return true;
   }
   int64_t kv_head(int64_t h) const { return h / group_size(); }
+  int64_t window_span() const { return dpa::window_span(window_left, window_right); }
   // Offset of the diagonal for sequence b (bottom-right: skv - sq; top-left: 0).
   // For a CP tile: the unsharded delta, moved into local coordinates.
   int64_t diagonal_offset(int64_t b) const {

@@ -167,6 +167,7 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.head_dim_v = p.head_dim_v;
   r.mask_type = p.mask_type;
   r.window = p.window_left >= 0 || (p.window_right >= 0 && !mask_is_causal(p.mask_type));
+  r.window_span = p.window_span();
   r.bottom_right = p.bottom_right;
   r.padded_offsets = p.has_padded_offsets;
   r.queries_fill_rows = p.queries_fill_rows();

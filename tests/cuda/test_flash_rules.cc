@@ -104,6 +104,43 @@ TEST(FlashRules, FeatureRequestSeesWhetherSequencesFillTheirRows) {
   }
 }
 
+// The request carries the most keys a query sees under a window bounded on both sides (the
+// warp-specialised forward narrows its blocks under narrow windows at head dim 64), a causal
+// mask's right bound counting as 0; explain() reports the tiles that follow from it.
+TEST(FlashRules, FeatureRequestCarriesTheWindowSpanAndExplainTheTilesItGives) {
+  std::vector<uint16_t> q(2 * 8 * 4 * 64), o(q.size());
+  std::vector<float> lse(2 * 4 * 8);
+  ForwardArgs args;
+  args.in.q = args.in.k = args.in.v =
+      TensorView::contiguous(q.data(), DType::kBFloat16, {2, 8, 4, 64});
+  args.o = TensorView::contiguous(o.data(), DType::kBFloat16, {2, 8, 4, 64});
+  args.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {2, 4, 8});
+  auto request = [&](MaskType mask, int64_t left, int64_t right) {
+    AttentionConfig config;
+    config.mask_type = mask;
+    config.window_left = left;
+    config.window_right = right;
+    FeatureRequest r = make_feature_request(build_forward_problem(config, args, 0.0, {}));
+    r.device = Device::kCUDA;  // the host tensors stand in for a device call's shapes
+    r.device_arch = 90;
+    r.max_seqlen_q = r.max_seqlen_kv = 8192;
+    return r;
+  };
+  EXPECT_EQ(request(MaskType::kNoMask, -1, -1).window_span, -1);
+  EXPECT_EQ(request(MaskType::kNoMask, 3, 5).window_span, 9);
+  EXPECT_EQ(request(MaskType::kNoMask, -1, 5).window_span, -1);
+  EXPECT_EQ(request(MaskType::kCausal, 127, -1).window_span, 128);
+  EXPECT_EQ(request(MaskType::kCausal, -1, -1).window_span, -1);
+  const Capabilities& caps = flash_capabilities();
+  ASSERT_TRUE(bool(caps.describe_plan));
+  EXPECT_NE(caps.describe_plan(request(MaskType::kCausal, 127, -1)).find("tiles 128 x 128"),
+            std::string::npos);
+  EXPECT_NE(caps.describe_plan(request(MaskType::kCausal, 1023, -1)).find("tiles 192 x 128"),
+            std::string::npos);
+  EXPECT_NE(caps.describe_plan(request(MaskType::kNoMask, -1, -1)).find("tiles 192 x 128"),
+            std::string::npos);
+}
+
 // explain() names the kernel family the launch would take, from the same shape functions, and
 // the config's family reaches it (issue 17: the family is config, not a run-time variable).
 TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {

@@ -74,6 +74,16 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128), 3);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 64), 2);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 192, 128), 3);
+  // Narrow windows keep two consumer warpgroups at d = 64 (a 192-row block would see 191 more
+  // keys than one query does); wider ones, or none, take three.
+  EXPECT_EQ(flash_forward_wgmma_ws_consumers(64, 64, 128), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_consumers(64, 64, kFlashNarrowWindowKeys), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_consumers(64, 64, kFlashNarrowWindowKeys + 1), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_consumers(64, 64, -1), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_consumers(128, 128, 1024), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).block_m, 128);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).warps, 12);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 1024).block_m, 192);
   // Q's rows count: 256 rows of d = 128 (64 KB) leave room for two 64 KB stages only.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 256, 128), 2);
   // Where Hopper runs it by default: the 128-key tiles (measured faster at d = 64 and 128, slower

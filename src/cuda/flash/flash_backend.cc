@@ -51,8 +51,8 @@ std::string describe_flash_plan(const FeatureRequest& r) {
   if (cuda::forward_runs_on_kvcache_kernel(r))
     return "forward kernel family kvcache decode (the query heads of a KV head packed into "
            "16-row blocks, split-KV with an LSE merge)";
-  const cuda::FlashTileShape shape =
-      cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.device_arch, r.flash_forward_kernel);
+  const cuda::FlashTileShape shape = cuda::flash_forward_shape(
+      dqk, dv, r.max_seqlen_q, r.window_span, r.device_arch, r.flash_forward_kernel);
   const std::string tiles =
       ", tiles " + std::to_string(shape.block_m) + " x " + std::to_string(shape.block_n);
   if (shape.warp_specialized)
@@ -123,8 +123,8 @@ class CudaFlashBackend final : public Backend {
       const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
       const int need = r.pass == Pass::kBackward
                            ? backward_plan(r).shared_bytes
-                           : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, device.arch,
-                                                       r.flash_forward_kernel)
+                           : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.window_span,
+                                                       device.arch, r.flash_forward_kernel)
                                  .shared_bytes;
       if (size_t(need) <= device.shared_memory_per_block_optin) return std::nullopt;
       return "its tiles need " + std::to_string(need) + " bytes of shared memory per block, the " +

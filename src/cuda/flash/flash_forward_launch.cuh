@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_forward_kernel.cuh"
@@ -61,6 +62,19 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
+      // Head dims that take three consumer warpgroups also have two, for narrow windows
+      // (flash_forward_wgmma_ws_consumers).
+      if constexpr (Traits::kConsumers == 3) {
+        if (p.consumer_warpgroups == 2) {
+          using Two = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, Traits::kBlockN, 0, 2>;
+          return launch_flash_forward_ws_kernel<Two>(flash_forward_sm90_ws_kernel<Two>, p, stream);
+        }
+      }
+      if (p.consumer_warpgroups != Traits::kConsumers)
+        throw Error(ErrorCode::kInternal, "consumer_warpgroups",
+                    "planned " + std::to_string(p.consumer_warpgroups) +
+                        " consumer warpgroups, the head dims have a kernel with " +
+                        std::to_string(Traits::kConsumers));
       return launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p,
                                                     stream);
     }

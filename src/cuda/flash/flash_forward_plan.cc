@@ -155,6 +155,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
+  params.consumer_warpgroups = shape.block_m / 64;
   params.decode = shape.warps == 1;
   if (use == FlashForwardPlanUse::kBackward) return plan;
   plan_tensor_maps(p, shape, params);
@@ -196,7 +197,7 @@ size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {
 }
 
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
-                                   int arch, FlashForwardKernel kernel) {
+                                   int64_t window_span, int arch, FlashForwardKernel kernel) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
   // On Hopper the warp-specialised wgmma kernel where it measured fastest
   // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form; the
@@ -210,12 +211,12 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
       (kernel != FlashForwardKernel::kWgmma &&
        flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)));
   if (shape.wgmma && warp_specialized)
-    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v));
+    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span);
   return shape;
 }
 
 FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
-  return flash_forward_shape(p.head_dim_qk, p.head_dim_v, p.max_seqlen_q,
+  return flash_forward_shape(p.head_dim_qk, p.head_dim_v, p.max_seqlen_q, p.window_span(),
                              device_info(p.device_index).arch, p.flash_forward_kernel);
 }
 

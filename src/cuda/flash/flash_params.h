@@ -79,6 +79,8 @@ struct FlashForwardParams {
   // a merge kernel combines them and adds the sink once.
   bool wgmma = false;  // the sm_90a warpgroup kernel (flash_forward_tile_shape(.., hopper))
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
+  // That form's consumer warpgroups of 64 query rows (flash_forward_wgmma_ws_consumers).
+  int consumer_warpgroups = 2;
   bool decode = false;  // one-warp 16-row tiles (flash_forward_tile_shape(.., decode = true))
   // The warp-specialised kernel's grid: at most this many blocks, each looping over blocks of
   // work (a persistent grid: one block per SM); 0 launches one block per block of work.

@@ -66,19 +66,29 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
   return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
 }
 
+// Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
+constexpr int64_t kFlashNarrowWindowKeys = 256;
+
 // Consumer warpgroups: three (192 query rows) at head dim 64, where a tile's GEMMs are half as
 // long as at 128 while its softmax is as long, so two warpgroups in ping-pong leave the tensor
 // cores idle; a third one's softmax fills the gap (FlashAttention-3's 192 x 128 tile). Its
 // registers (160 per consumer thread) hold S, P and a 64-column O. Two elsewhere: wider heads
-// need the registers (232 per thread) for O.
-constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v) {
-  return head_dim_qk == 64 && head_dim_v == 64 ? 3 : 2;
+// need the registers (232 per thread) for O; and under a narrow window (`window_span`, from
+// dpa::window_span in core/problem.h, at most kFlashNarrowWindowKeys), where a 192-row block sees
+// 191 more keys than one query does, most of them in partly masked tiles. Measured at d = 64
+// (docs/perf.md, session 20): three warpgroups took 0.86-0.88x the time of two under a window of
+// 1024 keys and 1.07-1.08x under one of 128 (gpt-oss); the bound between them is not measured.
+constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
+                                               int64_t window_span = -1) {
+  const bool narrow_window = window_span >= 0 && window_span <= kFlashNarrowWindowKeys;
+  return head_dim_qk == 64 && head_dim_v == 64 && !narrow_window ? 3 : 2;
 }
 
-constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v) {
+constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v,
+                                                           int64_t window_span = -1) {
   FlashTileShape shape = flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
   shape.warp_specialized = true;
-  const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v);
+  const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v, window_span);
   shape.block_m = 64 * consumers;
   shape.warps = 4 * (1 + consumers);
   const int stages =

@@ -190,6 +190,12 @@ size_t flash_lse_bytes(const KvCachePlan& plan, const KvCacheLaunch& launch, con
   return a.lse.defined() ? 0 : size_t(plan.batch * plan.heads_q * launch.queries) * sizeof(float);
 }
 
+// The warp-specialised flash forward's tiles for a prefill chunk with `f`'s window.
+FlashTileShape prefill_tile_shape(const KvCachePlan& plan, const FlashForwardParams& f) {
+  return flash_forward_wgmma_ws_tile_shape(int(plan.head_dim_qk), int(plan.head_dim_v),
+                                           window_span(f.window_left, f.window_right));
+}
+
 // The flash forward's parameters for the call: q, o and the LSE as the KV-cache kernel
 // addresses them, the cache as K and V (pages through the producer), the bottom-right
 // diagonal of each sequence from `tables` (launch_kvcache_flash_tables), a persistent grid.
@@ -238,6 +244,7 @@ FlashForwardParams flash_prefill_params(const KvCachePlan& plan, const KvCacheLa
   f.softmax_offset = k.softmax_offset;
   f.wgmma = true;
   f.warp_specialized = true;
+  f.consumer_warpgroups = prefill_tile_shape(plan, f).block_m / 64;
   f.persistent_blocks = device_info(device_index).sm_count;
   f.block_table = k.block_table;
   f.block_table_stride = k.block_table_stride;
@@ -254,8 +261,7 @@ FlashForwardParams flash_prefill_params(const KvCachePlan& plan, const KvCacheLa
 void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, int64_t queries,
                               FlashForwardParams& f) {
   if (plan.paged && plan.page_size < 8) return;
-  const FlashTileShape shape =
-      flash_forward_wgmma_ws_tile_shape(int(plan.head_dim_qk), int(plan.head_dim_v));
+  const FlashTileShape shape = prefill_tile_shape(plan, f);
   const DType dtype = a.q.dtype;
   const RowTensor q{f.q,
                     dtype,
