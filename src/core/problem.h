@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "dpa/arguments.h"
@@ -77,9 +78,12 @@ struct CpTile {
 };
 
 // The most keys one query sees under a window bounded on both sides (left + right + 1, the
-// diagonal included; a causal mask's right bound is 0), else -1.
+// diagonal included; a causal mask's right bound is 0), else -1. Saturates at INT64_MAX: bounds
+// up to INT64_MAX are valid (and as good as unbounded).
 constexpr int64_t window_span(int64_t window_left, int64_t window_right) {
-  return window_left >= 0 && window_right >= 0 ? window_left + window_right + 1 : -1;
+  if (window_left < 0 || window_right < 0) return -1;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return window_left > kMax - 1 - window_right ? kMax : window_left + window_right + 1;
 }
 
 struct AttentionProblem {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -131,6 +132,10 @@ TEST(FlashRules, FeatureRequestCarriesTheWindowSpanAndExplainTheTilesItGives) {
   EXPECT_EQ(request(MaskType::kNoMask, -1, 5).window_span, -1);
   EXPECT_EQ(request(MaskType::kCausal, 127, -1).window_span, 128);
   EXPECT_EQ(request(MaskType::kCausal, -1, -1).window_span, -1);
+  // Bounds up to INT64_MAX are valid: the span saturates instead of overflowing.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(request(MaskType::kNoMask, kMax, kMax).window_span, kMax);
+  EXPECT_EQ(request(MaskType::kCausal, kMax, -1).window_span, kMax);
   const Capabilities& caps = flash_capabilities();
   ASSERT_TRUE(bool(caps.describe_plan));
   EXPECT_NE(caps.describe_plan(request(MaskType::kCausal, 127, -1)).find("tiles 128 x 128"),
