@@ -5,7 +5,9 @@
 // those --families lists) and prints how far apart their gradients are (the GPU suite checks
 // each against cpu_exact).
 //
-//   flash_dev [--check-only] [--time-only] [--variants] [--backward [--families a,b,...]]
+//   flash_dev [--check-only] [--time-only] [--variants [--variant-head-dim D]]
+//             [--backward [--families a,b,...]]
+// --variant-head-dim keeps the variants of one head dim (all of them take minutes).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -327,6 +329,7 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
 
 int main(int argc, char** argv) {
   bool do_check = true, do_time = true, do_variants = false, do_backward = false;
+  int variant_head_dim = 0;  // 0: every variant
   std::vector<std::string> families = {"mma_sync", "one_kernel"};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--families") == 0 && i + 1 < argc) {
@@ -339,6 +342,8 @@ int main(int argc, char** argv) {
       }
     }
     if (std::strcmp(argv[i], "--variants") == 0) do_variants = true;
+    if (std::strcmp(argv[i], "--variant-head-dim") == 0 && i + 1 < argc)
+      variant_head_dim = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--backward") == 0) do_backward = true;
     if (std::strcmp(argv[i], "--check-only") == 0) do_time = false;
     if (std::strcmp(argv[i], "--time-only") == 0) do_check = false;
@@ -385,18 +390,28 @@ int main(int argc, char** argv) {
     }
     if (do_variants) {
       // Every variant is checked against cpu_exact before it is timed.
+      auto skipped = [&](int v) {
+        return variant_head_dim != 0 && cuda::flash_variant_head_dim(v) != variant_head_dim;
+      };
       for (int v = 0; cuda::flash_variant_name(v); ++v) {
+        if (skipped(v)) continue;
         const int d = cuda::flash_variant_head_dim(v);
         for (const Features& f : {plain, cap1, causal_cap, causal_sink, gptoss})
           failures += !check({2, 4, 2, 97, 203, d, d}, f, v);
         failures += !check({1, 8, 2, 300, 300, d, d}, causal_sink, v);  // 3 blocks of work
       }
       for (int v = 0; cuda::flash_variant_name(v); ++v) {
+        if (skipped(v)) continue;
         if (cuda::flash_variant_head_dim(v) == 64) {  // gpt-oss: GQA 64/8, window 128, sink
           for (const Features& f : {gptoss, plain})
             time_config({2, 64, 8, 8192, 8192, 64, 64}, f, v);
           for (const Features& f : {plain, cap, causal_sink})
             time_config({2, 32, 32, 8192, 8192, 64, 64}, f, v);
+          continue;
+        }
+        if (cuda::flash_variant_head_dim(v) == 256) {
+          for (const Features& f : {plain, cap, causal_sink})
+            time_config({2, 8, 8, 8192, 8192, 256, 256}, f, v);
           continue;
         }
         const Shape big{2, 16, 16, 8192, 8192, 128, 128};

@@ -1,4 +1,4 @@
-// Kernel variants of the flash forward for the dev bench (bf16, head dim 128; the last three 64),
+// Kernel variants of the flash forward for the dev bench (bf16, head dim 128; then 64 and 256),
 // so a single device call can compare them: wgmma tile shapes, the mma.sync family, and the
 // warp-specialised kernel's persistent grid against one block per block of work.
 #include "bench/flash_variants.h"
@@ -18,7 +18,8 @@ template <typename Traits>
 void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
   FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
   launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, plan.params, stream);
-  if (plan.params.num_splits > 1) launch_merge_partials(plan.params, p.dtype, 128, stream);
+  if (plan.params.num_splits > 1)
+    launch_merge_partials(plan.params, p.dtype, Traits::kHeadDimV, stream);
 }
 
 template <typename Traits>
@@ -75,12 +76,21 @@ const char* flash_variant_name(int variant) {
       return "d64 wgmma warp-specialised ping-pong, one block per work block";
     case 10:
       return "d64 wgmma warp-specialised ping-pong, two consumer warpgroups (128 rows)";
+    case 11:
+      return "d256 wgmma 2 warpgroups, block_n 64 (library on sm_90)";
+    case 12:
+      return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages";
+    case 13:
+      return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (FlashAttention-3's)";
     default:
       return nullptr;
   }
 }
 
-int flash_variant_head_dim(int variant) { return variant >= 8 ? 64 : 128; }
+int flash_variant_head_dim(int variant) {
+  if (variant >= 11) return 256;
+  return variant >= 8 ? 64 : 128;
+}
 
 void run_flash_variant(int variant, const AttentionProblem& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
@@ -109,6 +119,12 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
                                                                     /*persistent=*/false);
     case 10:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64, 128, 0, 2>>(p, stream);
+    case 11:
+      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 256, 256>>(p, stream);
+    case 12:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 64, 2>>(p, stream);
+    case 13:
+      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 80, 2>>(p, stream);
     default:
       return;
   }

@@ -36,6 +36,13 @@ void launch_flash_forward_kernel(Kernel kernel, const FlashForwardParams& p, cud
 template <typename Traits, typename Kernel>
 void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
                                     cudaStream_t stream) {
+  constexpr bool kPowerOfTwoTile = (Traits::kBlockN & (Traits::kBlockN - 1)) == 0;
+  if (!kPowerOfTwoTile && p.block_table)
+    throw Error(ErrorCode::kInternal, "block_table",
+                "paged K/V on a tile of a key count that is not a power of two");
+  if (!kPowerOfTwoTile && p.dropout_threshold != 0)
+    throw Error(ErrorCode::kInternal, "dropout",
+                "dropout on a tile of a key count that is not a power of two");
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Traits::kSharedBytes));
   const int64_t work = int64_t((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *

@@ -153,7 +153,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kVTiles = kDimV / 8;
   constexpr int kConsumers = Traits::kConsumers;
   constexpr int kConsumerThreads = 128 * kConsumers;
-  static_assert((kBlockN & (kBlockN - 1)) == 0, "a paged tile is whole boxes of pages");
+  // Tiles of other key counts (dev benches' 80-key tiles at d = 256) take neither paged caches
+  // nor dropout: a paged tile is whole boxes of pages, and the quads draw four Philox blocks at
+  // a time (launch_flash_forward_ws_kernel refuses both).
+  constexpr bool kPowerOfTwoTile = (kBlockN & (kBlockN - 1)) == 0;
 
   extern __shared__ __align__(1024) unsigned char shared_ws[];
   const uint32_t shared_base = (ptx::shared_address(shared_ws) + 1023u) & ~1023u;
@@ -413,8 +416,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       };
       auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
         keep[0] = keep[1] = 0;
-        if (p.dropout_threshold != 0)
-          draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
+        if constexpr (kPowerOfTwoTile) {
+          if (p.dropout_threshold != 0)
+            draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
+        }
       };
 
       wait_landed(q_full, round & 1, !p.tma);

@@ -309,28 +309,31 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
   if (!fully_visible) mask_invisible_keys(p, b, s, row0, n0, quad_col);
 }
 
-// Tree reductions over a fragment's values (short dependency chains), written as template
-// recursion so every step unrolls: nvcc leaves a `stride /= 2` loop rolled at 16 values and
-// the array then lives in local memory.
-template <int kStride, int kCount>
+// Tree reductions over the first kLive values of a fragment (short dependency chains), written
+// as template recursion so every step unrolls: nvcc leaves a `stride /= 2` loop rolled at 16
+// values and the array then lives in local memory. Each step folds the upper half onto the
+// lower one; an odd count keeps its middle value for the next step (80-key tiles have 10).
+template <int kLive, int kCount>
 __device__ __forceinline__ float tree_max(float (&v)[kCount]) {
-  if constexpr (kStride == 0) {
+  if constexpr (kLive == 1) {
     return v[0];
   } else {
+    constexpr int kKept = (kLive + 1) / 2;
 #pragma unroll
-    for (int t = 0; t < kStride; ++t) v[t] = max_keeping_nan(v[t], v[t + kStride]);
-    return tree_max<kStride / 2>(v);
+    for (int t = 0; t < kLive / 2; ++t) v[t] = max_keeping_nan(v[t], v[t + kKept]);
+    return tree_max<kKept>(v);
   }
 }
 
-template <int kStride, int kCount>
+template <int kLive, int kCount>
 __device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
-  if constexpr (kStride == 0) {
+  if constexpr (kLive == 1) {
     return v[0];
   } else {
+    constexpr int kKept = (kLive + 1) / 2;
 #pragma unroll
-    for (int t = 0; t < kStride; ++t) v[t] += v[t + kStride];
-    return tree_sum<kStride / 2>(v);
+    for (int t = 0; t < kLive / 2; ++t) v[t] += v[t + kKept];
+    return tree_sum<kKept>(v);
   }
 }
 
@@ -356,7 +359,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
       partial_max[t] = max_keeping_nan(s[t][2 * half], s[t][2 * half + 1]);
-    float tile_max = tree_max<kNTiles / 2>(partial_max);
+    float tile_max = tree_max<kNTiles>(partial_max);
     tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     // A NaN max (a NaN logit) is taken, not kept: the row stays NaN.
@@ -378,7 +381,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
       s[t][2 * half + 1] = p1;
       partial_sum[t] = p0 + p1;
     }
-    stats.sum[half] = stats.sum[half] * correction[half] + tree_sum<kNTiles / 2>(partial_sum);
+    stats.sum[half] = stats.sum[half] * correction[half] + tree_sum<kNTiles>(partial_sum);
   }
 }
 
@@ -402,7 +405,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
       s[t][2 * half + 1] = p1;
       partial_sum[t] = p0 + p1;
     }
-    stats.sum[half] += tree_sum<kNTiles / 2>(partial_sum);
+    stats.sum[half] += tree_sum<kNTiles>(partial_sum);
   }
 }
 
