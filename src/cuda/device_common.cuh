@@ -41,6 +41,13 @@ __device__ __forceinline__ float max_keeping_nan(float a, float b) {
   return result;
 }
 
+// min(a, b) that keeps NaN (fminf drops it): a clamp that must not turn a NaN into a number.
+__device__ __forceinline__ float min_keeping_nan(float a, float b) {
+  float result;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(a), "f"(b));
+  return result;
+}
+
 // sigma_h in natural-log units: -inf without a sink (softmax_type 0), 0 for off-by-one (1),
 // the learnable offset alpha_h (2).
 __device__ __forceinline__ float sink_logit(int softmax_type, const float* softmax_offset,

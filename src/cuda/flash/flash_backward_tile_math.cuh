@@ -233,6 +233,29 @@ __device__ __forceinline__ void cap_ratios(const FlashForwardParams& p, float (&
   derivative[1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
 }
 
+// cap_ratios for a tile whose every element is visible: the two elements of one query column
+// (keys k and k + 8) share a MUFU.RCP, as the forward's four do (softcap_logits_of_four: the
+// MUFU unit bounds the capped tile; a NaN score makes its neighbour NaN, which the query's
+// NaN LSE makes of the whole column anyway).
+__device__ __forceinline__ void cap_ratios_of_visible_pairs(const FlashForwardParams& p,
+                                                            float (&x)[4],
+                                                            uint32_t (&derivative)[2]) {
+  const float exp_scale = softcap_exp_scale(p);
+  float quarter_derivative[4];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const float near = softcap_denominator(x[c], exp_scale);
+    const float far = softcap_denominator(x[c + 2], exp_scale);
+    const float both = fast_rcp(near * far);
+    x[c] = both * far;
+    x[c + 2] = both * near;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) quarter_derivative[e] = fmaf(-x[e], x[e], x[e]);
+  derivative[0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
+  derivative[1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+}
+
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
 // (0 where invisible) and, with a cap, `derivative` a quarter of the cap's derivative,
 // r (1 - r) = (1 - t^2) / 4 (fp16 pairs: 32 fp32 registers more would spill; its rounding,
@@ -270,7 +293,7 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     for (int t = 0; t < kMTiles; ++t) {
       const float2 lse = row_lse_pair(t);
       const float offset[2] = {p.softcap_log2 - lse.x, p.softcap_log2 - lse.y};
-      cap_ratios(p, s[t], derivative[t]);
+      cap_ratios_of_visible_pairs(p, s[t], derivative[t]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[t][e] = fast_exp2(fmaf(s[t][e], slope, offset[e & 1]));
     }

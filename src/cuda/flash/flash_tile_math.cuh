@@ -50,6 +50,34 @@ __device__ __forceinline__ float softcap_ratio(float raw_score, float exp_scale)
   return fast_rcp(fast_exp2(raw_score * exp_scale) + 1.f);
 }
 
+// The softcap's logits c' tanh(u a) - shift = c' - shift - 2c' r for four scores of one row,
+// with one MUFU.RCP for the four reciprocals r = 1 / x (x = exp2(2 u a log2 e) + 1): the MUFU
+// unit, which runs every exp2 and reciprocal, is what bounds the capped softmax (three MUFU
+// operations per element with a reciprocal each; ncu: 80% busy at d = 64). One reciprocal of
+// the product x_a x_b x_c x_d and six multiplications replace three MUFU operations; each
+// result is within a few ulp of its own reciprocal. x is clamped to 2^31 (r = 2^-31 for
+// larger x moves c' tanh by 2^-30 c', below fp32's rounding of c') so the product stays below
+// 2^124, and the clamp keeps NaN: a NaN score makes its three neighbours NaN too, which is why
+// the caller takes this only where every element is one the row keeps (a row with a NaN
+// logit is NaN anyway) and not where the mask may drop the NaN.
+__device__ __forceinline__ float softcap_denominator(float raw_score, float exp_scale) {
+  return min_keeping_nan(fast_exp2(raw_score * exp_scale) + 1.f, 0x1p31f);
+}
+
+__device__ __forceinline__ void softcap_logits_of_four(float& a, float& b, float& c, float& d,
+                                                       float exp_scale, float slope,
+                                                       float offset) {
+  const float xa = softcap_denominator(a, exp_scale), xb = softcap_denominator(b, exp_scale);
+  const float xc = softcap_denominator(c, exp_scale), xd = softcap_denominator(d, exp_scale);
+  const float ab = xa * xb, cd = xc * xd;
+  const float slope_over_all = fast_rcp(ab * cd) * slope;
+  const float slope_over_ab = slope_over_all * cd, slope_over_cd = slope_over_all * ab;
+  a = fmaf(slope_over_ab, xb, offset);
+  b = fmaf(slope_over_ab, xa, offset);
+  c = fmaf(slope_over_cd, xd, offset);
+  d = fmaf(slope_over_cd, xc, offset);
+}
+
 // Key range [begin, end) visible to query row i of a sequence (DESIGN.md §3).
 struct VisibleRange {
   int begin, end;
@@ -278,17 +306,28 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
   if (p.use_softcap) {
     // Accurate tanh (softcap_ratio) with the cap folded into the last FFMA:
     // c' tanh(u a) = c' - 2c' r (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD,
-    // MUFU.RCP, FFMA. (tanh.approx.f32 would save the reciprocal, but its ~5e-4 relative error
-    // moves capped logits by up to c * 5e-4.)
+    // MUFU.RCP, FFMA; in a fully visible tile four elements of a row share the MUFU.RCP
+    // (softcap_logits_of_four). (tanh.approx.f32 would save the reciprocal, but its ~5e-4
+    // relative error moves capped logits by up to c * 5e-4.)
     const float exp_scale = softcap_exp_scale(p);
     const float slope = -2.f * p.softcap_log2;
     const float offset = p.softcap_log2 - shift;
+    if (fully_visible) {
+      static_assert(kNTiles % 2 == 0, "four elements of a row come from two n8 tiles");
 #pragma unroll
-    for (int t = 0; t < kNTiles; ++t)
+      for (int t = 0; t < kNTiles; t += 2)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, offset);
-      }
+        for (int e = 0; e < 4; e += 2)
+          softcap_logits_of_four(s[t][e], s[t][e + 1], s[t + 1][e], s[t + 1][e + 1], exp_scale,
+                                 slope, offset);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, offset);
+        }
+    }
   } else {
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
