@@ -44,6 +44,12 @@ TEST_P(FlashRowsPastSequences, NanThereNeverReachesO) {
   if (GetParam() == "padded_bshd_d128") {
     spec = padded_bshd_d128();
     tensors = make_case(spec);
+  } else if (GetParam() == "padded_bshd_d128_softcap") {
+    // The softcap's shared reciprocals (fully visible tiles only): NaN keys past a sequence
+    // must not reach the keys beside them.
+    spec = padded_bshd_d128();
+    spec.config.softcap = 30.0;
+    tensors = make_case(spec);
   } else {
     for (const GpuCase& c : gpu_cases())
       if (c.name == GetParam()) {
@@ -71,9 +77,9 @@ TEST_P(FlashRowsPastSequences, NanThereNeverReachesO) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashRowsPastSequences,
-                         ::testing::Values("padded_bshd_d128", "padding_causal",
-                                           "thd_padded_offsets_causal", "thd_window",
-                                           "hdim256_thd_alibi"),
+                         ::testing::Values("padded_bshd_d128", "padded_bshd_d128_softcap",
+                                           "padding_causal", "thd_padded_offsets_causal",
+                                           "thd_window", "hdim256_thd_alibi"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

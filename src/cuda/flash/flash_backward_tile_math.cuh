@@ -267,7 +267,7 @@ __device__ __forceinline__ void cap_ratios_of_visible_pairs(const FlashForwardPa
 // uniform and taken once per tile, so each loop carries only its case's arithmetic and no branch (a
 // test per element compiles to a branch per element, which serialises the MUFU chains): the visible
 // uncapped tile costs one FFMA and one exp2 per element, the visible capped one FMUL, EX2,
-// FADD, RCP, two FFMA and EX2.
+// FADD, FMNMX, half an RCP and 1.5 FMUL (cap_ratios_of_visible_pairs), two FFMA and EX2.
 template <int kMTiles>
 __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4],

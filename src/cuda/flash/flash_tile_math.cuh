@@ -54,19 +54,20 @@ __device__ __forceinline__ float softcap_ratio(float raw_score, float exp_scale)
 // with one MUFU.RCP for the four reciprocals r = 1 / x (x = exp2(2 u a log2 e) + 1): the MUFU
 // unit, which runs every exp2 and reciprocal, is what bounds the capped softmax (three MUFU
 // operations per element with a reciprocal each; ncu: 80% busy at d = 64). One reciprocal of
-// the product x_a x_b x_c x_d and six multiplications replace three MUFU operations; each
-// result is within a few ulp of its own reciprocal. x is clamped to 2^31 (r = 2^-31 for
-// larger x moves c' tanh by 2^-30 c', below fp32's rounding of c') so the product stays below
-// 2^124, and the clamp keeps NaN: a NaN score makes its three neighbours NaN too, which is why
-// the caller takes this only where every element is one the row keeps (a row with a NaN
-// logit is NaN anyway) and not where the mask may drop the NaN.
+// the product x_a x_b x_c x_d and six multiplications replace four reciprocals; each result
+// is within a few ulp of its own reciprocal (r may come out an ulp above 1 where x = 1; for
+// caps below ~0.09 the products of tiny terms can flush, an error below 2^-57 in log2 units).
+// x is clamped to 2^31 (r = 2^-31 for larger x moves c' tanh by 2^-30 c', below fp32's
+// rounding of c') so the product stays at most 2^124, and the clamp keeps NaN: a NaN score
+// makes its three neighbours NaN too, which is why the caller takes this only where every
+// element is one the row keeps (a row with a NaN logit is NaN anyway) and not where the mask
+// may drop the NaN.
 __device__ __forceinline__ float softcap_denominator(float raw_score, float exp_scale) {
   return min_keeping_nan(fast_exp2(raw_score * exp_scale) + 1.f, 0x1p31f);
 }
 
 __device__ __forceinline__ void softcap_logits_of_four(float& a, float& b, float& c, float& d,
-                                                       float exp_scale, float slope,
-                                                       float offset) {
+                                                       float exp_scale, float slope, float offset) {
   const float xa = softcap_denominator(a, exp_scale), xb = softcap_denominator(b, exp_scale);
   const float xc = softcap_denominator(c, exp_scale), xd = softcap_denominator(d, exp_scale);
   const float ab = xa * xb, cd = xc * xd;
@@ -295,7 +296,8 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
 // Raw scores -> logits in log2 units (scale or softcap, ALiBi), then the mask. Each feature
 // is one branch around a whole loop: a test per element compiles to a branch per element.
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
-// row of the block sees every key of the tile.
+// row of the block sees every key of the tile: exact, not a hint (it skips the mask, and the
+// shared reciprocals would let a NaN key past the sequence reach the keys beside it).
 // `shift` (softcap only: a fixed max, SoftmaxShift) is subtracted inside the last FFMA.
 template <typename Element, int kNTiles>
 __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
