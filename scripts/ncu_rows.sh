@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Profiles one kernel launch of each `dpa bench` row with Nsight Compute on the GPU machine and
-# keeps text only (reports are too large to bring back): per row the throughput, warp-state and
-# scheduler sections, and the source view's hottest SASS lines by stall samples. For finding
+# keeps text only (reports are too large to bring back): per row the throughput, warp-state,
+# scheduler and compute-workload sections, the pipes' busy shares and the shared-memory bank
+# conflicts, and the source view's hottest SASS lines by stall samples. For finding
 # where a kernel's time goes before changing it (docs/perf.md's rule: predict, then measure).
 #
 # usage: scripts/ncu_rows.sh OUTDIR ROWS KERNEL_REGEX
@@ -59,7 +60,21 @@ while IFS= read -r line; do
   "$ncu" --import "$rep.ncu-rep" --page details \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
-    >>"$report" 2>>"$log"
+    --section ComputeWorkloadAnalysis >>"$report" 2>>"$log"
+  # Which pipe binds (session 21 read the MUFU share off the instruction counts instead): the
+  # pipes' busy shares, the issue slots, and the shared-memory bank conflicts (not yet run: if
+  # ncu refuses a metric name, the report says so and ncu.log has its message).
+  echo "--- pipes (% of peak, active cycles), issue, shared-memory bank conflicts ---" >>"$report"
+  "$ncu" --import "$rep.ncu-rep" --page raw --csv --metrics \
+    sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,\
+sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,\
+sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,\
+smsp__issue_active.avg.pct_of_peak_sustained_active,\
+l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\
+l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
+    >>"$report" 2>>"$log" || echo "(the raw metrics failed: see ncu.log)" >>"$report"
   # The source view as CSV: keep the SASS lines with the most stall samples.
   if "$ncu" --import "$rep.ncu-rep" --page source --csv --print-source sass \
     >"$scratch/source.csv" 2>>"$log"; then
