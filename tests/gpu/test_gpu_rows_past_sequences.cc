@@ -46,10 +46,18 @@ TEST_P(FlashRowsPastSequences, NanThereNeverReachesO) {
     tensors = make_case(spec);
   } else if (GetParam() == "padded_bshd_d128_softcap") {
     // The softcap's shared reciprocals (fully visible tiles only): NaN keys past a sequence
-    // must not reach the keys beside them.
+    // must not reach the keys beside them. A cap of 1 on unscaled logits (|q.k| ~ 11) bends
+    // them all; bf16 takes the fixed max (caps up to 50).
     spec = padded_bshd_d128();
-    spec.config.softcap = 30.0;
+    spec.config.softcap = 1.0;
+    spec.config.scale = 1.0;
     tensors = make_case(spec);
+    CaseSpec uncapped = spec;
+    uncapped.config.softcap = 0.0;
+    const double moved =
+        relative_error(run_case(spec, tensors, BackendKind::kCpuExact, false).o,
+                       run_case(uncapped, tensors, BackendKind::kCpuExact, false).o);
+    ASSERT_GT(moved, 10.0 * output_tolerance(spec.dtype)) << "the cap must move the reference";
   } else {
     for (const GpuCase& c : gpu_cases())
       if (c.name == GetParam()) {
