@@ -16,8 +16,8 @@
 //   then releases the next one's barrier (c + 1, in a ring); the last consumer releases
 //   consumer 0's barrier once up front. Arrivals and waits balance exactly (consumer 0 waits
 //   once more at the end), so no barrier is left mid-phase when the block exits.
-// - Registers: the producer gives its registers to the consumers (setmaxnreg 40 / 232 with two
-//   consumers, 24 / 240 spilled; 24 / 160 with three).
+// - Registers: the producer gives its registers to the consumers (setmaxnreg 24 / 240 with two
+//   consumers, FlashAttention-3's split; 24 / 160 with three).
 // - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
 //   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
 // - Persistent grid (p.persistent_blocks): each block loops over blocks of work w = blockIdx.x,
@@ -49,12 +49,16 @@ struct FlashSm90WsTraits {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockNT;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumers
-  // setmaxnreg: the producer's registers go to the consumers (65536 per block in all). With
-  // three consumers at d = 64, 152 registers made ptxas serialise the wgmmas (C7512); 160 do
-  // not, at the cost of a producer of 24 registers that spills a few words per tile (ptxas -v:
-  // 116 bytes of spills in all, most outside the consumers' main loop).
-  static constexpr int kProducerRegisters = kConsumers == 2 ? 40 : 24;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 160;
+  // setmaxnreg: the producer's registers go to the consumers. The pool is the block's registers
+  // at launch: 65536 / kThreads per thread (__launch_bounds__(kThreads, 1)), rounded down to 8.
+  // With two consumers, 232 registers left ptxas 28 bytes of the consumers' state to spill at
+  // d = 128 (with the softcap's shared reciprocals); 240 hold it, and the producer's 24 spill a
+  // few words of the cp.async copies' addresses per block of work (the TMA path spills none).
+  // With three consumers at d = 64, 152 registers made ptxas serialise the wgmmas (C7512); 160
+  // do not (ptxas -v: 112 bytes of spills in all, some inside the consumers' main loop).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static constexpr int kLaunchRegisters = 65536 / (128 * (1 + kConsumers)) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
   static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
@@ -67,8 +71,9 @@ struct FlashSm90WsTraits {
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(2 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1-3 order the consumers");
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536,
-                "setmaxnreg within the register file");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <=
+                    kLaunchRegisters * kThreads,
+                "setmaxnreg within the registers the block launched with");
   static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
 };
 
