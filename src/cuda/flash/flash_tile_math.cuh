@@ -92,7 +92,7 @@ __device__ __forceinline__ VisibleRange visible_range(const FlashForwardParams& 
   // so no block loops over KV tiles past the sequence.
   int begin = p.window_left < 0 ? 0 : min(seqlen_kv, max(0, center - p.window_left));
   int end = p.window_right < 0 ? seqlen_kv : min(seqlen_kv, center + p.window_right + 1);
-  return {begin, max(begin, end)};
+  return {begin, max(begin, end)};  // end >= begin: mask_invisible_keys relies on it
 }
 
 // What one block of kBlockM query rows of one (batch, head, split) works on.
@@ -283,13 +283,17 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
   for (int half = 0; half < 2; ++half) {
     const VisibleRange range =
         visible_range(p, row0 + 8 * half, b.seqlen_q, b.seqlen_kv, b.diagonal);
+    // Key j is visible iff j - begin < end - begin as unsigned (visible_range keeps end >=
+    // begin): one compare per element of a register plus a constant against another. Two
+    // signed compares per element made ptxas hold the keys' indices in registers and spill
+    // (d = 64, three consumers: 112 bytes of spills, 52 with this form).
+    const int from_begin = n0 + 2 * quad_col - range.begin;
+    const unsigned width = unsigned(range.end - range.begin);
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = n0 + 8 * t + 2 * quad_col + e;
-        if (j < range.begin || j >= range.end) s[t][2 * half + e] = -INFINITY;
-      }
+      for (int e = 0; e < 2; ++e)
+        if (unsigned(from_begin + 8 * t + e) >= width) s[t][2 * half + e] = -INFINITY;
   }
 }
 
