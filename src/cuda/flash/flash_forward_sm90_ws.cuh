@@ -53,9 +53,10 @@ struct FlashSm90WsTraits {
   // at launch: 65536 / kThreads per thread (__launch_bounds__(kThreads, 1)), rounded down to 8.
   // With two consumers, 232 registers left ptxas 28 bytes of the consumers' state to spill at
   // d = 128 (with the softcap's shared reciprocals); 240 hold it, and the producer's 24 spill a
-  // few words of the cp.async copies' addresses per block of work (the TMA path spills none).
-  // With three consumers at d = 64, 152 registers made ptxas serialise the wgmmas (C7512); 160
-  // do not (ptxas -v: 112 bytes of spills in all, some inside the consumers' main loop).
+  // few words of the cp.async copies' addresses per block of work (the TMA path spills none;
+  // FlashAttention-3 gives a cp.async producer 40 / 232). With three consumers at d = 64, 152
+  // registers made ptxas serialise the wgmmas (C7512); 160 do not (ptxas -v: 52 bytes of spills
+  // in all, from the capped masked tiles' peak and the producer's 24; the pool would allow 32).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static constexpr int kLaunchRegisters = 65536 / (128 * (1 + kConsumers)) / 8 * 8;

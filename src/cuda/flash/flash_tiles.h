@@ -73,7 +73,7 @@ constexpr int64_t kFlashNarrowWindowKeys = 256;
 // long as at 128 while its softmax is as long, so two warpgroups in ping-pong leave the tensor
 // cores idle; a third one's softmax fills the gap (FlashAttention-3's 192 x 128 tile). Its
 // registers (160 per consumer thread) hold S, P and a 64-column O. Two elsewhere: wider heads
-// need the registers (232 per thread) for O; and under a narrow window (`window_span`, from
+// need the registers (240 per thread) for O; and under a narrow window (`window_span`, from
 // dpa::window_span in core/problem.h, at most kFlashNarrowWindowKeys), where a 192-row block sees
 // 191 more keys than one query does, most of them in partly masked tiles. Measured at d = 64
 // (docs/perf.md, session 20): three warpgroups took 0.86-0.88x the time of two under a window of
