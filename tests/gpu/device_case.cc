@@ -206,17 +206,17 @@ double output_tolerance(DType dtype) {
   return dtype == DType::kBFloat16 ? 2e-2 : 5e-3;
 }
 
+double gradient_tolerance(DType dtype) {
+  // Gradients chain two more rounded products (dP = dO V^T, dS = P (dP - D)) than o.
+  if (dtype == DType::kFloat32) return 2e-4;
+  return dtype == DType::kBFloat16 ? 3e-2 : 1e-2;
+}
+
 double softcap_moves_o(const CaseSpec& spec, const CaseTensors& tensors) {
   CaseSpec uncapped = spec;
   uncapped.config.softcap = 0.0;
   return relative_error(run_case(spec, tensors, BackendKind::kCpuExact, false).o,
                         run_case(uncapped, tensors, BackendKind::kCpuExact, false).o);
-}
-
-double gradient_tolerance(DType dtype) {
-  // Gradients chain two more rounded products (dP = dO V^T, dS = P (dP - D)) than o.
-  if (dtype == DType::kFloat32) return 2e-4;
-  return dtype == DType::kBFloat16 ? 3e-2 : 1e-2;
 }
 
 double lse_violation(const HostTensor& got, const HostTensor& ref) {

@@ -34,10 +34,10 @@ CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& tensors, Ba
 // same rounded inputs as cpu_exact, so the error is the rounding of P and of the outputs to 16
 // bits plus fp32 accumulation (bf16 keeps 8 bits, fp16 11; fp32 storage is tighter still).
 double output_tolerance(DType dtype);
+double gradient_tolerance(DType dtype);
 // How far spec's softcap moves cpu_exact's o (relative error against the same call without
 // it): a capped case first shows that it can fail, by more than 10x output_tolerance.
 double softcap_moves_o(const CaseSpec& spec, const CaseTensors& tensors);
-double gradient_tolerance(DType dtype);
 // LSE: fp32 on every backend; each element must satisfy |got - ref| <= 5e-3 + 1e-3 |ref|
 // (equal infinities pass, NaN never does).
 constexpr double kLseAbsoluteTolerance = 5e-3;

@@ -2,8 +2,8 @@
 // window) reaches only the rows that see it (the non-finite contract, docs/decisions.md). The
 // key sits in a tile the mask crosses, beside keys the same rows do see, so every form of the
 // cap's arithmetic there (a reciprocal per element, or one shared by four elements of a row as
-// in fully visible tiles) must keep the NaN out of its neighbours. Forward only: every key's
-// dk and dv take a row that sees the NaN.
+// in fully visible tiles) must keep the NaN out of its neighbours. Forward only: the rows that
+// see the NaN reach most keys' dk and dv.
 #include <gtest/gtest.h>
 
 #include <cmath>
