@@ -217,20 +217,25 @@ __device__ __forceinline__ void key_tile_logit_gradients(
 
 // ---- The one-kernel backward's key tiles (flash_backward_sm90_one_kernel.cuh) ----
 
+// `derivative` gets a quarter of the cap's derivative, r (1 - r), for a slab's four ratios r,
+// as two fp16 pairs.
+__device__ __forceinline__ void pack_quarter_derivatives(const float (&r)[4],
+                                                         uint32_t (&derivative)[2]) {
+  float quarter_derivative[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) quarter_derivative[e] = fmaf(-r[e], r[e], r[e]);
+  derivative[0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
+  derivative[1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+}
+
 // A slab's four raw scores become the cap's r (softcap_ratio; the logit is c' - 2c' r,
-// c' = cap log2 e), and `derivative` gets a quarter of the cap's derivative, r (1 - r), as two
-// fp16 pairs.
+// c' = cap log2 e), and `derivative` gets pack_quarter_derivatives of them.
 __device__ __forceinline__ void cap_ratios(const FlashForwardParams& p, float (&x)[4],
                                            uint32_t (&derivative)[2]) {
   const float exp_scale = softcap_exp_scale(p);
-  float quarter_derivative[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    x[e] = softcap_ratio(x[e], exp_scale);
-    quarter_derivative[e] = fmaf(-x[e], x[e], x[e]);
-  }
-  derivative[0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
-  derivative[1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+  for (int e = 0; e < 4; ++e) x[e] = softcap_ratio(x[e], exp_scale);
+  pack_quarter_derivatives(x, derivative);
 }
 
 // cap_ratios for a tile whose every element is visible: the two elements of one query column
@@ -241,7 +246,6 @@ __device__ __forceinline__ void cap_ratios_of_visible_pairs(const FlashForwardPa
                                                             float (&x)[4],
                                                             uint32_t (&derivative)[2]) {
   const float exp_scale = softcap_exp_scale(p);
-  float quarter_derivative[4];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const float near = softcap_denominator(x[c], exp_scale);
@@ -250,10 +254,7 @@ __device__ __forceinline__ void cap_ratios_of_visible_pairs(const FlashForwardPa
     x[c] = both * far;
     x[c + 2] = both * near;
   }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) quarter_derivative[e] = fmaf(-x[e], x[e], x[e]);
-  derivative[0] = ptx::pack2<__half>(quarter_derivative[0], quarter_derivative[1]);
-  derivative[1] = ptx::pack2<__half>(quarter_derivative[2], quarter_derivative[3]);
+  pack_quarter_derivatives(x, derivative);
 }
 
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
