@@ -140,10 +140,13 @@ class InProcessGroup {
   // The communicator of one rank; each rank (thread) uses its own.
   std::unique_ptr<Communicator> communicator(int rank);
   // The same rank's communicator over device buffers on CUDA device `device` (virtual ranks on
-  // one GPU, to test the device algorithms there): each operation first waits for its stream,
-  // then moves the bytes through host memory with the group's rules (buffered sends, snapshot
-  // collectives, deadlines), so a transfer never overlaps compute; it proves correctness, not
-  // speed. Use one per rank and thread. Throws kNotSupported in a build without CUDA.
+  // one GPU, to test the device algorithms there; every rank of a group on the same device): a
+  // send and its receive are one device-to-device copy, enqueued by whichever rank posts second
+  // on its own stream after both ranks' earlier work (events, no host staging); collectives
+  // are run by the last rank to post, from a snapshot of every input. Sends are not buffered:
+  // as over NCCL, post every send and receive of an exchange before waiting on any (a wait
+  // that breaks the rule fails at the group's timeout). Use one per rank and thread. Throws
+  // kNotSupported in a build without CUDA.
   std::unique_ptr<DeviceCommunicator> device_communicator(int rank, int device);
   // Fails every pending and future operation of the group with `reason`.
   void abort(const std::string& reason);

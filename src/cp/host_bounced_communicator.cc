@@ -1,13 +1,12 @@
-// Device buffers over a host communicator (cp/host_bounced_communicator.h). Each operation
-// waits for its stream (which, being a blocking stream, also waits for the legacy default
-// stream), copies its device input to a host buffer, and hands that to the host communicator,
-// whose rules (matching, deadlines) then hold. The host buffers live in the handle until its
-// wait() returns, as Communicator asks. A receiving or collective handle copies its host result
-// into the device buffer in wait(), so that after wait() the data is ready for any stream, as
-// DeviceCommunicator promises. The copies block the posting thread, so nothing overlaps: the
-// compute stays on the GPU and only the messages cross the host.
-#include "cp/host_bounced_communicator.h"
-
+// Device buffers over a host communicator (include/dpa/cp.h, make_host_bounced_communicator):
+// the device-buffer interface that context parallelism's device algorithms need, with every
+// transfer bounced through host memory. Each operation waits for its stream (which, being a
+// blocking stream, also waits for the legacy default stream), copies its device input to a host
+// buffer, and hands that to the host communicator, whose rules (matching, deadlines) then hold. The
+// host buffers live in the handle until its wait() returns, as Communicator asks. A receiving or
+// collective handle copies its host result into the device buffer in wait(), so that after wait()
+// the data is ready for any stream, as DeviceCommunicator promises. The copies block the posting
+// thread, so nothing overlaps: the compute stays on the GPU and only the messages cross the host.
 #include <atomic>
 #include <exception>
 #include <mutex>
@@ -15,17 +14,15 @@
 #include <utility>
 #include <vector>
 
+#include "dpa/cp.h"
 #include "dpa/error.h"
 
 #if defined(DPA_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "cuda/runtime.h"
-#endif
 
 namespace dpa::cp {
-
-#if defined(DPA_WITH_CUDA)
 
 namespace {
 
@@ -59,9 +56,7 @@ class BouncedRequest final : public CommRequest {
 
 class BouncedCommunicator final : public DeviceCommunicator {
  public:
-  BouncedCommunicator(std::unique_ptr<Communicator> owned, Communicator& host, int device,
-                      GroupControl control)
-      : owned_(std::move(owned)), host_(host), device_(device), control_(std::move(control)) {
+  BouncedCommunicator(Communicator& host, int device) : host_(host), device_(device) {
     require(device >= 0, "device", "must be a CUDA device index, got " + std::to_string(device));
     const cuda::DeviceGuard guard(device_);
     check(cudaStreamCreate(&stream_), "creating its stream");  // blocking: after legacy work
@@ -80,26 +75,23 @@ class BouncedCommunicator final : public DeviceCommunicator {
   void* stream() const override { return stream_; }
   int device() const override { return device_; }
   void abort(const std::string& reason) override { fail(reason); }
-  bool healthy() const override { return !failed_ && (!control_.healthy || control_.healthy()); }
+  bool healthy() const override { return !failed_; }
 
-  // Fails this view (and its group, when it has one): later operations and waits throw with
-  // the first reason.
+  // Fails this view: later operations and waits throw with the first reason.
   void fail(const std::string& reason) const {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (reason_.empty()) reason_ = reason;
     }
     failed_ = true;
-    if (control_.abort) control_.abort(reason);
   }
-  // Throws, naming the first failure, once this view (`group` false) or also its group failed.
-  // A wait checks the view only: a failed group fails the inner wait with its own reason.
-  void require_healthy(bool group = true) const {
-    if (group ? healthy() : !failed_) return;
+  // Throws, naming the first failure, once this view failed.
+  void require_healthy() const {
+    if (!failed_) return;
     std::string reason;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      reason = reason_.empty() ? "the group failed or was aborted" : reason_;
+      reason = reason_;
     }
     throw Error(
         ErrorCode::kBackendFailure, "communicator",
@@ -158,7 +150,6 @@ class BouncedCommunicator final : public DeviceCommunicator {
   }
 
  private:
-  // Fails the group too, so that no other rank waits for this one until its deadline.
   void check(cudaError_t error, const std::string& what) const {
     if (error == cudaSuccess) return;
     cudaGetLastError();
@@ -181,12 +172,7 @@ class BouncedCommunicator final : public DeviceCommunicator {
   // copied as if it were one, silently).
   void check_device_pointer(const void* data, size_t bytes, const char* name) const {
     if (bytes == 0) return;
-    cudaPointerAttributes attributes{};
-    const cudaError_t error = cudaPointerGetAttributes(&attributes, data);
-    if (error != cudaSuccess) cudaGetLastError();
-    const bool on_device = error == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
-                                                    attributes.type == cudaMemoryTypeManaged);
-    require(on_device && attributes.device == device_, name,
+    require(cuda::is_device_memory_of(data, device_), name,
             "must be device memory on CUDA device " + std::to_string(device_));
   }
 
@@ -205,10 +191,8 @@ class BouncedCommunicator final : public DeviceCommunicator {
     check(cudaStreamSynchronize(stream_), "copying an input to the host");
   }
 
-  std::unique_ptr<Communicator> owned_;  // null when the caller owns `host_`
   Communicator& host_;
   int device_;
-  GroupControl control_;
   mutable std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
   mutable std::string reason_;  // the first failure (guarded by mutex_)
@@ -217,7 +201,7 @@ class BouncedCommunicator final : public DeviceCommunicator {
 
 void BouncedRequest::wait() {
   if (done_) return;
-  comm_.require_healthy(false);
+  comm_.require_healthy();
   try {
     inner_->wait();
   } catch (const std::exception& error) {
@@ -230,12 +214,6 @@ void BouncedRequest::wait() {
 
 }  // namespace
 
-std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(
-    std::unique_ptr<Communicator> host, int device, GroupControl control) {
-  Communicator& inner = *host;
-  return std::make_unique<BouncedCommunicator>(std::move(host), inner, device, std::move(control));
-}
-
 }  // namespace dpa::cp
 
 namespace dpa {
@@ -243,20 +221,12 @@ namespace dpa {
 std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator& host, int device) {
   require(host.device_communicator() == nullptr, "host",
           "moves device buffers already; it needs no host-bounced view");
-  return std::make_unique<cp::BouncedCommunicator>(nullptr, host, device, cp::GroupControl{});
+  return std::make_unique<cp::BouncedCommunicator>(host, device);
 }
 
 }  // namespace dpa
 
 #else
-
-std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(std::unique_ptr<Communicator>,
-                                                                   int, GroupControl) {
-  throw Error(ErrorCode::kNotSupported, "device",
-              "dpa was built without CUDA: there are no device communicators");
-}
-
-}  // namespace dpa::cp
 
 namespace dpa {
 

@@ -1,4 +1,5 @@
-// The in-process communicator: N ranks as threads sharing one rendezvous (InProcessGroup).
+// The in-process communicator: N ranks as threads sharing one rendezvous (InProcessGroup;
+// the device communicators over the same rendezvous are in_process_device.cc).
 //
 // Sends copy their bytes into the receiver's mailbox and complete at once, so a ring (every
 // rank sends, then receives) cannot deadlock. Collectives snapshot each rank's input when it
@@ -15,17 +16,15 @@
 #include <thread>
 #include <tuple>
 
-#include "cp/host_bounced_communicator.h"
+#include "cp/in_process_state.h"
 #include "dpa/cp.h"
 #include "dpa/error.h"
 
 namespace dpa {
 
-namespace {
+namespace cp {
 
-enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
-
-const char* kind_name(CollectiveKind kind) {
+const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kAllReduce:
       return "all_reduce";
@@ -39,17 +38,19 @@ const char* kind_name(CollectiveKind kind) {
   return "?";
 }
 
-struct Slot {
-  CollectiveKind kind = CollectiveKind::kAllReduce;
-  size_t bytes = 0;  // of each rank's snapshot
-  std::vector<std::vector<char>> inputs;
-  int posted = 0;
-  int finished = 0;
-};
-
-Error comm_error(const std::string& message) {
-  return Error(ErrorCode::kBackendFailure, "communicator", message);
+void require_reducible(DType dtype) {
+  require(dtype == DType::kFloat32 || dtype == DType::kFloat64, "dtype",
+          "reductions take float32 or float64 data");
 }
+
+}  // namespace cp
+
+namespace {
+
+using cp::collective_name;
+using cp::CollectiveKind;
+
+Error comm_error(const std::string& message) { return cp::in_process_error(message); }
 
 template <typename T>
 void add_into(void* out, const void* in, int64_t count) {
@@ -58,46 +59,7 @@ void add_into(void* out, const void* in, int64_t count) {
   for (int64_t i = 0; i < count; ++i) o[i] += x[i];
 }
 
-void require_reducible(DType dtype) {
-  require(dtype == DType::kFloat32 || dtype == DType::kFloat64, "dtype",
-          "reductions take float32 or float64 data");
-}
-
-}  // namespace
-
-struct InProcessGroup::State {
-  int size = 0;
-  std::chrono::milliseconds timeout{0};
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool failed = false;
-  std::string failure;
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> mailboxes;  // (src, dst, tag)
-  std::map<uint64_t, Slot> slots;  // by collective sequence number
-
-  // Waits (lock held) until `ready` or failure; a timeout fails the group.
-  template <typename Ready>
-  void wait(std::unique_lock<std::mutex>& lock, Ready ready, const std::string& what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!failed && !ready()) {
-      if (changed.wait_until(lock, deadline) == std::cv_status::timeout && !failed && !ready()) {
-        fail_locked("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                    what);
-      }
-    }
-    if (failed) throw comm_error("in-process group failed: " + failure);
-  }
-  void fail_locked(const std::string& reason) {
-    if (!failed) {
-      failed = true;
-      failure = reason;
-    }
-    changed.notify_all();
-  }
-};
-
-namespace {
-
+using cp::require_reducible;
 using State = InProcessGroup::State;
 
 class DoneRequest final : public CommRequest {
@@ -146,11 +108,12 @@ class CollectiveRequest final : public CommRequest {
   void wait() override {
     if (done_) return;
     std::unique_lock<std::mutex> lock(state_->mutex);
-    Slot& slot = state_->slots[sequence_];
+    cp::HostCollectiveSlot& slot = state_->slots[sequence_];
     state_->wait(
         lock, [&] { return slot.posted == state_->size; },
-        std::string(kind_name(slot.kind)) + " #" + std::to_string(sequence_) + " (posted by " +
-            std::to_string(slot.posted) + " of " + std::to_string(state_->size) + " ranks)");
+        std::string(collective_name(slot.kind)) + " #" + std::to_string(sequence_) +
+            " (posted by " + std::to_string(slot.posted) + " of " + std::to_string(state_->size) +
+            " ranks)");
     // Snapshots are never modified once every rank has posted: read them unlocked.
     lock.unlock();
     compute_(slot.inputs);
@@ -254,16 +217,16 @@ class InProcessCommunicator final : public Communicator {
     if (bytes) std::memcpy(snapshot.data(), input, bytes);
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->failed) throw comm_error("in-process group failed: " + state_->failure);
-    Slot& slot = state_->slots[sequence];
+    cp::HostCollectiveSlot& slot = state_->slots[sequence];
     if (slot.posted == 0) {
       slot.kind = kind;
       slot.bytes = bytes;
       slot.inputs.resize(size_t(state_->size));
     } else if (slot.kind != kind || slot.bytes != bytes) {
       state_->fail_locked("collective #" + std::to_string(sequence) + " mismatch: rank " +
-                          std::to_string(rank_) + " posted " + kind_name(kind) + " of " +
-                          std::to_string(bytes) + " bytes, another rank " + kind_name(slot.kind) +
-                          " of " + std::to_string(slot.bytes));
+                          std::to_string(rank_) + " posted " + collective_name(kind) + " of " +
+                          std::to_string(bytes) + " bytes, another rank " +
+                          collective_name(slot.kind) + " of " + std::to_string(slot.bytes));
       throw comm_error(state_->failure);
     }
     slot.inputs[size_t(rank_)] = std::move(snapshot);
@@ -298,17 +261,9 @@ std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
 }
 
 std::unique_ptr<DeviceCommunicator> InProcessGroup::device_communicator(int rank, int device) {
-  std::shared_ptr<State> state = state_;
-  cp::GroupControl control;
-  control.abort = [state](const std::string& reason) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    state->fail_locked(reason);
-  };
-  control.healthy = [state] {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return !state->failed;
-  };
-  return cp::make_host_bounced_communicator(communicator(rank), device, std::move(control));
+  require(rank >= 0 && rank < state_->size, "rank",
+          "must be in [0, " + std::to_string(state_->size) + "), got " + std::to_string(rank));
+  return cp::make_in_process_device_communicator(state_, rank, device);
 }
 
 void InProcessGroup::abort(const std::string& reason) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/runtime.h"
 #include "dpa/error.h"
 #include "dpa/nccl.h"
 
@@ -582,14 +583,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   // NCCL kernels read and write device memory of this communicator's GPU; a host pointer
   // would fault (and poison the context) or silently take a slow path.
   void require_device_memory(const void* pointer, const char* name) const {
-    cudaPointerAttributes attributes{};
-    const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
-    if (status != cudaSuccess) cudaGetLastError();  // clear a sticky "invalid value"
-    const bool on_device =
-        status == cudaSuccess &&
-        (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
-        (attributes.type == cudaMemoryTypeManaged || attributes.device == device());
-    require(on_device, name,
+    require(cuda::is_device_memory_of(pointer, device()), name,
             "must be device memory on CUDA device " + std::to_string(device()) +
                 " (the NCCL communicator moves device buffers)");
   }

@@ -200,6 +200,17 @@ __global__ void copy_strided_kernel(float* dst, int64_t dst0, int64_t dst1, cons
   }
 }
 
+template <typename T>
+__global__ void sum_arrays_kernel(T* out, const T* first, int inputs, int64_t input_stride,
+                                  int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T sum = first[i];
+    for (int r = 1; r < inputs; ++r) sum += first[r * input_stride + i];
+    out[i] = sum;
+  }
+}
+
 __global__ void fill_kernel(float* data, float value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -335,6 +346,21 @@ void copy_strided_f32(float* dst, const int64_t (&dst_strides)[2], const float* 
 void fill_f32(float* data, float value, int64_t n, void* stream) {
   if (n == 0) return;
   fill_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(data, value, n);
+  DPA_CUDA_CHECK_LAUNCH();
+}
+
+void sum_arrays(void* out, const void* first, int inputs, int64_t input_stride, int64_t n,
+                DType dtype, void* stream) {
+  if (n == 0) return;
+  if (dtype == DType::kFloat64) {
+    sum_arrays_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(
+        static_cast<double*>(out), static_cast<const double*>(first), inputs, input_stride, n);
+  } else if (dtype == DType::kFloat32) {
+    sum_arrays_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, as_stream(stream)>>>(
+        static_cast<float*>(out), static_cast<const float*>(first), inputs, input_stride, n);
+  } else {
+    throw Error(ErrorCode::kInternal, "dtype", "sums take fp32 or fp64 arrays");
+  }
   DPA_CUDA_CHECK_LAUNCH();
 }
 

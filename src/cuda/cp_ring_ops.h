@@ -75,6 +75,12 @@ void copy_lse_rows(float* dst, const float* src, int64_t planes, int64_t src_row
 // n fp32 values set to `value`.
 void fill_f32(float* data, float value, int64_t n, void* stream);
 
+// out[i] = the sum over the `inputs` arrays of their element i (n elements each, `dtype` fp32 or
+// fp64, `inputs` of them spaced `input_stride` elements apart from `first`): the in-process
+// device communicators' reductions. out may not overlap the inputs.
+void sum_arrays(void* out, const void* first, int inputs, int64_t input_stride, int64_t n,
+                DType dtype, void* stream);
+
 // Work enqueued on `waiting` from now on runs after everything enqueued on `stream` so far.
 void order_after(void* waiting, void* stream);
 

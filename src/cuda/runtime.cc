@@ -46,6 +46,17 @@ size_t free_device_memory(int device_index) {
   return free_bytes;
 }
 
+bool is_device_memory_of(const void* pointer, int device_index) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear a sticky "invalid value"
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeManaged ||
+         (attributes.type == cudaMemoryTypeDevice && attributes.device == device_index);
+}
+
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream) {
   auto cuda_stream = static_cast<cudaStream_t>(stream);
   DPA_CUDA_CHECK(

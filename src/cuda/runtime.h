@@ -22,6 +22,11 @@ const DeviceInfo& device_info(int device_index);
 // Free device memory now (bytes); 0 when unknown.
 size_t free_device_memory(int device_index);
 
+// Whether `pointer` is device memory of `device_index`, or managed memory: what the device
+// communicators take as buffers (a host pointer would fault in a copy or a kernel, or silently
+// take a slow path). False for host memory and unknown pointers.
+bool is_device_memory_of(const void* pointer, int device_index);
+
 // Synchronous copy of `bytes` from device memory to the host, ordered after `stream`'s work.
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream);
 

@@ -1,11 +1,14 @@
-// Device communicators over host ones (include/dpa/cp.h): the in-process group's, where
-// virtual ranks on one GPU exchange device buffers with the host communicators' rules, so the
+// Device communicators (include/dpa/cp.h): the in-process group's, where virtual ranks on one
+// GPU exchange device buffers by device copies under NCCL's rules (unbuffered sends), so the
 // device CP algorithms can be tested on one GPU; and make_host_bounced_communicator over any
 // host communicator.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dpa/cp.h"
@@ -53,7 +56,8 @@ TEST_F(GpuDeviceComm, RingAndCollectivesMoveDeviceBuffers) {
     const int next = (rank + 1) % kRanks, previous = (rank + kRanks - 1) % kRanks;
     auto mine = [rank](int64_t block, int64_t i) { return float(100 * rank + 10 * block + i); };
 
-    // A ring: every rank sends, then receives (buffered sends cannot deadlock).
+    // A ring: every rank posts its send and its receive before waiting on either (the sends
+    // are not buffered: each completes when its receive is posted and the copy has run).
     const DeviceTensor out = filled(1, mine);
     DeviceTensor in(DType::kFloat32, {kCount}, 0);
     CommHandle sent = comm.send(out.view().data, kCount * sizeof(float), next, 3);
@@ -94,6 +98,47 @@ TEST_F(GpuDeviceComm, RingAndCollectivesMoveDeviceBuffers) {
     for (int64_t i = 0; i < kCount; ++i)
       EXPECT_EQ(reduced[size_t(i)], 100 * (0 + 1 + 2 + 3) + 4 * (10 * rank + i));
   });
+}
+
+TEST_F(GpuDeviceComm, ASendCompletesOnlyOnceItsReceiveIsPosted) {
+  // Unbuffered, as over NCCL: rank 0's send cannot complete before rank 1 posts the receive,
+  // which it does only after a pause. A buffered send (the host communicators') would return at
+  // once and see the flag unset.
+  std::atomic<bool> receive_posted{false};
+  run_in_process_on_device(2, 0, [&](int rank, DeviceCommunicator& comm) {
+    if (rank == 0) {
+      const DeviceTensor out = filled(1, [](int64_t, int64_t i) { return float(7 + i); });
+      comm.send(out.view().data, kCount * sizeof(float), 1, 0)->wait();
+      EXPECT_TRUE(receive_posted.load());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    DeviceTensor in(DType::kFloat32, {kCount}, 0);
+    receive_posted = true;
+    comm.recv(in.view().data, kCount * sizeof(float), 0, 0)->wait();
+    const std::vector<float> got = values(in);
+    for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 7 + i);
+  });
+}
+
+TEST_F(GpuDeviceComm, AnAbandonedSendFailsTheGroup) {
+  // A handle destroyed before its peer posted takes its buffer out of the exchange: the peer's
+  // receive must fail, not copy from freed memory or hang.
+  EXPECT_THROW(run_in_process_on_device(
+                   2, 0,
+                   [](int rank, DeviceCommunicator& comm) {
+                     if (rank == 0) {
+                       const DeviceTensor out =
+                           filled(1, [](int64_t, int64_t i) { return float(i); });
+                       comm.send(out.view().data, kCount * sizeof(float), 1, 0);  // dropped
+                       return;
+                     }
+                     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                     DeviceTensor in(DType::kFloat32, {kCount}, 0);
+                     comm.recv(in.view().data, kCount * sizeof(float), 0, 0)->wait();
+                   },
+                   std::chrono::milliseconds(5000)),
+               Error);
 }
 
 TEST_F(GpuDeviceComm, AHostBufferIsRefusedByName) {
