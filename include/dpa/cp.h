@@ -125,9 +125,10 @@ std::unique_ptr<Communicator> make_host_staged_communicator(DeviceCommunicator& 
 // device communicator already is refused. Throws kNotSupported in a build without CUDA.
 std::unique_ptr<DeviceCommunicator> make_host_bounced_communicator(Communicator& host, int device);
 
-// N ranks as threads of one process, sharing a rendezvous object. Sends are buffered, so a
-// ring never deadlocks; a wait that exceeds `timeout`, or any rank calling abort(), makes
-// every pending and later wait throw instead of hanging.
+// N ranks as threads of one process, sharing a rendezvous object. The host communicators'
+// sends are buffered, so a ring never deadlocks (the device communicators' are not, as over
+// NCCL); a wait that exceeds `timeout`, or any rank calling abort(), makes every pending and
+// later wait throw instead of hanging.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int size,

@@ -6,9 +6,13 @@
 // rank's stream (after the work ordered before the post); whichever rank posts second enqueues
 // the copy on its own stream after the other side's event, so no host waits for a peer's data
 // and no byte crosses host memory. wait() returns once the copy has completed: the data is then
-// ready for any stream, and a send's buffer may be reused. Sends are not buffered, so, as over
-// NCCL, every send and receive of an exchange must be posted before any of them is waited on; a
-// test that breaks that rule times out here instead of passing on buffering.
+// ready for any stream, and a send's buffer may be reused. The rules are NCCL's (docs/nccl.md),
+// so that the GPU suite checks them on one GPU: sends are not buffered (every send and receive
+// of an exchange must be posted before any of them is waited on, or the wait times out), a
+// pair's receives match its sends by order, not by tag (a tag or size that differs fails the
+// group), zero-byte operations complete at once, and a handle destroyed before it was waited
+// on fails the group. Not checked: that no point-to-point operation spans a collective, and
+// the stream order NCCL's kernels impose (a send blocks its stream until received).
 //
 // A collective is run by the last rank to post it: every input is first copied into one scratch
 // array on that rank's stream (so an in-place all_reduce reads no output), then every rank's
@@ -114,6 +118,7 @@ struct Side {
   const void* data = nullptr;
   size_t bytes = 0;
   std::shared_ptr<Event> ready;
+  int tag = 0;
 };
 
 struct Transfer {
@@ -137,20 +142,23 @@ struct Collective {
 
 }  // namespace
 
+// After a failure the group stays failed and every post checks that first, so what is left
+// here then (emptied queues, collectives not every rank finished) is never read again.
 struct DeviceRendezvous {
   int device = -1;
-  // Transfers with one side posted, by (src, dst, tag), oldest first (all of one side).
-  std::map<std::tuple<int, int, int>, std::deque<std::shared_ptr<Transfer>>> open;
+  // Transfers with one side posted, by (src, dst), oldest first (all of one side).
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Transfer>>> open;
   std::map<uint64_t, std::shared_ptr<Collective>> collectives;  // by sequence number
 };
 
 namespace {
 
 // The handle of a transfer or a collective (`Operation`: its `enqueued` flag under the state's
-// mutex, then its `done` event). A handle destroyed before its operation is on a stream fails
-// the group (as over NCCL: the peers expect the operation), after `abandon_locked` takes it out
-// of the rendezvous; one whose copy is queued waits for it, since the copy still reads or
-// writes the caller's buffers. `finished_locked` runs once wait() has seen it complete.
+// mutex, then its `done` event). A handle destroyed before it was waited on fails the group, as
+// over NCCL: one whose operation is queued first waits for it (the copy still reads or writes
+// the caller's buffers; a GPU that never finishes it hangs here, as it would anywhere), one
+// still unmatched is first taken out of the rendezvous by `abandon_locked`, so that no peer
+// copies to or from it later. `finished_locked` runs once wait() has seen it complete.
 template <typename Operation>
 class DeviceRequest final : public CommRequest {
  public:
@@ -168,10 +176,11 @@ class DeviceRequest final : public CommRequest {
     if (operation_->enqueued) {
       lock.unlock();
       cudaEventSynchronize(operation_->done->get());
-      return;
+      lock.lock();
+    } else if (abandon_locked_) {
+      abandon_locked_();
     }
-    if (abandon_locked_) abandon_locked_();
-    state_->fail_locked(what_ + " was abandoned before its peers posted");
+    state_->fail_locked("a handle was destroyed before its operation (" + what_ + ") was waited");
   }
   DeviceRequest(const DeviceRequest&) = delete;
   DeviceRequest& operator=(const DeviceRequest&) = delete;
@@ -199,22 +208,29 @@ class DeviceRequest final : public CommRequest {
   bool done_ = false;
 };
 
+// The handle of an operation with nothing to move (zero bytes), done at once as over NCCL.
+class DoneRequest final : public CommRequest {
+ public:
+  void wait() override {}
+};
+
 class InProcessDeviceCommunicator final : public DeviceCommunicator {
  public:
   InProcessDeviceCommunicator(std::shared_ptr<State> state, int rank, int device)
       : state_(std::move(state)), rank_(rank), device_(device) {
     require(device >= 0, "device", "must be a CUDA device index, got " + std::to_string(device));
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      if (!state_->device) state_->device = std::make_shared<DeviceRendezvous>();
-      if (state_->device->device < 0) state_->device->device = device;
-      require(state_->device->device == device, "device",
-              "must be the device of the group's other device communicators (" +
-                  std::to_string(state_->device->device) + "): virtual ranks share one GPU");
-    }
     const cuda::DeviceGuard guard(device_);
     // A blocking stream: each operation comes after the legacy default stream's earlier work.
     check(*state_, cudaStreamCreate(&stream_), "creating its stream");
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->device) state_->device = std::make_shared<DeviceRendezvous>();
+    if (state_->device->device < 0) state_->device->device = device;
+    if (state_->device->device != device) {
+      cudaStreamDestroy(stream_);
+      require(false, "device",
+              "must be the device of the group's other device communicators (" +
+                  std::to_string(state_->device->device) + "): virtual ranks share one GPU");
+    }
   }
   ~InProcessDeviceCommunicator() override {
     const cuda::DeviceGuard guard(device_);
@@ -239,20 +255,26 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
   }
 
   CommHandle send(const void* data, size_t bytes, int peer, int tag) override {
+    check_peer(peer);
+    if (bytes == 0) return std::make_unique<DoneRequest>();
     return post_side(true, data, bytes, peer, tag);
   }
   CommHandle recv(void* data, size_t bytes, int peer, int tag) override {
+    check_peer(peer);
+    if (bytes == 0) return std::make_unique<DoneRequest>();
     return post_side(false, data, bytes, peer, tag);
   }
 
   CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
     require_reducible(dtype);
     require(count >= 0, "count", "must not be negative, got " + std::to_string(count));
+    if (count == 0) return std::make_unique<DoneRequest>();
     return post_collective(CollectiveKind::kAllReduce, data, data,
                            size_t(count) * dtype_size(dtype), size_t(count) * dtype_size(dtype),
                            count, dtype);
   }
   CommHandle all_gather(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
+    if (bytes_per_rank == 0) return std::make_unique<DoneRequest>();
     return post_collective(CollectiveKind::kAllGather, send_data, recv_data, bytes_per_rank,
                            bytes_per_rank * size_t(size()), 0, DType::kFloat32);
   }
@@ -261,11 +283,13 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
     require_reducible(dtype);
     require(count_per_rank >= 0, "count_per_rank",
             "must not be negative, got " + std::to_string(count_per_rank));
+    if (count_per_rank == 0) return std::make_unique<DoneRequest>();
     const size_t block = size_t(count_per_rank) * dtype_size(dtype);
     return post_collective(CollectiveKind::kReduceScatter, send_data, recv_data,
                            block * size_t(size()), block, count_per_rank, dtype);
   }
   CommHandle all_to_all(const void* send_data, void* recv_data, size_t bytes_per_rank) override {
+    if (bytes_per_rank == 0) return std::make_unique<DoneRequest>();
     const size_t bytes = bytes_per_rank * size_t(size());
     return post_collective(CollectiveKind::kAllToAll, send_data, recv_data, bytes, bytes, 0,
                            DType::kFloat32);
@@ -298,16 +322,16 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
   }
 
   CommHandle post_side(bool sending, const void* data, size_t bytes, int peer, int tag) {
-    check_peer(peer);
     check_device_pointer(data, bytes, "data");
-    const std::tuple<int, int, int> key =
-        sending ? std::make_tuple(rank_, peer, tag) : std::make_tuple(peer, rank_, tag);
+    const std::pair<int, int> key =
+        sending ? std::make_pair(rank_, peer) : std::make_pair(peer, rank_);
     const std::string what = std::string(sending ? "a send" : "a receive") + " from rank " +
-                             std::to_string(std::get<0>(key)) + " to rank " +
-                             std::to_string(std::get<1>(key)) + " (tag " + std::to_string(tag) +
-                             ", " + std::to_string(bytes) + " bytes)";
-    Side side{data, bytes, record_ready()};
+                             std::to_string(key.first) + " to rank " + std::to_string(key.second) +
+                             " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) +
+                             " bytes)";
+    Side side{data, bytes, record_ready(), tag};
     auto done = new_event();  // used if this post completes the transfer
+    const cuda::DeviceGuard guard(device_);
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->failed) throw in_process_error("in-process group failed: " + state_->failure);
     auto& queue = state_->device->open[key];
@@ -336,26 +360,46 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
     return std::make_unique<DeviceRequest<Transfer>>(state_, transfer, what, abandon, nullptr);
   }
 
+  // Runs `enqueue` (CUDA calls on this rank's stream, the state's lock held). On any failure the
+  // group fails and the stream drains before the error goes on: whatever `enqueue` had queued
+  // reads or writes buffers that the peers, seeing the operation never enqueued, may release.
+  template <typename Enqueue>
+  void enqueue_or_fail(Enqueue enqueue) {
+    try {
+      enqueue();
+    } catch (const std::exception& error) {
+      state_->fail_locked(error.what());
+      cudaStreamSynchronize(stream_);  // GPU work never waits for the host: safe under the lock
+      cudaGetLastError();
+      throw;
+    }
+  }
+
   // The copy of a matched transfer on this rank's stream, completing `done` (the state's lock
-  // held).
+  // held and this communicator's device current). The pair's receives match its sends by order,
+  // as over NCCL, so a tag or size that differs is an error of the posting order.
   void enqueue_copy(Transfer& transfer, std::shared_ptr<Event> done) {
-    if (transfer.send.bytes != transfer.recv.bytes) {
-      state_->fail_locked("message size mismatch: sent " + std::to_string(transfer.send.bytes) +
-                          " bytes, receiver expects " + std::to_string(transfer.recv.bytes));
+    if (transfer.send.tag != transfer.recv.tag || transfer.send.bytes != transfer.recv.bytes) {
+      state_->fail_locked("the next receive does not match the next send (sent tag " +
+                          std::to_string(transfer.send.tag) + ", " +
+                          std::to_string(transfer.send.bytes) + " bytes; receive tag " +
+                          std::to_string(transfer.recv.tag) + ", " +
+                          std::to_string(transfer.recv.bytes) +
+                          " bytes): over NCCL a pair's receives match its sends in order");
       throw in_process_error(state_->failure);
     }
-    const cuda::DeviceGuard guard(device_);
-    check_locked(*state_, cudaStreamWaitEvent(stream_, transfer.send.ready->get(), 0),
-                 "ordering a copy after its send");
-    check_locked(*state_, cudaStreamWaitEvent(stream_, transfer.recv.ready->get(), 0),
-                 "ordering a copy after its receive");
-    if (transfer.send.bytes > 0)
+    enqueue_or_fail([&] {
+      check_locked(*state_, cudaStreamWaitEvent(stream_, transfer.send.ready->get(), 0),
+                   "ordering a copy after its send");
+      check_locked(*state_, cudaStreamWaitEvent(stream_, transfer.recv.ready->get(), 0),
+                   "ordering a copy after its receive");
       check_locked(*state_,
                    cudaMemcpyAsync(const_cast<void*>(transfer.recv.data), transfer.send.data,
                                    transfer.send.bytes, cudaMemcpyDeviceToDevice, stream_),
                    "copying a message");
+      check_locked(*state_, cudaEventRecord(done->get(), stream_), "recording a copy");
+    });
     transfer.done = std::move(done);
-    check_locked(*state_, cudaEventRecord(transfer.done->get(), stream_), "recording a copy");
     transfer.enqueued = true;
     state_->changed.notify_all();
   }
@@ -367,8 +411,9 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
                          kind == CollectiveKind::kAllReduce ? "data" : "recv");
     const uint64_t sequence = next_collective_++;
     const std::string what = std::string(collective_name(kind)) + " #" + std::to_string(sequence);
-    Side side{input, input_bytes, record_ready()};
+    Side side{input, input_bytes, record_ready(), 0};
     auto done = new_event();  // used if this rank posts last
+    const cuda::DeviceGuard guard(device_);
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->failed) throw in_process_error("in-process group failed: " + state_->failure);
     std::shared_ptr<Collective>& slot = state_->device->collectives[sequence];
@@ -398,27 +443,26 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
   }
 
   // Every rank's output from a snapshot of every input, on this rank's stream (the last to post),
-  // completing `done` (the state's lock held).
+  // completing `done` (the state's lock held and this communicator's device current).
   void run_collective(Collective& c, std::shared_ptr<Event> done) {
-    const cuda::DeviceGuard guard(device_);
     const int n = state_->size;
-    const size_t bytes = c.bytes;
+    const size_t bytes = c.bytes;  // > 0: empty collectives complete at once
     auto must = [&](cudaError_t error, const char* what) { check_locked(*state_, error, what); };
-    for (const Side& input : c.inputs)
-      must(cudaStreamWaitEvent(stream_, input.ready->get(), 0), "ordering a collective");
-    if (bytes > 0) {
+    auto copy = [&](void* to, const void* from, size_t size) {
+      must(cudaMemcpyAsync(to, from, size, cudaMemcpyDeviceToDevice, stream_),
+           "writing a collective's output");
+    };
+    enqueue_or_fail([&] {
+      for (const Side& input : c.inputs)
+        must(cudaStreamWaitEvent(stream_, input.ready->get(), 0), "ordering a collective");
       void* scratch = nullptr;
       must(cudaMallocAsync(&scratch, bytes * size_t(n), stream_), "allocating a collective");
       auto* snapshot = static_cast<unsigned char*>(scratch);
-      for (int r = 0; r < n; ++r)
-        must(cudaMemcpyAsync(snapshot + size_t(r) * bytes, c.inputs[size_t(r)].data, bytes,
-                             cudaMemcpyDeviceToDevice, stream_),
-             "snapshotting a collective's input");
-      auto copy = [&](void* to, const void* from, size_t size) {
-        must(cudaMemcpyAsync(to, from, size, cudaMemcpyDeviceToDevice, stream_),
-             "writing a collective's output");
-      };
       try {
+        for (int r = 0; r < n; ++r)
+          must(cudaMemcpyAsync(snapshot + size_t(r) * bytes, c.inputs[size_t(r)].data, bytes,
+                               cudaMemcpyDeviceToDevice, stream_),
+               "snapshotting a collective's input");
         switch (c.kind) {
           case CollectiveKind::kAllReduce:
             cuda::sum_arrays(c.outputs[0], snapshot, n, c.count, c.count, c.dtype, stream_);
@@ -443,14 +487,14 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
             break;
           }
         }
-      } catch (const Error& error) {  // a failed kernel launch (sum_arrays)
-        state_->fail_locked(error.what());
+      } catch (...) {
+        cudaFreeAsync(scratch, stream_);  // after whatever was queued
         throw;
       }
       must(cudaFreeAsync(scratch, stream_), "releasing a collective's snapshot");
-    }
+      must(cudaEventRecord(done->get(), stream_), "recording a collective");
+    });
     c.done = std::move(done);
-    must(cudaEventRecord(c.done->get(), stream_), "recording a collective");
     c.enqueued = true;
     state_->changed.notify_all();
   }

@@ -6,6 +6,7 @@
 // tiles' backend; dropout's mask is read back bit for bit (GpuCpDropoutMask).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -323,9 +324,13 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
       run.backward_backend = backward;
     }
   };
+  // A wait of the device communicators that breaks NCCL's posting rules would hang until the
+  // group's timeout: 30 s per wait (not the default 60) keeps such a failure from eating a
+  // device session, and is far above any transfer of these shapes, under memcheck too.
   if (transport == Transport::kDevice)
-    run_in_process_on_device(cp, 0,
-                             [&](int rank, DeviceCommunicator& comm) { rank_body(rank, comm); });
+    run_in_process_on_device(
+        cp, 0, [&](int rank, DeviceCommunicator& comm) { rank_body(rank, comm); },
+        std::chrono::milliseconds(30000));
   else
     run_in_process(cp, rank_body);
   if (t.softmax_offset.defined()) run.out.dsoftmax_offset = sum_of(dalpha);

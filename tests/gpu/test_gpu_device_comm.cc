@@ -121,21 +121,47 @@ TEST_F(GpuDeviceComm, ASendCompletesOnlyOnceItsReceiveIsPosted) {
   });
 }
 
-TEST_F(GpuDeviceComm, AnAbandonedSendFailsTheGroup) {
-  // A handle destroyed before its peer posted takes its buffer out of the exchange: the peer's
-  // receive must fail, not copy from freed memory or hang.
+TEST_F(GpuDeviceComm, AHandleDroppedUnwaitedFailsTheGroup) {
+  // As over NCCL: rank 0 drops its send's handle without waiting (before rank 1 has posted the
+  // receive, which it does only once the handle is gone), so the group fails and rank 1's
+  // receive throws instead of copying from a buffer its owner may have released.
+  std::atomic<bool> dropped{false};
   EXPECT_THROW(run_in_process_on_device(
                    2, 0,
-                   [](int rank, DeviceCommunicator& comm) {
+                   [&](int rank, DeviceCommunicator& comm) {
                      if (rank == 0) {
                        const DeviceTensor out =
                            filled(1, [](int64_t, int64_t i) { return float(i); });
                        comm.send(out.view().data, kCount * sizeof(float), 1, 0);  // dropped
+                       dropped = true;
                        return;
                      }
-                     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                     while (!dropped) std::this_thread::yield();
                      DeviceTensor in(DType::kFloat32, {kCount}, 0);
                      comm.recv(in.view().data, kCount * sizeof(float), 0, 0)->wait();
+                   },
+                   std::chrono::milliseconds(5000)),
+               Error);
+}
+
+TEST_F(GpuDeviceComm, AReceiveMatchesTheNextSendByOrderNotByTag) {
+  // NCCL matches a pair's operations in posting order and ignores tags: receives posted in
+  // another tag order than the sends are an error here, not a match by tag that would pass on
+  // one GPU and exchange the wrong buffers over NCCL.
+  EXPECT_THROW(run_in_process_on_device(
+                   2, 0,
+                   [](int rank, DeviceCommunicator& comm) {
+                     const DeviceTensor a = filled(1, [](int64_t, int64_t i) { return float(i); });
+                     DeviceTensor in(DType::kFloat32, {kCount}, 0);
+                     std::vector<CommHandle> handles;
+                     if (rank == 0) {
+                       handles.push_back(comm.send(a.view().data, kCount * sizeof(float), 1, 1));
+                       handles.push_back(comm.send(a.view().data, kCount * sizeof(float), 1, 2));
+                     } else {
+                       handles.push_back(comm.recv(in.view().data, kCount * sizeof(float), 0, 2));
+                       handles.push_back(comm.recv(in.view().data, kCount * sizeof(float), 0, 1));
+                     }
+                     for (CommHandle& handle : handles) handle->wait();
                    },
                    std::chrono::milliseconds(5000)),
                Error);
