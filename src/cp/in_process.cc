@@ -16,6 +16,7 @@
 #include <thread>
 #include <tuple>
 
+#include "cp/comm_requests.h"
 #include "cp/in_process_state.h"
 #include "dpa/cp.h"
 #include "dpa/error.h"
@@ -59,13 +60,9 @@ void add_into(void* out, const void* in, int64_t count) {
   for (int64_t i = 0; i < count; ++i) o[i] += x[i];
 }
 
+using cp::DoneRequest;
 using cp::require_reducible;
 using State = InProcessGroup::State;
-
-class DoneRequest final : public CommRequest {
- public:
-  void wait() override {}
-};
 
 class RecvRequest final : public CommRequest {
  public:

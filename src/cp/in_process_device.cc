@@ -22,9 +22,9 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 
+#include "cp/comm_requests.h"
 #include "cp/in_process_state.h"
 #include "dpa/error.h"
 
@@ -47,26 +47,21 @@ std::string cuda_message(const std::string& what, cudaError_t error) {
   return what + ": " + cudaGetErrorName(error) + " " + cudaGetErrorString(error);
 }
 
-// Throws on a CUDA error after failing the group (state's lock not held), so that no other
+// Throws on a CUDA error after failing the group (the state's lock held), so that no other
 // rank waits for this one until its deadline.
-void check(State& state, cudaError_t error, const std::string& what) {
+void check_locked(State& state, cudaError_t error, const std::string& what) {
   if (error == cudaSuccess) return;
   cudaGetLastError();  // clear it, so that a later launch check does not report it again
   const std::string message = "in-process device communicator: " + cuda_message(what, error);
-  {
-    std::lock_guard<std::mutex> lock(state.mutex);
-    state.fail_locked(message);
-  }
+  state.fail_locked(message);
   throw in_process_error(message);
 }
 
-// The same with the state's lock held.
-void check_locked(State& state, cudaError_t error, const std::string& what) {
+// The same with the lock not held.
+void check(State& state, cudaError_t error, const std::string& what) {
   if (error == cudaSuccess) return;
-  cudaGetLastError();
-  const std::string message = "in-process device communicator: " + cuda_message(what, error);
-  state.fail_locked(message);
-  throw in_process_error(message);
+  std::lock_guard<std::mutex> lock(state.mutex);
+  check_locked(state, error, what);
 }
 
 // A CUDA event owned by the transfer or collective that records it (an event destroyed before it
@@ -92,7 +87,7 @@ class Event {
 // (a copy that never completes means a broken device, not a slow peer).
 void wait_for_event(State& state, const Event& event, const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + state.timeout;
-  int polls = 0;
+  Backoff backoff;
   for (;;) {
     const cudaError_t status = cudaEventQuery(event.get());
     if (status == cudaSuccess) return;
@@ -105,10 +100,7 @@ void wait_for_event(State& state, const Event& event, const std::string& what) {
       state.fail_locked(message);
       throw in_process_error(message);
     }
-    if (++polls < 256)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    backoff.pause();
   }
 }
 
@@ -206,12 +198,6 @@ class DeviceRequest final : public CommRequest {
   std::string what_;
   std::function<void()> abandon_locked_, finished_locked_;
   bool done_ = false;
-};
-
-// The handle of an operation with nothing to move (zero bytes), done at once as over NCCL.
-class DoneRequest final : public CommRequest {
- public:
-  void wait() override {}
 };
 
 class InProcessDeviceCommunicator final : public DeviceCommunicator {

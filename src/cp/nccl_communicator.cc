@@ -24,9 +24,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "cp/comm_requests.h"
 #include "cuda/runtime.h"
 #include "dpa/error.h"
 #include "dpa/nccl.h"
@@ -42,6 +42,8 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes, "ncclUniqueId size changed");
 
 using Clock = std::chrono::steady_clock;
+using cp::Backoff;
+using cp::DoneRequest;
 
 Error comm_error(const std::string& message) {
   return Error(ErrorCode::kBackendFailure, "communicator", message);
@@ -57,24 +59,6 @@ std::string nccl_text(ncclResult_t result) {
 std::string cuda_text(cudaError_t error) {
   return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
 }
-
-// Polls often at first (short operations finish in microseconds), then backs off to 1 ms so
-// a long wait does not burn a core.
-class Backoff {
- public:
-  void pause() {
-    if (++polls_ < 256) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
-  }
-
- private:
-  int polls_ = 0;
-  std::chrono::microseconds sleep_{20};
-};
 
 // Makes `device` current for the scope and restores the caller's device.
 class DeviceGuard {
@@ -128,11 +112,6 @@ ncclDataType_t reduction_type(DType dtype) {
           "reductions take float32 or float64 data, got " + dtype_name(dtype));
   return dtype == DType::kFloat32 ? ncclFloat32 : ncclFloat64;
 }
-
-class DoneRequest final : public CommRequest {
- public:
-  void wait() override {}
-};
 
 // The communicator's state, shared with its handles (a handle may outlive the communicator).
 class NcclState {
