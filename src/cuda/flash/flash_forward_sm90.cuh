@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                      const uint32_t(&keep)[2]) {
     const int n0 = n_block * kBlockN;
     const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-    transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible, shift.shift);
+    transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible, shift.shift,
+                                       shift.scale_in_exp2);
     softmax_update(s_acc, stats, correction, shift);
     if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
   };

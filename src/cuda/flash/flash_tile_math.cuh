@@ -199,6 +199,12 @@ struct SoftmaxShift {
   bool fixed = false;     // the fixed m below instead of the online max
   float shift = 0.f;      // m, subtracted inside the logit transform (0 when not fixed)
   float max_slack = 8.f;  // the online max's slack (FlashForwardParams::max_slack)
+  // Plain scores (no softcap, no ALiBi): transform_logits leaves them raw and softmax_update
+  // folds scale_log2 into the exp2's FFMA, exp2(s * scale - m), and scales the tile's max
+  // once per row instead (scale > 0, so the max of the raw scores scales to the max of the
+  // logits): one FMUL per score less, as in FlashAttention-3 and -4.
+  bool scale_in_exp2 = false;
+  float score_scale = 1.f;  // scale_log2 where scale_in_exp2, else 1 (already logits)
 };
 
 template <typename Element>
@@ -206,6 +212,10 @@ __device__ __forceinline__ SoftmaxShift block_softmax_shift(const FlashForwardPa
                                                             float sink_log2) {
   SoftmaxShift shift;
   shift.max_slack = p.max_slack;
+  if (!p.use_softcap && !p.alibi_slopes) {
+    shift.scale_in_exp2 = true;
+    shift.score_scale = p.scale_log2;
+  }
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
     if (p.use_softcap && p.softcap_fixed_max) {
       shift.fixed = true;
@@ -302,13 +312,14 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
 // row of the block sees every key of the tile: exact, not a hint (it skips the mask, and the
 // shared reciprocals would let a NaN key past the sequence reach the keys beside it).
-// `shift` (softcap only: a fixed max, SoftmaxShift) is subtracted inside the last FFMA.
+// `shift` (softcap only: a fixed max, SoftmaxShift) is subtracted inside the last FFMA;
+// `scale_in_exp2` (SoftmaxShift) leaves plain scores raw for softmax_update to scale.
 template <typename Element, int kNTiles>
 __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
                                                  const FlashBlock<Element>& b,
                                                  float (&s)[kNTiles][4], int row0, int n0,
                                                  int quad_col, bool fully_visible,
-                                                 float shift = 0.f) {
+                                                 float shift = 0.f, bool scale_in_exp2 = false) {
   if (p.use_softcap) {
     // Accurate tanh (softcap_ratio) with the cap folded into the last FFMA:
     // c' tanh(u a) = c' - 2c' r (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD,
@@ -334,7 +345,7 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
           s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, offset);
         }
     }
-  } else {
+  } else if (!scale_in_exp2) {
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)
 #pragma unroll
@@ -391,13 +402,14 @@ __device__ __forceinline__ float tree_sum(float (&v)[kCount]) {
 // whichever m it is.
 constexpr float kMaxSlack = 8.f;
 
-// Online-softmax update of one slab's statistics: S (logits, log2 units) becomes
-// P = exp2(S - max) and the row statistics absorb the tile. Returns, per row, the factor that
-// rescales everything accumulated so far (O) to the new max (1 where the max did not move).
+// Online-softmax update of one slab's statistics: S (logits in log2 units once multiplied by
+// `score_scale`, SoftmaxShift) becomes P = exp2(S - max) and the row statistics absorb the
+// tile. Returns, per row, the factor that rescales everything accumulated so far (O) to the new
+// max (1 where the max did not move).
 template <int kNTiles>
 __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
-                                               float (&correction)[2],
-                                               float max_slack = kMaxSlack) {
+                                               float (&correction)[2], float max_slack = kMaxSlack,
+                                               float score_scale = 1.f) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float partial_max[kNTiles];
@@ -407,6 +419,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
     float tile_max = tree_max<kNTiles>(partial_max);
     tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = max_keeping_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    tile_max *= score_scale;
     // A NaN max (a NaN logit) is taken, not kept: the row stays NaN.
     const float tile_new_max = max_keeping_nan(stats.max[half], tile_max);
     const float new_max =
@@ -420,8 +433,8 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats&
     float partial_sum[kNTiles];
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t) {
-      const float p0 = fast_exp2(s[t][2 * half] - shift);
-      const float p1 = fast_exp2(s[t][2 * half + 1] - shift);
+      const float p0 = fast_exp2(fmaf(s[t][2 * half], score_scale, -shift));
+      const float p1 = fast_exp2(fmaf(s[t][2 * half + 1], score_scale, -shift));
       s[t][2 * half] = p0;
       s[t][2 * half + 1] = p1;
       partial_sum[t] = p0 + p1;
@@ -436,7 +449,7 @@ template <int kNTiles>
 __device__ __forceinline__ void softmax_update(float (&s)[kNTiles][4], RowStats& stats,
                                                float (&correction)[2], const SoftmaxShift& shift) {
   if (!shift.fixed) {
-    softmax_update(s, stats, correction, shift.max_slack);
+    softmax_update(s, stats, correction, shift.max_slack, shift.score_scale);
     return;
   }
 #pragma unroll
