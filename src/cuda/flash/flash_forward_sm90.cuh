@@ -17,6 +17,7 @@
 
 #include <type_traits>
 
+#include "cuda/flash/flash_forward_sm90_descriptors.cuh"
 #include "cuda/flash/flash_tile_math.cuh"
 #include "cuda/flash/flash_tiles.h"
 #include "cuda/ptx/cp_async.cuh"
@@ -102,7 +103,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   FlashBlock<Element> b;
   if (!make_flash_block(p, kBlockM, kBlockN, b)) return;
 
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 so the compiler knows it is warp-uniform (ForwardDescriptors).
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   const int warp_in_group = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
@@ -135,20 +137,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (b.n_block_begin < b.n_block_end) load_k(b.n_block_begin, b.n_block_begin % 2);
   ptx::cp_async_commit();
 
-  // K-major descriptors advance 32 bytes per 16 columns inside a 64-column block and one
-  // block (rows x 128 bytes) per 64 columns; V (MN-major) advances 16 rows per k-step.
-  auto q_descriptor = [&](int kk) {
-    const uint32_t address =
-        q_shared + (kk / 4) * (kBlockM * 128) + warpgroup * 64 * 128 + (kk % 4) * 32;
-    return ptx::smem_descriptor(address, 16, 1024);
-  };
-  auto k_descriptor = [&](int stage, int kk) {
-    const uint32_t address = k_shared(stage) + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-    return ptx::smem_descriptor(address, 16, 1024);
-  };
-  auto v_descriptor = [&](int stage, int kk) {
-    return ptx::smem_descriptor(v_shared(stage) + kk * 16 * 128, kBlockN * 128, 1024);
-  };
+  const ForwardDescriptors<Traits> descriptors(q_shared + warpgroup * 64 * 128, k_shared(0),
+                                               v_shared(0));
 
   // Tile n_block's logits, mask, softmax update and dropout: S becomes P (fp32, in place) and
   // `correction` the factor that rescales O to the new row max.
@@ -171,13 +161,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < kDimQK / 16; ++kk)
-      ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
+      ptx::wgmma_ss<Element, kBlockN>(s_acc, descriptors.q_at(kk), descriptors.k_at(stage, kk),
+                                      kk > 0);
     ptx::wgmma_commit();
   };
   auto issue_pv = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
+      ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], descriptors.v_at(stage, kk), true);
     ptx::wgmma_commit();
   };
   auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {

@@ -213,7 +213,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // Producer and consumers count the same tiles: `round` blocks of work with tiles (Q's
   // barrier phases) and `issued` KV tiles (the stage ring's position).
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 so the compiler knows it is warp-uniform: what derives from it (the
+  // consumer's Q descriptors) then lives in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (warpgroup == 0 && p.tma) {
     // Producer with TMA: one thread issues every copy (64-column boxes), the copy engine
     // writes the swizzled tiles and counts their bytes on the stage's barrier. With tails, the
@@ -354,18 +356,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Each turn barrier counts the waiting warpgroup and the one that hands it the turn.
   constexpr int kTurnThreads = 256;
 
-  auto q_descriptor = [&](int kk) {
-    const uint32_t address =
-        q_shared + (kk / 4) * (kBlockM * 128) + consumer * 64 * 128 + (kk % 4) * 32;
-    return ptx::smem_descriptor(address, 16, 1024);
-  };
-  auto k_descriptor = [&](int stage, int kk) {
-    const uint32_t address = k_shared(stage) + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-    return ptx::smem_descriptor(address, 16, 1024);
-  };
-  auto v_descriptor = [&](int stage, int kk) {
-    return ptx::smem_descriptor(v_shared(stage) + kk * 16 * 128, kBlockN * 128, 1024);
-  };
+  const ForwardDescriptors<Traits> descriptors(q_shared + consumer * 64 * 128, k_shared(0),
+                                               v_shared(0));
   // Waits until a stage's copies landed and makes them visible to this thread's wgmma
   // (cp.async writes through the generic proxy, wgmma reads through the async one; TMA
   // writes through the async proxy already).
@@ -411,13 +403,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
 #pragma unroll
         for (int kk = 0; kk < kDimQK / 16; ++kk)
-          ptx::wgmma_ss<Element, kBlockN>(s_acc, q_descriptor(kk), k_descriptor(stage, kk), kk > 0);
+          ptx::wgmma_ss<Element, kBlockN>(s_acc, descriptors.q_at(kk), descriptors.k_at(stage, kk),
+                                          kk > 0);
         ptx::wgmma_commit();
       };
       auto issue_pv = [&](int stage) {
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk)
-          ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], v_descriptor(stage, kk), true);
+          ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], descriptors.v_at(stage, kk), true);
         ptx::wgmma_commit();
       };
       auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {

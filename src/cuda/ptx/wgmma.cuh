@@ -41,6 +41,16 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t address, uint32_t l
   return descriptor;
 }
 
+// `descriptor` with its start address moved by `bytes` (a multiple of 16). The address field
+// (bits 0-13, in 16-byte units) cannot carry into the next field while the address stays in
+// shared memory (< 256 KiB), so one 32-bit add of the low word does it: a kernel builds a
+// descriptor once and advances it per wgmma by constants, instead of masking and shifting
+// each address again (five uniform instructions per wgmma, as FlashAttention-3 avoids too).
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t descriptor, uint32_t bytes) {
+  const uint32_t low = uint32_t(descriptor) + (bytes >> 4);
+  return (descriptor & 0xFFFFFFFF00000000ull) | low;
+}
+
 // Orders this thread's register writes before the next wgmma reads them (accumulators that
 // ordinary code scaled, A operands just packed).
 __device__ __forceinline__ void wgmma_fence() {
