@@ -4,11 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DPA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DPA_HOST_DEVICE inline
-#endif
+#include "core/host_device.h"
 
 namespace dpa {
 

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "core/philox.h"
+#include "cuda/fast_divider.h"
 #include "cuda/flash/flash_backward_params.h"
 #include "cuda/flash/flash_backward_tile_math.cuh"
 #include "cuda/flash/flash_forward_kernel.cuh"
@@ -216,9 +217,10 @@ struct KeyBlock {
   // Each head's query tiles last first (the deterministic one-kernel backward: set where the
   // block is made, so it folds away in every kernel).
   bool descending = false;
-  __device__ int head(int it) const { return kv_head * group + it / m_tiles; }
+  FastDivider by_m_tiles;  // it / m_tiles without a division per iteration
+  __device__ int head(int it) const { return kv_head * group + by_m_tiles.quotient(it); }
   __device__ int first_query(int it) const {
-    const int t = it % m_tiles;
+    const int t = it - by_m_tiles.quotient(it) * m_tiles;
     return (m_begin + (descending ? m_tiles - 1 - t : t)) * block_m;
   }
 };
@@ -240,6 +242,7 @@ __device__ __forceinline__ bool make_key_block(const FlashForwardParams& p, int 
   k.block_m = block_m;
   k.m_begin = tiles.first;
   k.m_tiles = tiles.last + 1 - tiles.first;
+  k.by_m_tiles = FastDivider(max(k.m_tiles, 1));  // no iteration divides by an empty count
   k.group = p.group_size;
   k.iterations = k.m_tiles * k.group;
   k.q_start = p.start_q ? p.start_q[k.batch] : 0;

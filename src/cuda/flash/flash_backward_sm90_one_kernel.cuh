@@ -44,9 +44,8 @@ struct FlashBackwardSm90OneKernelTraits {
   // which ptxas serialises).
   static constexpr int kDqColumns = kHeadDimQK / 2;
   static constexpr int kBarrierBytes = 64;
-  // The dq tiles' rows in shared memory (fp32), padded by 4 floats: the consumers' 8-byte
-  // stores of a warp's 8 rows then fall in distinct banks.
-  static constexpr int kDqStride = kHeadDimQK + 4;
+  // The dq tiles' rows in shared memory (fp32), padded (kOneKernelBackwardDqPadding says why).
+  static constexpr int kDqStride = kHeadDimQK + kOneKernelBackwardDqPadding;
   // Dropout keep bits per stage: one 32-bit word per consumer thread (draw_query_tile_keep_words).
   static constexpr int kKeepWords = kBlockN / 16 * 32;
   // K and V of the block, kStages of Q and dO, of the rows' LSE and D and of the keep words, the
@@ -361,6 +360,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
 
+  // Not broadcast from lane 0 as in the forward: with it, ptxas spilled 128 bytes in the
+  // default d128 kernel (none without).
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();

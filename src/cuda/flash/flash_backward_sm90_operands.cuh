@@ -15,16 +15,18 @@
 namespace dpa::cuda {
 
 // Descriptor of a K-major operand: rows `row0..` of a swizzled tile of `rows` rows, 16 columns
-// from 16 * kk (64-column blocks of rows x 128 bytes).
+// from 16 * kk (64-column blocks of rows x 128 bytes). Built from the rows' start and advanced
+// by the k-step's constant offset (ptx::advance_descriptor), so that the k-steps of one product
+// share one descriptor build.
 __device__ __forceinline__ uint64_t k_major_descriptor(uint32_t tile, int rows, int row0, int kk) {
-  return ptx::smem_descriptor(tile + (kk / 4) * (rows * 128) + row0 * 128 + (kk % 4) * 32, 16,
-                              1024);
+  const uint64_t rows_start = ptx::smem_descriptor(tile + row0 * 128, 16, 1024);
+  return ptx::advance_descriptor(rows_start, (kk / 4) * (rows * 128) + (kk % 4) * 32);
 }
 
 // Descriptor of an MN-major B operand: 16 rows from 16 * kk of a swizzled tile of `rows` rows
 // (the K dimension runs along the rows, N along the columns).
 __device__ __forceinline__ uint64_t mn_major_descriptor(uint32_t tile, int rows, int kk) {
-  return ptx::smem_descriptor(tile + kk * 16 * 128, rows * 128, 1024);
+  return ptx::advance_descriptor(ptx::smem_descriptor(tile, rows * 128, 1024), kk * 16 * 128);
 }
 
 // acc (+)= A B^T over kK columns (the wgmma counterpart of mma_rows_by_rows): A is rows

@@ -213,6 +213,11 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
 // The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
 // asserts them): the host sizes its deterministic-mode flags by them.
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
+// The one-kernel backward's fp32 dq tile rows are padded by 8 floats: a warp's 8-byte stores
+// of its 8 rows (2q + 8t in row g) then put each half-warp's 4 rows on 32 distinct banks (row
+// g starts on bank 8g); a padding of 4 put rows g and g + 1 on 4 common banks, 4 wavefronts
+// per store instead of 2 (ncu, session 24: 138 M excess store wavefronts at d64).
+constexpr int kOneKernelBackwardDqPadding = 8;
 constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
   const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
             block_m = kOneKernelBackwardBlockM;
@@ -224,7 +229,8 @@ constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_d
   const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
             keep_words = block_n / 16 * 32;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
-         block_m * (head_dim_qk + 4) * 4 + stages * keep_words * 4 + barriers + 1024;
+         block_m * (head_dim_qk + kOneKernelBackwardDqPadding) * 4 + stages * keep_words * 4 +
+         barriers + 1024;
 }
 
 // What a backward runs: its family and that family's shared memory per block. The selector's
