@@ -2,11 +2,21 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 namespace dpa::cp {
 
 void wait_all(std::vector<CommHandle>& handles) {
   for (CommHandle& handle : handles) handle->wait();
+  handles.clear();
+}
+
+void order_stream_after(std::vector<CommHandle>& handles, void* stream,
+                        std::vector<CommHandle>& waited_later) {
+  for (CommHandle& handle : handles) {
+    handle->wait_on_stream(stream);
+    waited_later.push_back(std::move(handle));
+  }
   handles.clear();
 }
 

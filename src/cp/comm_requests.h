@@ -12,6 +12,11 @@ namespace dpa::cp {
 // Waits for every handle, then empties the list.
 void wait_all(std::vector<CommHandle>& handles);
 
+// Orders `stream` after every handle (CommRequest::wait_on_stream), then moves them to
+// `waited_later`, which the caller waits on (wait_all) before it releases their buffers.
+void order_stream_after(std::vector<CommHandle>& handles, void* stream,
+                        std::vector<CommHandle>& waited_later);
+
 // The handle of an operation with nothing to do (zero bytes), done at once.
 class DoneRequest final : public CommRequest {
  public:

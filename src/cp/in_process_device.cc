@@ -6,13 +6,14 @@
 // rank's stream (after the work ordered before the post); whichever rank posts second enqueues
 // the copy on its own stream after the other side's event, so no host waits for a peer's data
 // and no byte crosses host memory. wait() returns once the copy has completed: the data is then
-// ready for any stream, and a send's buffer may be reused. The rules are NCCL's (docs/nccl.md),
-// so that the GPU suite checks them on one GPU: sends are not buffered (every send and receive
-// of an exchange must be posted before any of them is waited on, or the wait times out), a
-// pair's receives match its sends by order, not by tag (a tag or size that differs fails the
-// group), zero-byte operations complete at once, and a handle destroyed before it was waited
-// on fails the group. Not checked: that no point-to-point operation spans a collective, and
-// the stream order NCCL's kernels impose (a send blocks its stream until received).
+// ready for any stream, and a send's buffer may be reused. wait_on_stream() waits on the host
+// only until the copy is enqueued, then orders the caller's stream after its event. The rules are
+// NCCL's (docs/nccl.md), so that the GPU suite checks them on one GPU: sends are not buffered
+// (every send and receive of an exchange must be posted before any of them is waited on, or the
+// wait times out), a pair's receives match its sends by order, not by tag (a tag or size that
+// differs fails the group), zero-byte operations complete at once, and a handle destroyed before it
+// was waited on fails the group. Not checked: that no point-to-point operation spans a collective,
+// and the stream order NCCL's kernels impose (a send blocks its stream until received).
 //
 // A collective is run by the last rank to post it: every input is first copied into one scratch
 // array on that rank's stream (so an in-place all_reduce reads no output), then every rank's
@@ -179,11 +180,7 @@ class DeviceRequest final : public CommRequest {
 
   void wait() override {
     if (done_) return;
-    {
-      std::unique_lock<std::mutex> lock(state_->mutex);
-      state_->wait(
-          lock, [&] { return operation_->enqueued; }, what_);
-    }
+    wait_enqueued();
     wait_for_event(*state_, *operation_->done, what_);
     if (finished_locked_) {
       std::lock_guard<std::mutex> lock(state_->mutex);
@@ -192,7 +189,23 @@ class DeviceRequest final : public CommRequest {
     done_ = true;
   }
 
+  // The host waits for the peers to post (the copy or collective is then on a stream and its
+  // `done` event recorded), not for the data.
+  void wait_on_stream(void* stream) override {
+    if (done_) return;
+    wait_enqueued();
+    check(*state_,
+          cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), operation_->done->get(), 0),
+          "ordering a stream after " + what_);
+  }
+
  private:
+  void wait_enqueued() {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->wait(
+        lock, [&] { return operation_->enqueued; }, what_);
+  }
+
   std::shared_ptr<State> state_;
   std::shared_ptr<Operation> operation_;
   std::string what_;

@@ -237,15 +237,7 @@ class NcclState {
     ensure_healthy(what);
     // One deadline for launching (when the handle belongs to the queued group) and completing.
     const auto deadline = Clock::now() + timeout_;
-    if (!launch.launched) {
-      try {
-        flush(deadline);
-      } catch (const Error& error) {
-        throw comm_error(what + " on " + where() +
-                         ": launching its point-to-point group failed: " + error.what());
-      }
-    }
-    if (!launch.launched) throw comm_error(what + " on " + where() + ": internal: never launched");
+    launch_group_of(launch, what, deadline);
     DeviceGuard guard(device_);
     if (guard.status() != cudaSuccess)
       fail(what, "cannot select CUDA device: " + cuda_text(guard.status()));
@@ -265,6 +257,19 @@ class NcclState {
     }
   }
 
+  // Orders `stream` after the operation's completion event (launching its group first, as
+  // wait() does), without waiting on the host; wait() still polls it for errors and deadlines.
+  void order_stream(Launch& launch, void* stream, const std::string& what) {
+    if (launch.done) return;
+    ensure_healthy(what);
+    launch_group_of(launch, what, Clock::now() + timeout_);
+    DeviceGuard guard(device_);
+    if (guard.status() != cudaSuccess)
+      fail(what, "cannot select CUDA device: " + cuda_text(guard.status()));
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), launch.event, 0), what,
+               "cudaStreamWaitEvent");
+  }
+
   void abort(const std::string& reason) {
     if (failed_) return;
     failed_ = true;
@@ -273,6 +278,19 @@ class NcclState {
   }
 
  private:
+  // Launches the queued point-to-point group when `launch` belongs to it.
+  void launch_group_of(const Launch& launch, const std::string& what, Clock::time_point deadline) {
+    if (!launch.launched) {
+      try {
+        flush(deadline);
+      } catch (const Error& error) {
+        throw comm_error(what + " on " + where() +
+                         ": launching its point-to-point group failed: " + error.what());
+      }
+    }
+    if (!launch.launched) throw comm_error(what + " on " + where() + ": internal: never launched");
+  }
+
   std::string where() const {
     return "rank " + std::to_string(rank_) + " of " + std::to_string(size_);
   }
@@ -428,6 +446,7 @@ class NcclRequest final : public CommRequest {
     state_->wait(*launch_, what_);
     launch_->done = true;
   }
+  void wait_on_stream(void* stream) override { state_->order_stream(*launch_, stream, what_); }
 
  private:
   std::shared_ptr<NcclState> state_;

@@ -2,6 +2,7 @@
 // GPU exchange device buffers by device copies under NCCL's rules (unbuffered sends), so the
 // device CP algorithms can be tested on one GPU; and make_host_bounced_communicator over any
 // host communicator.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -118,6 +119,43 @@ TEST_F(GpuDeviceComm, ASendCompletesOnlyOnceItsReceiveIsPosted) {
     comm.recv(in.view().data, kCount * sizeof(float), 0, 0)->wait();
     const std::vector<float> got = values(in);
     for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 7 + i);
+  });
+}
+
+TEST_F(GpuDeviceComm, AStreamOrderedWaitHoldsTheStreamNotTheHost) {
+  // Rank 0's stream is held 500 ms by a host function before its send's event: the copy runs
+  // after that. Rank 1 orders its own stream after the receive (wait_on_stream), which must
+  // return before the copy has run (the host waits for the post, not the data), and a copy of
+  // the received buffer on that stream must still see the data (no ordering: zeros).
+  std::atomic<bool> sender_released{false};
+  run_in_process_on_device(2, 0, [&](int rank, DeviceCommunicator& comm) {
+    if (rank == 0) {
+      const DeviceTensor out = filled(1, [](int64_t, int64_t i) { return float(5 + i); });
+      auto hold = [](void* released) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        static_cast<std::atomic<bool>*>(released)->store(true);
+      };
+      ASSERT_EQ(
+          cudaLaunchHostFunc(static_cast<cudaStream_t>(comm.stream()), hold, &sender_released),
+          cudaSuccess);
+      comm.send(out.view().data, kCount * sizeof(float), 1, 0)->wait();
+      return;
+    }
+    DeviceTensor in(DType::kFloat32, {kCount}, 0);
+    DeviceTensor copy(DType::kFloat32, {kCount}, 0);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    CommHandle received = comm.recv(in.view().data, kCount * sizeof(float), 0, 0);
+    received->wait_on_stream(stream);
+    EXPECT_FALSE(sender_released.load()) << "wait_on_stream waited for the data on the host";
+    EXPECT_EQ(cudaMemcpyAsync(copy.view().data, in.view().data, kCount * sizeof(float),
+                              cudaMemcpyDeviceToDevice, stream),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    received->wait();
+    cudaStreamDestroy(stream);
+    const std::vector<float> got = values(copy);
+    for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 5 + i);
   });
 }
 
