@@ -53,12 +53,13 @@ class CommRequest {
   virtual ~CommRequest() = default;
   virtual void wait() = 0;
   // A device communicator's operation: orders CUDA stream `stream` (of the communicator's
-  // device; null is the legacy default stream) after it, so that work enqueued there next may
-  // read a received buffer and overwrite a sent one, without the host waiting for the data
-  // where the transport allows it (NCCL; the in-process device communicators, whose hosts
-  // still wait for the peer to post its side). By default it waits on the host. It does not
-  // replace wait(): call that too, before releasing the buffers' memory; failures and timeouts
-  // surface there (a peer that never completes leaves `stream` waiting until then).
+  // device; null is the current device's legacy default stream) after it, so that work
+  // enqueued there next may read a received buffer and overwrite a sent one, without the host
+  // waiting for the data where the transport allows it (NCCL; the in-process device
+  // communicators, whose hosts still wait for the peer to post its side). By default it waits
+  // on the host. It does not replace wait(): call that too, before releasing the buffers'
+  // memory; failures and timeouts surface there (a peer that never completes leaves `stream`
+  // waiting until then).
   virtual void wait_on_stream(void* /*stream*/) { wait(); }
 };
 using CommHandle = std::unique_ptr<CommRequest>;

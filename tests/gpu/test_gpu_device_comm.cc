@@ -123,40 +123,49 @@ TEST_F(GpuDeviceComm, ASendCompletesOnlyOnceItsReceiveIsPosted) {
 }
 
 TEST_F(GpuDeviceComm, AStreamOrderedWaitHoldsTheStreamNotTheHost) {
-  // Rank 0's stream is held 500 ms by a host function before its send's event: the copy runs
-  // after that. Rank 1 orders its own stream after the receive (wait_on_stream), which must
-  // return before the copy has run (the host waits for the post, not the data), and a copy of
-  // the received buffer on that stream must still see the data (no ordering: zeros).
-  std::atomic<bool> sender_released{false};
+  // Rank 0's stream is held by a host function until rank 1 has checked that wait_on_stream
+  // returned (bounded at 10 s), so the copy runs only after that: a wait_on_stream that waited
+  // on the host for the data returns only once the hold is over (sender_released set). A copy
+  // of the received buffer on the ordered stream must still see the data (without the ordering
+  // it would read the poisoned buffer). Rank 1's buffers and stream are made before the ranks
+  // start: allocating synchronizes the legacy stream, which waits for rank 0's held one.
+  std::atomic<bool> receiver_checked{false}, sender_released{false};
+  struct Hold {
+    std::atomic<bool>* receiver_checked;
+    std::atomic<bool>* released;
+  } hold{&receiver_checked, &sender_released};
+  DeviceTensor in(DType::kFloat32, {kCount}, 0);
+  DeviceTensor copy(DType::kFloat32, {kCount}, 0);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   run_in_process_on_device(2, 0, [&](int rank, DeviceCommunicator& comm) {
     if (rank == 0) {
       const DeviceTensor out = filled(1, [](int64_t, int64_t i) { return float(5 + i); });
-      auto hold = [](void* released) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        static_cast<std::atomic<bool>*>(released)->store(true);
+      auto hold_stream = [](void* data) {
+        const Hold* h = static_cast<const Hold*>(data);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!h->receiver_checked->load() && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        h->released->store(true);
       };
-      ASSERT_EQ(
-          cudaLaunchHostFunc(static_cast<cudaStream_t>(comm.stream()), hold, &sender_released),
-          cudaSuccess);
+      ASSERT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(comm.stream()), hold_stream, &hold),
+                cudaSuccess);
       comm.send(out.view().data, kCount * sizeof(float), 1, 0)->wait();
       return;
     }
-    DeviceTensor in(DType::kFloat32, {kCount}, 0);
-    DeviceTensor copy(DType::kFloat32, {kCount}, 0);
-    cudaStream_t stream = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     CommHandle received = comm.recv(in.view().data, kCount * sizeof(float), 0, 0);
     received->wait_on_stream(stream);
     EXPECT_FALSE(sender_released.load()) << "wait_on_stream waited for the data on the host";
+    receiver_checked = true;
     EXPECT_EQ(cudaMemcpyAsync(copy.view().data, in.view().data, kCount * sizeof(float),
                               cudaMemcpyDeviceToDevice, stream),
               cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     received->wait();
-    cudaStreamDestroy(stream);
-    const std::vector<float> got = values(copy);
-    for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 5 + i);
   });
+  cudaStreamDestroy(stream);
+  const std::vector<float> got = values(copy);
+  for (int64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[size_t(i)], 5 + i);
 }
 
 TEST_F(GpuDeviceComm, AHandleDroppedUnwaitedFailsTheGroup) {
