@@ -2,7 +2,8 @@
 # Profiles one kernel launch of each `dpa bench` row with Nsight Compute on the GPU machine and
 # keeps text only (reports are too large to bring back): per row the throughput, warp-state,
 # scheduler and compute-workload sections, the pipes' busy shares and the shared-memory bank
-# conflicts, and the source view's hottest SASS lines by stall samples. For finding
+# conflicts, and the source view's summary (scripts/ncu_source_summary.py: the hottest SASS
+# lines, the instruction mix per warp-tile, the stall reasons, the conflicting lines). For finding
 # where a kernel's time goes before changing it (docs/perf.md's rule: predict, then measure).
 #
 # usage: scripts/ncu_rows.sh OUTDIR ROWS KERNEL_REGEX
@@ -75,31 +76,12 @@ smsp__issue_active.avg.pct_of_peak_sustained_active,\
 l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\
 l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
     >>"$report" 2>>"$log" || echo "(the raw metrics failed: see ncu.log)" >>"$report"
-  # The source view as CSV: keep the SASS lines with the most stall samples.
+  # The source view as CSV: the hottest lines, the instruction mix per warp-tile, the stall
+  # reasons and the bank conflicts by line (scripts/ncu_source_summary.py).
   if "$ncu" --import "$rep.ncu-rep" --page source --csv --print-source sass \
     >"$scratch/source.csv" 2>>"$log"; then
-    echo "--- hottest SASS lines (by the first column whose name has 'Samples') ---" >>"$report"
-    python3 - "$scratch/source.csv" "$hot_lines" >>"$report" 2>>"$log" <<'EOF'
-import csv, sys
-path, keep = sys.argv[1], int(sys.argv[2])
-with open(path, newline="") as f:
-    rows = list(csv.reader(f))
-header_at = next((i for i, r in enumerate(rows) if any("Samples" in c for c in r)), None)
-if header_at is None:
-    sys.exit("no sample column in the source page")
-header = rows[header_at]
-column = next(i for i, c in enumerate(header) if "Samples" in c)
-source = next((i for i, c in enumerate(header) if c.strip() in ("Source", "# Source")), 1)
-def samples(r):
-    try:
-        return float(r[column].replace(",", ""))
-    except (ValueError, IndexError):
-        return 0.0
-body = [r for r in rows[header_at + 1:] if len(r) > column]
-total = sum(samples(r) for r in body) or 1.0
-for r in sorted(body, key=samples, reverse=True)[:keep]:
-    print(f"{100 * samples(r) / total:5.1f}%  {r[source].strip()}")
-EOF
+    python3 "$root/scripts/ncu_source_summary.py" "$scratch/source.csv" "$hot_lines" \
+      >>"$report" 2>>"$log" || echo "(the source summary failed: see ncu.log)" >>"$report"
   fi
 done <"$rows_file"
 # The device tool once left ncu.txt out of the returned files; a compressed copy travels too.
