@@ -192,6 +192,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
                              const RngState& rng, const std::vector<const Backend*>& tile_backends,
                              const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
+  Transfers transfers(comm, sets);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
   require_like(args.o, args.in.q, args.in.v.shape[args.in.v.ndim - 1], "o");
@@ -270,12 +271,12 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
   // The own rows' tiles of the first ring step while the peers' rows are in flight.
   const bool own_first = !plan.all_gather && own.overlaps();
   if (own_first) attend(k, v, q_chunks, own.slots, TilePairs::kAllButOwn);
-  for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish();
+  for (GroupExchange* in : {&q_in, &k_in, &v_in}) in->finish(transfers);
   if (plan.all_gather) {
     // This rank's own chunks first, while the peers' are in flight.
     GatheredKv gathered = gather_needed(comm, plan, ctx, k, v);
     attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots);
-    wait_all(gathered.pending);
+    transfers.settle(gathered.pending);
     attend(gathered.k, gathered.v, gathered.chunks, gathered.peer_slots);
   } else {
     const int n = plan.ring_size();
@@ -291,7 +292,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
         attend_and_return_by_block(chunks, skip);
       else
         attend(k, v, chunks, every_slot(chunks.size()), skip);
-      wait_all(pending);
+      transfers.settle(pending);
       if (step + 1 < n) {
         std::swap(k, next_k);
         std::swap(v, next_v);
@@ -299,8 +300,8 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     }
   }
   if (own.overlaps()) {
-    wait_all(o_out.pending);
-    wait_all(lse_out.pending);
+    transfers.settle(o_out.pending);
+    transfers.settle(lse_out.pending);
     unpack_local(g, g.q, merge_heads(o_out.recv, plan.a2a), args.o);
     unpack_lse(g, merge_heads(lse_out.recv, plan.a2a), args.lse);
   } else {  // no a2a: the rows stay here
@@ -310,6 +311,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     unpack_local(g, g.q, final_rows.o, args.o);
     unpack_lse(g, final_rows.lse, args.lse);
   }
+  transfers.finish();
   if (sets.on_device()) synchronize(sets);  // the outputs are in place, for any stream
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;  // no visible tile on this rank
   return {used, rng};
@@ -320,6 +322,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
                             const std::vector<const Backend*>& tile_backends,
                             const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
+  Transfers transfers(comm, sets);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
   const int64_t dv_dim = args.in.v.shape[args.in.v.ndim - 1];
@@ -435,7 +438,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   // The own rows' tiles of the first ring step while the peers' rows are in flight.
   const bool own_first = !plan.all_gather && own.overlaps();
   if (own_first) attend(k, v, q_chunks, own.slots, dk_acc, dv_acc, TilePairs::kAllButOwn);
-  for (GroupExchange* in : {&q_in, &o_in, &d_o_in, &lse_in, &k_in, &v_in}) in->finish();
+  for (GroupExchange* in : {&q_in, &o_in, &d_o_in, &lse_in, &k_in, &v_in}) in->finish(transfers);
 
   // dalpha_h = -sum_i exp(sigma_h - LSE_i) D_i, once per row, from the final LSE. This rank's
   // partial covers its rows (and, under a2a, its heads). Device sets: one kernel with a fixed
@@ -479,13 +482,14 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     Packed dv_gathered = zeros_f32(gathered.v.rows, v.heads, v.dim, sets);
     attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots, dk_gathered, dv_gathered,
            TilePairs::kNone, 0, 1);
-    wait_all(gathered.pending);
+    transfers.settle(gathered.pending);
     attend(gathered.k, gathered.v, gathered.chunks, gathered.peer_slots, dk_gathered, dv_gathered);
     ReturningGradients returning =
         start_returning_gradients(comm, plan, ctx, gathered, dk_gathered, dv_gathered);
     attend(gathered.k, gathered.v, gathered.chunks, gathered.own_slots, dk_gathered, dv_gathered,
            TilePairs::kNone, 1);
-    finish_returning_gradients(returning, plan, gathered, dk_gathered, dv_gathered, dk_acc, dv_acc);
+    finish_returning_gradients(returning, plan, gathered, dk_gathered, dv_gathered, dk_acc, dv_acc,
+                               transfers);
   } else {
     // KV travels the ring ahead of the compute; dKV follows it after each step and arrives
     // back at its owner after n transfers.
@@ -544,11 +548,11 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       if (n > 1 && !(step + 1 == n && returns_dkv_by_block)) {
         std::vector<CommHandle> pending_dkv =
             ring_exchange(comm, plan, dk_acc, dv_acc, next_dk, next_dv, kTagDk, kTagDv);
-        wait_all(pending_dkv);
+        transfers.settle(pending_dkv);
         std::swap(dk_acc, next_dk);
         std::swap(dv_acc, next_dv);
       }
-      wait_all(pending_kv);
+      transfers.settle(pending_kv);
       if (step + 1 < n) {
         std::swap(k, next_k);
         std::swap(v, next_v);
@@ -558,20 +562,20 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
 
   Packed dk_local, dv_local;
   if (returns_dkv_by_block) {
-    wait_all(dk_out.pending);
-    wait_all(dv_out.pending);
+    transfers.settle(dk_out.pending);
+    transfers.settle(dv_out.pending);
     dk_local = merge_heads(dk_out.recv, plan.a2a);
     dv_local = merge_heads(dv_out.recv, plan.a2a);
   } else {
-    dk_local = to_sequence(comm, plan, std::move(dk_acc));
-    dv_local = to_sequence(comm, plan, std::move(dv_acc));
+    dk_local = to_sequence(comm, plan, std::move(dk_acc), transfers);
+    dv_local = to_sequence(comm, plan, std::move(dv_acc), transfers);
   }
   if (plan.kv_replication > 1) {
     dk_local = sum_replicas(dk_local, plan.kv_replication);
     dv_local = sum_replicas(dv_local, plan.kv_replication);
   }
   if (own.overlaps()) {
-    wait_all(dq_out.pending);
+    transfers.settle(dq_out.pending);
     unpack_local(g, g.q, merge_heads(dq_out.recv, plan.a2a), args.dq);
   } else {
     unpack_local(g, g.q, dq_acc, args.dq);  // no a2a: the rows stay here
@@ -602,6 +606,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       comm.all_reduce(dbias_acc.data(), int64_t(dbias_acc.size()), DType::kFloat32)->wait();
     for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
   }
+  transfers.finish();
   if (sets.on_device()) synchronize(sets);  // the gradients are in place, for any stream
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;
   return used;

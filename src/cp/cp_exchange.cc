@@ -8,6 +8,19 @@
 
 namespace dpa::cp {
 
+Transfers::Transfers(Communicator& comm, const Placement& sets) : stream_(sets.stream) {
+  on_stream_ = sets.on_device() && comm.device_communicator() != nullptr;
+}
+
+void Transfers::settle(std::vector<CommHandle>& handles) {
+  if (on_stream_)
+    order_stream_after(handles, stream_, settled_);
+  else
+    wait_all(handles);
+}
+
+void Transfers::finish() { wait_all(settled_); }
+
 void order_for_comm(Communicator& comm, const Packed& set) {
   if (!set.place.on_device()) return;
   if (DeviceCommunicator* device_comm = comm.device_communicator())
@@ -41,15 +54,15 @@ GroupExchange start_group_all_to_all(Communicator& comm, const Plan& plan, Packe
   return exchange;
 }
 
-void GroupExchange::finish() {
-  wait_all(pending);
+void GroupExchange::finish(Transfers& transfers) {
+  transfers.settle(pending);
   send = Packed();
 }
 
-Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send) {
+Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send, Transfers& transfers) {
   GroupExchange exchange = start_group_all_to_all(comm, plan, std::move(send));
   start_pending(comm);
-  exchange.finish();
+  exchange.finish(transfers);
   return std::move(exchange.recv);
 }
 
@@ -81,15 +94,10 @@ GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local)
   return start_group_all_to_all(comm, plan, split_heads(local, plan.a2a));
 }
 
-Packed to_heads(Communicator& comm, const Plan& plan, Packed local) {
-  if (plan.a2a == 1) return local;
-  return group_all_to_all(comm, plan, split_heads(local, plan.a2a));
-}
-
-// Head shards -> sequence shards: the inverse of to_heads.
-Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads) {
+// Head shards -> sequence shards: the inverse of start_to_heads.
+Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads, Transfers& transfers) {
   if (plan.a2a == 1) return heads;
-  return merge_heads(group_all_to_all(comm, plan, std::move(heads)), plan.a2a);
+  return merge_heads(group_all_to_all(comm, plan, std::move(heads), transfers), plan.a2a);
 }
 
 void start_pending(Communicator& comm) {

@@ -14,28 +14,45 @@ constexpr int kTagA2A = 1, kTagA2AOutput = 2, kTagA2ADq = 3, kTagA2ADk = 4, kTag
               kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
 constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherDv = 41;
 
+// The transfers of one CP call. settle() makes a set of them usable by the work enqueued next
+// on the sets' stream: over a device communicator with device sets by ordering that stream
+// after them (CommRequest::wait_on_stream: no host waits for the data), otherwise by waiting on
+// the host at once. finish() waits on the host for everything settled (failures and deadlines
+// surface there); a call does so before it returns. The sets' buffers are stream-ordered
+// allocations on that stream, so one released after settle() is freed after the transfers.
+class Transfers {
+ public:
+  Transfers(Communicator& comm, const Placement& sets);
+  void settle(std::vector<CommHandle>& handles);
+  void finish();
+
+ private:
+  void* stream_ = nullptr;
+  bool on_stream_ = false;
+  std::vector<CommHandle> settled_;
+};
+
 // A group all-to-all in flight: [a][rows][h][d] blocks, block d of `send` to group member d,
 // block s of `recv` from member s. The member's own block is in `recv` at once (a local copy);
-// the others once wait() returned. `send` stays alive until then: the peers read it.
+// the others once the transfers are settled. `send` stays alive until then: the peers read it.
 struct GroupExchange {
   Packed send, recv;
   std::vector<CommHandle> pending;
-  // Waits for every transfer and releases `send`; `recv` is then complete.
-  void finish();
+  // Settles every transfer and releases `send`; `recv` is then complete for the sets' stream.
+  void finish(Transfers& transfers);
 };
 GroupExchange start_group_all_to_all(Communicator& comm, const Plan& plan, Packed send);
-Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send);
+Packed group_all_to_all(Communicator& comm, const Plan& plan, Packed send, Transfers& transfers);
 // Sequence shards -> head shards, posted: the rank's own rows of the group's heads can be used
 // while the peers' are in flight. Without a2a the set passes through (moved, not copied).
 GroupExchange start_to_heads(Communicator& comm, const Plan& plan, Packed local);
-Packed to_heads(Communicator& comm, const Plan& plan, Packed local);
-Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads);
+Packed to_sequence(Communicator& comm, const Plan& plan, Packed heads, Transfers& transfers);
 // The outputs' group all-to-all (head shards back to sequence shards), posted block by block as
 // their rows become final: round t (1 .. a - 1) sends block member + t (mod a) of `send` to that
 // member and receives block member - t from that member into `recv`; round 0 copies the
 // member's own block. Every member's round t pairs the same ranks, so a device communicator's
 // grouped launches match round by round however far apart the members post them. `recv` is
-// complete once every round ran and `pending` was waited on; `send` must live until then.
+// complete once every round ran and `pending` was settled; `send` must live until then.
 // `tag`: kTagA2AOutput (the forward's o and LSE), kTagA2ADq, kTagA2ADk, kTagA2ADv (the
 // backward's dq, dk, dv). `ring_offset`: the blocks' owners are in the group that many ring
 // positions ahead (the members of the same place), and the received blocks come from the group

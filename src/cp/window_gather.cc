@@ -154,7 +154,7 @@ ReturningGradients start_returning_gradients(Communicator& comm, const Plan& pla
 
 void finish_returning_gradients(ReturningGradients& returning, const Plan& plan,
                                 const GatheredKv& gathered, const Packed& dk, const Packed& dv,
-                                Packed& dk_own, Packed& dv_own) {
+                                Packed& dk_own, Packed& dv_own, Transfers& transfers) {
   const int64_t rows = dk_own.rows / 2;
   for (size_t i = 0; i < gathered.chunks.size(); ++i) {
     const ChunkOwner owner = owner_of(plan.cp, gathered.chunks[i]);
@@ -162,7 +162,7 @@ void finish_returning_gradients(ReturningGradients& returning, const Plan& plan,
     accumulate_rows(dk_own, owner.slot * rows, dk, int64_t(i) * rows, rows);
     accumulate_rows(dv_own, owner.slot * rows, dv, int64_t(i) * rows, rows);
   }
-  wait_all(returning.pending);
+  transfers.settle(returning.pending);
   for (const ReturningGradients::Incoming& in : returning.incoming) {
     accumulate_rows(dk_own, in.slot * rows, in.dk, 0, rows);
     accumulate_rows(dv_own, in.slot * rows, in.dv, 0, rows);

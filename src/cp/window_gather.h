@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "cp/cp_exchange.h"
 #include "cp/cp_layout.h"
 #include "cp/cp_setup.h"
 #include "cp/tile.h"
@@ -13,8 +14,8 @@ namespace dpa::cp {
 
 // The chunks this rank needs, K and V each in one set (slot i holds chunks[i]). gather_needed
 // returns once every transfer is posted: the own slots (this rank's chunks) are filled, the
-// peer slots are being received; wait on `pending` (which also holds the sends of this rank's
-// chunks to the peers that need them) before reading those.
+// peer slots are being received; settle `pending` (which also holds the sends of this rank's
+// chunks to the peers that need them; Transfers) before reading those.
 struct GatheredKv {
   std::vector<int> chunks;
   std::vector<size_t> own_slots, peer_slots;
@@ -58,10 +59,10 @@ ReturningGradients start_returning_gradients(Communicator& comm, const Plan& pla
                                              const TileContext& ctx, const GatheredKv& gathered,
                                              const Packed& dk, const Packed& dv);
 
-// Waits for them, then fills this rank's two-slot accumulators: its own slots of `dk`, `dv`
-// first, then the peers' contributions.
+// Settles them (Transfers), then fills this rank's two-slot accumulators: its own slots of
+// `dk`, `dv` first, then the peers' contributions.
 void finish_returning_gradients(ReturningGradients& returning, const Plan& plan,
                                 const GatheredKv& gathered, const Packed& dk, const Packed& dv,
-                                Packed& dk_own, Packed& dv_own);
+                                Packed& dk_own, Packed& dv_own, Transfers& transfers);
 
 }  // namespace dpa::cp
