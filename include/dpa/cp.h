@@ -57,15 +57,18 @@ class CommRequest {
   // enqueued there next may read a received buffer and overwrite a sent one, without the host
   // waiting for the data where the transport allows it (NCCL; the in-process device
   // communicators, whose hosts still wait for the peer to post its side). By default it waits
-  // on the host. It does not replace wait(): call that too, before releasing the buffers'
-  // memory; failures and timeouts surface there (a peer that never completes leaves `stream`
+  // on the host. Work ordered on `stream` after it may then also release or overwrite the
+  // buffers (a stream-ordered free or write; anything else waits for wait()). It does not
+  // replace wait(): call that too, before the buffers go by other means and before the caller
+  // returns; failures and timeouts surface there (a peer that never completes leaves `stream`
   // waiting until then).
   virtual void wait_on_stream(void* /*stream*/) { wait(); }
 };
 using CommHandle = std::unique_ptr<CommRequest>;
 
 // Point-to-point and collective communication among `size()` ranks. Buffers must stay valid
-// (and unmodified, for inputs) until the returned handle's wait() returns. Collectives are
+// (and unmodified, for inputs) until the returned handle's wait() returns, or, for work ordered
+// on a stream after the handle's wait_on_stream(), until that work runs. Collectives are
 // called by every rank in the same order. Reductions sum; they take fp32 or fp64 data.
 // Portable use (the NCCL communicator, dpa/nccl.h, has no tags and unbuffered sends): a send
 // may not complete before the peer posts the matching recv, so post every send and recv of an

@@ -93,7 +93,8 @@ std::vector<uint8_t> nccl_unique_id();
 // posts its receives in the order the sender posted the sends (same tag sequence), and (2)
 // point-to-point traffic between two ranks does not straddle a collective: every send posted
 // before a collective is received before that collective on the peer. cp_attention.cc keeps
-// both: all ranks run the same exchange code and wait for it before the next collective.
+// both: all ranks run the same exchange code, and every exchange is posted and launched (and
+// its stream ordered after it) before the next collective.
 //
 // Deferral. A send does not complete until the peer posts the matching recv (NCCL p2p blocks
 // the GPU), and a ring in which each rank first sends and then receives deadlocks unless the
@@ -103,7 +104,8 @@ std::vector<uint8_t> nccl_unique_id();
 // call start_pending() after posting to overlap the transfer with compute.
 //
 // Buffers are device pointers on `device` (checked: a host pointer is refused with
-// kInvalidArgument) and must stay valid (inputs unmodified) until the handle's wait() returns.
+// kInvalidArgument) and must stay valid (inputs unmodified) until the handle's wait() returns
+// (or, for a stream-ordered free or write, until the stream passed to wait_on_stream() runs it).
 // Destroying a handle before its operation completed aborts the communicator (its buffers may
 // be gone while NCCL still uses them). all_to_all is not in place: send and recv must not
 // overlap. Work on the legacy default stream that was issued before an operation is posted is

@@ -75,7 +75,8 @@ Packed zeros_f32(int64_t rows, int64_t heads, int64_t dim, const Placement& wher
 void order_for_comm(Communicator& comm, const Packed& set);
 
 // One step of a ring: sends `a`, `b` to the next rank, receives the previous rank's into
-// `next_a`, `next_b`; the caller computes meanwhile and waits on the handles.
+// `next_a`, `next_b`; the caller computes meanwhile and settles the handles
+// (Transfers).
 std::vector<CommHandle> ring_exchange(Communicator& comm, const Plan& plan, const Packed& a,
                                       const Packed& b, Packed& next_a, Packed& next_b, int tag_a,
                                       int tag_b);

@@ -14,7 +14,8 @@ namespace dpa::cp {
 
 // `bytes` of device memory on the placement's device, stream-ordered on its stream (allocated
 // and, when the last owner goes, freed there: work queued on that stream before the free still
-// sees it; a communicator's work must be waited for first, as its handles require).
+// sees it; a communicator's work must be waited for first, or the stream ordered after it,
+// as its handles require: CommRequest::wait_on_stream, cp::Transfers).
 std::shared_ptr<void> allocate_device_bytes(size_t bytes, const Placement& where);
 
 // dst <- src, `bytes` bytes: a memcpy for a host placement; else an asynchronous copy on its

@@ -193,17 +193,20 @@ class DeviceRequest final : public CommRequest {
   // `done` event recorded), not for the data.
   void wait_on_stream(void* stream) override {
     if (done_) return;
-    wait_enqueued();
+    // A null stream is the legacy stream of the group's device, not of the caller's current one.
+    const cuda::DeviceGuard guard(wait_enqueued());
     check(*state_,
           cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), operation_->done->get(), 0),
           "ordering a stream after " + what_);
   }
 
  private:
-  void wait_enqueued() {
+  // Returns the group's device (read under the state's lock).
+  int wait_enqueued() {
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->wait(
         lock, [&] { return operation_->enqueued; }, what_);
+    return state_->device->device;
   }
 
   std::shared_ptr<State> state_;
