@@ -11,14 +11,22 @@ void wait_all(std::vector<CommHandle>& handles) {
   handles.clear();
 }
 
-void order_stream_after(std::vector<CommHandle>& handles, void* stream,
-                        std::vector<CommHandle>& waited_later) {
+Transfers::Transfers(Communicator& comm, bool device_buffers, void* stream)
+    : stream_(stream), on_stream_(device_buffers && comm.device_communicator() != nullptr) {}
+
+void Transfers::settle(std::vector<CommHandle>& handles) {
+  if (!on_stream_) {
+    wait_all(handles);
+    return;
+  }
   for (CommHandle& handle : handles) {
-    handle->wait_on_stream(stream);
-    waited_later.push_back(std::move(handle));
+    handle->wait_on_stream(stream_);
+    settled_.push_back(std::move(handle));
   }
   handles.clear();
 }
+
+void Transfers::finish() { wait_all(settled_); }
 
 void Backoff::pause() {
   if (++polls_ < 256) {

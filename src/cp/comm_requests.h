@@ -12,10 +12,23 @@ namespace dpa::cp {
 // Waits for every handle, then empties the list.
 void wait_all(std::vector<CommHandle>& handles);
 
-// Orders `stream` after every handle (CommRequest::wait_on_stream), then moves them to
-// `waited_later`, which the caller waits on (wait_all) before it releases their buffers.
-void order_stream_after(std::vector<CommHandle>& handles, void* stream,
-                        std::vector<CommHandle>& waited_later);
+// The transfers of one CP call. settle() makes a set of them usable by the work enqueued next
+// on `stream`: with device buffers over a device communicator by ordering that stream after
+// them (CommRequest::wait_on_stream: no host waits for the data), otherwise by waiting on the
+// host at once. finish() waits on the host for everything settled (failures and deadlines
+// surface there); a call does so before it returns. A buffer released by a stream-ordered free
+// on `stream` after its transfers were settled is freed after them.
+class Transfers {
+ public:
+  Transfers(Communicator& comm, bool device_buffers, void* stream);
+  void settle(std::vector<CommHandle>& handles);
+  void finish();
+
+ private:
+  void* stream_ = nullptr;
+  bool on_stream_ = false;
+  std::vector<CommHandle> settled_;
+};
 
 // The handle of an operation with nothing to do (zero bytes), done at once.
 class DoneRequest final : public CommRequest {

@@ -192,7 +192,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
                              const RngState& rng, const std::vector<const Backend*>& tile_backends,
                              const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
-  Transfers transfers(comm, sets);
+  Transfers transfers(comm, sets.on_device(), sets.stream);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
   require_like(args.o, args.in.q, args.in.v.shape[args.in.v.ndim - 1], "o");
@@ -322,7 +322,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
                             const std::vector<const Backend*>& tile_backends,
                             const Placement& sets) {
   Setup s = setup(config, cp_config, comm, args.in);
-  Transfers transfers(comm, sets);
+  Transfers transfers(comm, sets.on_device(), sets.stream);
   const Geometry& g = s.geometry;
   const Plan& plan = s.plan;
   const int64_t dv_dim = args.in.v.shape[args.in.v.ndim - 1];

@@ -8,19 +8,6 @@
 
 namespace dpa::cp {
 
-Transfers::Transfers(Communicator& comm, const Placement& sets) : stream_(sets.stream) {
-  on_stream_ = sets.on_device() && comm.device_communicator() != nullptr;
-}
-
-void Transfers::settle(std::vector<CommHandle>& handles) {
-  if (on_stream_)
-    order_stream_after(handles, stream_, settled_);
-  else
-    wait_all(handles);
-}
-
-void Transfers::finish() { wait_all(settled_); }
-
 void order_for_comm(Communicator& comm, const Packed& set) {
   if (!set.place.on_device()) return;
   if (DeviceCommunicator* device_comm = comm.device_communicator())

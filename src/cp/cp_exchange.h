@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "cp/comm_requests.h"
 #include "cp/cp_layout.h"
 #include "cp/cp_setup.h"
 
@@ -13,24 +14,6 @@ namespace dpa::cp {
 constexpr int kTagA2A = 1, kTagA2AOutput = 2, kTagA2ADq = 3, kTagA2ADk = 4, kTagA2ADv = 5,
               kTagK = 10, kTagV = 11, kTagDk = 20, kTagDv = 21;
 constexpr int kTagGatherK = 30, kTagGatherV = 31, kTagGatherDk = 40, kTagGatherDv = 41;
-
-// The transfers of one CP call. settle() makes a set of them usable by the work enqueued next
-// on the sets' stream: over a device communicator with device sets by ordering that stream
-// after them (CommRequest::wait_on_stream: no host waits for the data), otherwise by waiting on
-// the host at once. finish() waits on the host for everything settled (failures and deadlines
-// surface there); a call does so before it returns. The sets' buffers are stream-ordered
-// allocations on that stream, so one released after settle() is freed after the transfers.
-class Transfers {
- public:
-  Transfers(Communicator& comm, const Placement& sets);
-  void settle(std::vector<CommHandle>& handles);
-  void finish();
-
- private:
-  void* stream_ = nullptr;
-  bool on_stream_ = false;
-  std::vector<CommHandle> settled_;
-};
 
 // A group all-to-all in flight: [a][rows][h][d] blocks, block d of `send` to group member d,
 // block s of `recv` from member s. The member's own block is in `recv` at once (a local copy);

@@ -306,8 +306,8 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
       full_tiles(tile_config(config, false));
   BackendKind used = BackendKind::kAuto;
   TensorView k = args.in.k, v = args.in.v;
-  // Each step's transfers, once `stream` is ordered after them: waited on the host at the end.
-  std::vector<CommHandle> transferred;
+  // Each step's transfers: `stream` is ordered after them, the host waits at the end.
+  Transfers transfers(comm, true, stream);
   for (int step = 0; step < ring.size; ++step) {
     KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
     const StepTile tile = step_tile(causal, ring.rank, ring.source(step), s.rows);
@@ -320,11 +320,11 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
     cuda::merge_partial_rows(block_of(rows_of(o_acc_view, s, tile.q_first, tile.q_rows), s),
                              lse_acc_data, s.rows, tile.q_first, block_of(a.o, s), s.dtype,
                              lse_tile, s.heads_q, stream);
-    order_stream_after(next.pending, stream, transferred);  // the next tile reads the KV
+    transfers.settle(next.pending);  // the next tile reads the KV
     k = next.k;
     v = next.v;
   }
-  wait_all(transferred);
+  transfers.finish();
   cuda::finalize_forward_rows(block_of(args.o, s), s.dtype, static_cast<float*>(args.lse.data),
                               block_of(o_acc_view, s), lse_acc_data, s.heads_q,
                               int(config.softmax_type),
@@ -388,8 +388,8 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   TensorView k = args.in.k, v = args.in.v;
   int held = 0;  // dkv_memory[held]: the gradient of the KV this rank holds
   std::vector<CommHandle> pending_dkv;
-  // Transfers that `stream` is ordered after: waited on the host at the end.
-  std::vector<CommHandle> transferred;
+  // Each step's transfers: `stream` is ordered after them, the host waits at the end.
+  Transfers transfers(comm, true, stream);
   for (int step = 0; step < ring.size; ++step) {
     KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
     const StepTile tile = step_tile(causal, ring.rank, ring.source(step), s.rows);
@@ -411,7 +411,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
     cuda::accumulate_rows(block_of(rows_of(dq_acc_view, s, tile.q_first, tile.q_rows), s),
                           block_of(a.dq, s), s.dtype, stream);
     // The held dKV arrives with the previous step's exchange; the tile above already runs.
-    order_stream_after(pending_dkv, stream, transferred);
+    transfers.settle(pending_dkv);
     cuda::accumulate_rows(block_of(rows_of(dk_acc(held), s, tile.kv_first, tile.kv_rows), s),
                           block_of(a.dk, s), s.dtype, stream);
     cuda::accumulate_rows(block_of(rows_of(dv_acc(held), s, tile.kv_first, tile.kv_rows), s),
@@ -421,12 +421,12 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
                              dk_acc(1 - held).data, dv_acc(1 - held).data, dk_bytes, dv_bytes);
       held = 1 - held;
     }
-    order_stream_after(next.pending, stream, transferred);
+    transfers.settle(next.pending);
     k = next.k;
     v = next.v;
   }
-  order_stream_after(pending_dkv, stream, transferred);
-  wait_all(transferred);
+  transfers.settle(pending_dkv);
+  transfers.finish();
   cuda::convert_rows(block_of(args.dq, s), s.dtype, block_of(dq_acc_view, s), stream);
   cuda::convert_rows(block_of(args.dk, s), s.dtype, block_of(dk_acc(held), s), stream);
   cuda::convert_rows(block_of(args.dv, s), s.dtype, block_of(dv_acc(held), s), stream);
