@@ -58,7 +58,10 @@ std::string describe_flash_plan(const FeatureRequest& r) {
   if (shape.warp_specialized)
     return "forward kernel family wgmma warp-specialised (TMA copies where every sequence fills "
            "its tensor, else cp.async)" +
-           tiles;
+           tiles +
+           (cuda::flash_forward_plain_logits(r.softcap, r.alibi, r.dropout)
+                ? ", plain-logits instantiation"
+                : "");
   if (shape.wgmma) return "forward kernel family wgmma (two warpgroups)" + tiles;
   if (shape.warps == 1) return "forward kernel family mma_sync decode (split-KV)" + tiles;
   return "forward kernel family mma_sync" + tiles;

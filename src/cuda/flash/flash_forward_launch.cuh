@@ -53,6 +53,17 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
   DPA_CUDA_CHECK_LAUNCH();
 }
 
+// The warp-specialised kernel's plain-logits instantiation where the problem has none of the
+// features it leaves out, else the general one.
+template <typename Traits>
+void launch_flash_forward_ws(const FlashForwardParams& p, cudaStream_t stream) {
+  if (flash_forward_plain_logits(p.use_softcap, p.alibi_slopes != nullptr,
+                                 p.dropout_threshold != 0))
+    launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, true>, p, stream);
+  else
+    launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, false>, p, stream);
+}
+
 template <typename Traits>
 void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t stream) {
   launch_flash_forward_kernel<Traits>(flash_forward_kernel<Traits>, p, stream);
@@ -74,7 +85,7 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
       if constexpr (Traits::kConsumers == 3) {
         if (p.consumer_warpgroups == 2) {
           using Two = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, Traits::kBlockN, 0, 2>;
-          return launch_flash_forward_ws_kernel<Two>(flash_forward_sm90_ws_kernel<Two>, p, stream);
+          return launch_flash_forward_ws<Two>(p, stream);
         }
       }
       if (p.consumer_warpgroups != Traits::kConsumers)
@@ -82,8 +93,7 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
                     "planned " + std::to_string(p.consumer_warpgroups) +
                         " consumer warpgroups, the head dims have a kernel with " +
                         std::to_string(Traits::kConsumers));
-      return launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits>, p,
-                                                    stream);
+      return launch_flash_forward_ws<Traits>(p, stream);
     }
     if (p.wgmma) {
       using Traits = FlashSm90Traits<Element, kHeadDimQK, kHeadDimV>;

@@ -147,7 +147,11 @@ __device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const E
   }
 }
 
-template <typename Traits>
+// kPlainLogits (flash_forward_plain_logits): the block's logits are its scores times the scale,
+// so the consumers' loop is compiled without the softcap, ALiBi and dropout code and their
+// run-time tests (a branch each per tile, and each branch ends a stretch ptxas can schedule
+// across); the launch picks it for problems without those features.
+template <typename Traits, bool kPlainLogits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_forward_sm90_ws_kernel(const __grid_constant__ FlashForwardParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -376,7 +380,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int tiles = b.n_block_end - b.n_block_begin;
     const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
     const float sink_log2 = block_sink_log2(p, b.head);
-    const SoftmaxShift shift = block_softmax_shift<Element>(p, sink_log2);
+    // A constant shift.fixed (false) and scale_in_exp2 (true) in the plain instantiation.
+    const SoftmaxShift shift =
+        kPlainLogits ? plain_softmax_shift(p) : block_softmax_shift<Element>(p, sink_log2);
     RowStats stats = initial_row_stats(sink_log2, quad_col, shift);
     float o_acc[kVTiles][4];
 #pragma unroll
@@ -390,10 +396,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                          const uint32_t(&keep)[2]) {
         const int n0 = n_block * kBlockN;
         const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-        transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible,
-                                           shift.shift, shift.scale_in_exp2);
+        if constexpr (kPlainLogits) {
+          if (!fully_visible) mask_invisible_keys(p, b, s_acc, row0, n0, quad_col);
+        } else {
+          transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible,
+                                             shift.shift, shift.scale_in_exp2);
+        }
         softmax_update(s_acc, stats, correction, shift);
-        if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
+        if constexpr (!kPlainLogits) {
+          if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
+        }
       };
       uint32_t p_operand[kBlockN / 16][4];
       auto pack_probabilities = [&](const float(&s_acc)[kNTiles][4]) {
@@ -415,7 +427,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       };
       auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
         keep[0] = keep[1] = 0;
-        if constexpr (kPowerOfTwoTile) {
+        if constexpr (kPowerOfTwoTile && !kPlainLogits) {
           if (p.dropout_threshold != 0)
             draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
         }

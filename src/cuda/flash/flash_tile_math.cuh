@@ -207,15 +207,22 @@ struct SoftmaxShift {
   float score_scale = 1.f;  // scale_log2 where scale_in_exp2, else 1 (already logits)
 };
 
+// The shift of a block whose logits are its scores times the scale (no softcap, no ALiBi):
+// the online max on raw scores, the scale in the exp2.
+__device__ __forceinline__ SoftmaxShift plain_softmax_shift(const FlashForwardParams& p) {
+  SoftmaxShift shift;
+  shift.max_slack = p.max_slack;
+  shift.scale_in_exp2 = true;
+  shift.score_scale = p.scale_log2;
+  return shift;
+}
+
 template <typename Element>
 __device__ __forceinline__ SoftmaxShift block_softmax_shift(const FlashForwardParams& p,
                                                             float sink_log2) {
+  if (!p.use_softcap && !p.alibi_slopes) return plain_softmax_shift(p);
   SoftmaxShift shift;
   shift.max_slack = p.max_slack;
-  if (!p.use_softcap && !p.alibi_slopes) {
-    shift.scale_in_exp2 = true;
-    shift.score_scale = p.scale_log2;
-  }
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
     if (p.use_softcap && p.softcap_fixed_max) {
       shift.fixed = true;

@@ -69,6 +69,13 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
 constexpr int64_t kFlashNarrowWindowKeys = 256;
 
+// Whether the warp-specialised forward runs its plain-logits instantiation
+// (flash_forward_sm90_ws_kernel's kPlainLogits): logits that are the scores times the scale,
+// masked, with or without a sink. Softcap, ALiBi and dropout take the general one.
+constexpr bool flash_forward_plain_logits(bool softcap, bool alibi, bool dropout) {
+  return !softcap && !alibi && !dropout;
+}
+
 // Consumer warpgroups: three (192 query rows) at head dim 64, where a tile's GEMMs are half as
 // long as at 128 while its softmax is as long, so two warpgroups in ping-pong leave the tensor
 // cores idle; a third one's softmax fills the gap (FlashAttention-3's 192 x 128 tile). Its
