@@ -11,6 +11,7 @@
 
 #include "core/problem_builder.h"
 #include "core/selector.h"
+#include "cuda/flash/flash_tiles.h"
 #include "dpa/attention.h"
 
 namespace dpa {
@@ -182,6 +183,34 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   r.deterministic = false;
   r.flash_backward_kernel = FlashBackwardKernel::kMmaSync;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
+}
+
+// The d64 warp-specialised forward runs its plain-logits instantiation without softcap, ALiBi
+// and dropout (flash_forward_plain_logits), and explain() says so; d128 has only the general one.
+TEST(FlashRules, PlanNamesThePlainLogitsInstantiationWhereItRuns) {
+  const Capabilities& caps = flash_capabilities();
+  ASSERT_TRUE(bool(caps.describe_plan));
+  FeatureRequest r;
+  r.device = Device::kCUDA;
+  r.dtype = DType::kBFloat16;
+  r.device_arch = 90;
+  r.head_dim_qk = r.head_dim_v = 64;
+  r.max_seqlen_q = 4096;
+  r.mask_type = MaskType::kCausal;
+  r.softmax_type = SoftmaxType::kLearnable;  // a sink leaves the logits plain
+  const std::string plain = "plain-logits instantiation";
+  EXPECT_NE(caps.describe_plan(r).find(plain), std::string::npos);
+  for (bool FeatureRequest::*feature :
+       {&FeatureRequest::softcap, &FeatureRequest::alibi, &FeatureRequest::dropout}) {
+    FeatureRequest with = r;
+    with.*feature = true;
+    EXPECT_EQ(caps.describe_plan(with).find(plain), std::string::npos);
+  }
+  r.head_dim_qk = r.head_dim_v = 128;
+  EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
+  EXPECT_EQ(caps.describe_plan(r).find(plain), std::string::npos);
+  EXPECT_FALSE(cuda::flash_forward_plain_logits(128, 128, false, false, false));
+  EXPECT_TRUE(cuda::flash_forward_plain_logits(64, 64, false, false, false));
 }
 
 }  // namespace

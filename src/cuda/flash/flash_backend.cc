@@ -59,7 +59,7 @@ std::string describe_flash_plan(const FeatureRequest& r) {
     return "forward kernel family wgmma warp-specialised (TMA copies where every sequence fills "
            "its tensor, else cp.async)" +
            tiles +
-           (cuda::flash_forward_plain_logits(r.softcap, r.alibi, r.dropout)
+           (cuda::flash_forward_plain_logits(dqk, dv, r.softcap, r.alibi, r.dropout)
                 ? ", plain-logits instantiation"
                 : "");
   if (shape.wgmma) return "forward kernel family wgmma (two warpgroups)" + tiles;

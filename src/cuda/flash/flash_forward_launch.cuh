@@ -53,15 +53,17 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
   DPA_CUDA_CHECK_LAUNCH();
 }
 
-// The warp-specialised kernel's plain-logits instantiation where the problem has none of the
-// features it leaves out, else the general one.
+// The warp-specialised kernel's plain-logits instantiation where its head dims have one and the
+// problem has none of the features it leaves out, else the general one.
 template <typename Traits>
 void launch_flash_forward_ws(const FlashForwardParams& p, cudaStream_t stream) {
-  if (flash_forward_plain_logits(p.use_softcap, p.alibi_slopes != nullptr,
-                                 p.dropout_threshold != 0))
-    launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, true>, p, stream);
-  else
-    launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, false>, p, stream);
+  if constexpr (flash_forward_has_plain_logits(Traits::kHeadDimQK, Traits::kHeadDimV)) {
+    if (flash_forward_plain_logits(Traits::kHeadDimQK, Traits::kHeadDimV, p.use_softcap,
+                                   p.alibi_slopes != nullptr, p.dropout_threshold != 0))
+      return launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, true>, p,
+                                                    stream);
+  }
+  launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, false>, p, stream);
 }
 
 template <typename Traits>

@@ -69,11 +69,20 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
 constexpr int64_t kFlashNarrowWindowKeys = 256;
 
-// Whether the warp-specialised forward runs its plain-logits instantiation
-// (flash_forward_sm90_ws_kernel's kPlainLogits): logits that are the scores times the scale,
-// masked, with or without a sink. Softcap, ALiBi and dropout take the general one.
-constexpr bool flash_forward_plain_logits(bool softcap, bool alibi, bool dropout) {
-  return !softcap && !alibi && !dropout;
+// The head dims whose warp-specialised forward has a plain-logits instantiation
+// (flash_forward_sm90_ws_kernel's kPlainLogits): 64, where the consumers' instruction issue
+// binds and the features' run-time tests cost 4-17% (docs/perf.md, session 25). At 128 the
+// same instantiation measured 0.90-1.01x, so d128 keeps one kernel (and its compile time).
+constexpr bool flash_forward_has_plain_logits(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk == 64 && head_dim_v == 64;
+}
+
+// Whether the warp-specialised forward runs its plain-logits instantiation: logits that are
+// the scores times the scale, masked, with or without a sink. Softcap, ALiBi and dropout take
+// the general one.
+constexpr bool flash_forward_plain_logits(int head_dim_qk, int head_dim_v, bool softcap, bool alibi,
+                                          bool dropout) {
+  return flash_forward_has_plain_logits(head_dim_qk, head_dim_v) && !softcap && !alibi && !dropout;
 }
 
 // Consumer warpgroups: three (192 query rows) at head dim 64, where a tile's GEMMs are half as
