@@ -9,7 +9,11 @@ sink, softcap 50 and a 128-token window over 16-token pages. GB/s counts the K a
 call must read (the keys a query sees) plus q and o. The peers read the same cache through a
 [b, G, s, d] view: SDPA with enable_gqa under each of its backends (FlashAttention-2, cuDNN,
 memory-efficient), the best one reported; they take no sink or softcap, so their figure is the
-plain decode's. `copy` is a device-to-device copy of the same K and V bytes, timed alike: the
+plain decode's. Where `flash_attn.cute` imports (FlashAttention-4, ../shared/bench/fa4/README.md),
+FA4's `flash_attn_varlen_func` runs every row on the same cache as ours, paged ones through its
+`page_table`, with the row's features (sink, softcap, window): the only peer with all of them
+(on sm90 it has no split-KV). Its o is compared with ours, so that a peer computing something
+else is seen. `copy` is a device-to-device copy of the same K and V bytes, timed alike: the
 bandwidth the bar is measured against.
 
 Timing: each callable runs `calls` times inside one CUDA graph (so host overhead is out of the
@@ -25,6 +29,11 @@ import torch
 import torch.nn.functional as F
 
 import dpa
+
+try:
+    from flash_attn.cute.interface import flash_attn_varlen_func as fa4_varlen
+except Exception:  # not installed: the FA4 column stays empty
+    fa4_varlen = None
 
 HEADS, KV_HEADS, DIM = 64, 8, 128
 
@@ -74,6 +83,32 @@ def make_cache(batch, keys, page_size, generator):
     v_pool[order] = v.view(batch * pages, page_size, KV_HEADS, DIM)
     table = order.view(batch, pages).to(torch.int32)
     return k_pool, v_pool, table
+
+
+def fa4_row(q, kc, vc, table, lens, features, reference):
+    """FA4 on one row's cache and features: (ms, relative difference of its o from ours), or
+    (None, None) where it is missing or refuses the row."""
+    if fa4_varlen is None:
+        return None, None
+    extra = {}
+    if "sinks" in features:
+        extra["learnable_sink"] = features["sinks"]
+    if "softcap" in features:
+        extra["softcap"] = features["softcap"]
+    if "window_size" in features:
+        extra["window_size"] = features["window_size"]
+
+    def fa4():
+        out = fa4_varlen(q, kc, vc, seqused_k=lens, page_table=table, causal=True, **extra)
+        return out[0] if isinstance(out, tuple) else out
+    try:
+        ms = graph_ms(fa4)
+        o = fa4().float()
+    except Exception as error:
+        print(f"# fa4: {type(error).__name__}: {str(error)[:160]}")
+        return None, None
+    difference = ((o - reference).norm() / reference.norm()).item()
+    return ms, difference
 
 
 def gbps(batch, read_keys, ms):
@@ -147,11 +182,20 @@ def main():
                 if best_peer is not None:
                     row["peer_gbps"] = gbps(batch, args.keys, best_peer)
                     row["dpa_over_peer_gbps"] = row["dpa_gbps"] / row["peer_gbps"]
+                fa4_ms, fa4_difference = fa4_row(q, kc, vc, table, lens, features,
+                                                 ours().float())
+                if fa4_ms is not None:
+                    row.update(fa4_ms=fa4_ms, fa4_gbps=gbps(batch, read, fa4_ms),
+                               fa4_relative_difference=fa4_difference)
+                    row["dpa_over_fa4"] = fa4_ms / ms
                 rows.append(row)
                 peer = f"{row.get('peer_gbps', math.nan):8.0f}"
+                fa4 = (f"   FA4 (same features) {row['fa4_gbps']:8.0f} GB/s, ratio "
+                       f"{row['dpa_over_fa4']:5.2f}, o differs by {fa4_difference:.1e}"
+                       if fa4_ms is not None else "")
                 print(f"b={batch:3d} keys={args.keys} {label:24s} dpa {ms * 1e3:8.1f} us "
                       f"{row['dpa_gbps']:8.0f} GB/s   best SDPA {peer} GB/s   "
-                      f"ratio {row.get('dpa_over_peer_gbps', math.nan):5.2f}")
+                      f"ratio {row.get('dpa_over_peer_gbps', math.nan):5.2f}{fa4}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
