@@ -123,14 +123,23 @@ __device__ __forceinline__ uint32_t b_transposed_lane(const Element* rows, int l
   return ptx::shared_address(rows + (lane % 16) * kStride + (lane / 16) * 8);
 }
 
-// LSE of query row i in log2 units, +inf where no probability may come out (no row, or a row
-// that saw no key and no sink: LSE = -inf), so exp2(s - lse) is 0 there instead of NaN.
+// LSE of query row i as the forward stored it (natural log), -inf for a row past the sequence.
+__device__ __forceinline__ float row_lse_stored(const FlashForwardParams& p, int batch, int head,
+                                                int i, int seqlen_q) {
+  if (i >= seqlen_q) return -INFINITY;
+  const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
+  return p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
+}
+
+// A stored LSE in log2 units, +inf where no probability may come out (no row, or a row that
+// saw no key and no sink: LSE = -inf), so exp2(s - lse) is 0 there instead of NaN.
+__device__ __forceinline__ float lse_log2_of(float lse) {
+  return lse == -INFINITY ? INFINITY : lse * kLog2e;
+}
+
 __device__ __forceinline__ float row_lse_log2(const FlashForwardParams& p, int batch, int head,
                                               int i, int seqlen_q) {
-  if (i >= seqlen_q) return INFINITY;
-  const int64_t row = (p.start_q ? p.start_q[batch] : 0) + i;
-  const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
-  return lse == -INFINITY ? INFINITY : lse * kLog2e;
+  return lse_log2_of(row_lse_stored(p, batch, head, i, seqlen_q));
 }
 
 __device__ __forceinline__ int64_t row_workspace_index(const FlashForwardParams& p, int batch,
@@ -278,8 +287,7 @@ __device__ __forceinline__ const Element* query_tile_rows(const KeyBlock& k, int
 __device__ __forceinline__ KeyTile key_tile_of(const FlashForwardParams& p, const KeyBlock& k,
                                                int it) {
   const int head = k.head(it);
-  const float slope =
-      p.alibi_slopes ? p.alibi_slopes[k.batch * p.alibi_batch_stride + head] * kLog2e : 0.f;
+  const float slope = p.alibi_slopes ? p.alibi_slopes[k.batch * p.alibi_batch_stride + head] : 0.f;
   return KeyTile{k.batch, head, k.seqlen_q, k.seqlen_kv, k.diagonal, slope};
 }
 

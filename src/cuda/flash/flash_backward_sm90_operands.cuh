@@ -74,9 +74,11 @@ __device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, c
   ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
 }
 
-// The row statistic producer thread r < 2 kBlockM stores for iteration it: row r's LSE (as
-// row_lse_log2) for r < kBlockM, else row r - kBlockM's D. Loaded an iteration ahead of its
-// store (produce_key_block_iterations), so the load's latency is off the producer's path.
+// The row statistic producer thread r < 2 kBlockM stores for iteration it, as loaded: row r's
+// LSE (row_lse_stored; produce_query_tile converts it) for r < kBlockM, else row r - kBlockM's
+// D. Loaded an iteration ahead of its store (produce_key_block_iterations), so the load's
+// latency is off the producer's path; nothing here reads the loaded value, which a conversion
+// beside the load did (ncu and SASS, session 25: the multiply right after the LDG).
 template <int kBlockM>
 __device__ __forceinline__ float query_tile_row_statistic(const FlashBackwardParams& bp,
                                                           const KeyBlock& kb, int it) {
@@ -84,7 +86,7 @@ __device__ __forceinline__ float query_tile_row_statistic(const FlashBackwardPar
   const int r = int(threadIdx.x);
   if (r >= 2 * kBlockM) return 0.f;
   const int head = kb.head(it), i = kb.first_query(it) + r % kBlockM;
-  return r < kBlockM ? row_lse_log2(bp.fwd, kb.batch, head, i, kb.seqlen_q)
+  return r < kBlockM ? row_lse_stored(bp.fwd, kb.batch, head, i, kb.seqlen_q)
                      : row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
 }
 
@@ -96,11 +98,11 @@ __device__ __forceinline__ uint32_t query_tile_full_arrivals(const FlashBackward
   return (bp.tma_query_tiles ? 1u : 128u) + 2u * kBlockM;
 }
 
-// Iteration it's Q and dO rows and its rows' LSE and D (`row_statistic`, from
-// query_tile_row_statistic: plain stores by the first 2 kBlockM producer threads, each followed
-// by a plain arrive), all completing on `full_barrier` (query_tile_full_arrivals). The rows are
-// copied by TMA (bp.tma_query_tiles: thread 0 issues one 64-column box per tensor and block
-// of columns; rows past the tensor land as zeros) or by every producer thread with cp.async
+// Iteration it's Q and dO rows and its rows' LSE (in log2 units) and D (`row_statistic`, as
+// loaded by query_tile_row_statistic: plain stores by the first 2 kBlockM producer threads, each
+// followed by a plain arrive), all completing on `full_barrier` (query_tile_full_arrivals). The
+// rows are copied by TMA (bp.tma_query_tiles: thread 0 issues one 64-column box per tensor and
+// block of columns; rows past the tensor land as zeros) or by every producer thread with cp.async
 // (rows past the sequence zero-filled). `extras` runs in every producer thread before the
 // statistics' stores; what it stores is released with them by the threads that arrive.
 template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras>
@@ -140,7 +142,7 @@ __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp
   extras();
   if (r < 2 * kBlockM) {
     if (r < kBlockM)
-      lse[r] = row_statistic;
+      lse[r] = lse_log2_of(row_statistic);
     else
       delta[r - kBlockM] = row_statistic;
     ptx::mbarrier_arrive(full_barrier);  // release: the store above is visible

@@ -110,19 +110,24 @@ __device__ __forceinline__ void query_tile_logit_gradients(
 // Keys as fragment rows (the dk/dv kernels) of one (batch, query head).
 struct KeyTile {
   int batch, head, seqlen_q, seqlen_kv, diagonal;
-  float alibi_slope;  // log2 units
+  // As loaded from alibi_slopes (natural units), converted only where it is used: the load's
+  // latency then ends inside the ALiBi branch. A conversion beside the load made every
+  // iteration wait for it, ALiBi or not (ncu, session 25: 4.9% of the d64 backward's stall
+  // samples on that one multiply behind a predicated-off load).
+  float alibi_slope;
 };
 
 // ALiBi on a key-major tile's logits: key key0 + 8 (e / 2), query i0 + 8t + 2 quad_col + (e & 1).
 template <int kMTiles>
 __device__ __forceinline__ void subtract_key_tile_alibi(const KeyTile& k, float (&s)[kMTiles][4],
                                                         int key0, int i0, int quad_col) {
+  const float slope_log2 = k.alibi_slope * kLog2e;
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = key0 + 8 * (e / 2), i = i0 + 8 * t + 2 * quad_col + (e & 1);
-      s[t][e] -= k.alibi_slope * fabsf(float(i + k.diagonal - j));
+      s[t][e] -= slope_log2 * fabsf(float(i + k.diagonal - j));
     }
 }
 
