@@ -17,7 +17,7 @@ import re
 import sys
 
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-BRANCH_TARGET = re.compile(r"\bBRA\s+(?:`\([^)]*\)\s*)?0x([0-9a-f]+)")
+BRANCH_TARGET = re.compile(r"\bBRA(?:\.\w+)*\s+(?:`\([^)]*\)\s*)?0x([0-9a-f]+)")
 PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
 
 
