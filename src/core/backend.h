@@ -51,6 +51,7 @@ struct FeatureRequest {
   bool bias_grad = false;
   bool alibi = false;
   bool softcap = false;
+  double softcap_value = 0.0;  // the cap itself, where a kernel's form depends on it
   SoftmaxType softmax_type = SoftmaxType::kVanilla;
   bool sink_grad = false;
   bool dropout = false;

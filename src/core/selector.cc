@@ -176,6 +176,7 @@ FeatureRequest make_feature_request(const AttentionProblem& p) {
   r.bias_grad = p.wants_dbias;
   r.alibi = p.has_alibi;
   r.softcap = p.softcap > 0.0;
+  r.softcap_value = p.softcap;
   r.softmax_type = p.softmax_type;
   r.sink_grad = p.wants_dsoftmax_offset;
   r.dropout = p.dropout_threshold > 0;

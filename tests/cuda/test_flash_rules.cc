@@ -185,9 +185,10 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
 }
 
-// The d64 warp-specialised forward runs its plain-logits instantiation without softcap, ALiBi
-// and dropout (flash_forward_plain_logits), and explain() says so; d128 has only the general one.
-TEST(FlashRules, PlanNamesThePlainLogitsInstantiationWhereItRuns) {
+// The warp-specialised forward's kernel per logit form (flash_forward_logit_form), as explain()
+// names it: plain logits at d64, the fixed-max softcap in bf16 at d64 and d128 (caps up to
+// 50.25, no ALiBi), the general kernel for everything else.
+TEST(FlashRules, PlanNamesTheLogitFormKernelThatRuns) {
   const Capabilities& caps = flash_capabilities();
   ASSERT_TRUE(bool(caps.describe_plan));
   FeatureRequest r;
@@ -197,20 +198,47 @@ TEST(FlashRules, PlanNamesThePlainLogitsInstantiationWhereItRuns) {
   r.head_dim_qk = r.head_dim_v = 64;
   r.max_seqlen_q = 4096;
   r.mask_type = MaskType::kCausal;
-  r.softmax_type = SoftmaxType::kLearnable;  // a sink leaves the logits plain
-  const std::string plain = "plain-logits instantiation";
-  EXPECT_NE(caps.describe_plan(r).find(plain), std::string::npos);
+  r.softmax_type = SoftmaxType::kLearnable;  // a sink changes no form
+  const std::string plain = "plain-logits kernel", softcap = "fixed-max softcap kernel";
+  auto names = [&](const FeatureRequest& request, const std::string& form) {
+    return caps.describe_plan(request).find(form) != std::string::npos;
+  };
+  EXPECT_TRUE(names(r, plain));
   for (bool FeatureRequest::*feature :
        {&FeatureRequest::softcap, &FeatureRequest::alibi, &FeatureRequest::dropout}) {
     FeatureRequest with = r;
     with.*feature = true;
-    EXPECT_EQ(caps.describe_plan(with).find(plain), std::string::npos);
+    EXPECT_FALSE(names(with, plain));
   }
+  FeatureRequest capped = r;
+  capped.softcap = true;
+  capped.softcap_value = 50.0;
+  EXPECT_TRUE(names(capped, softcap));
+  capped.head_dim_qk = capped.head_dim_v = 128;
+  EXPECT_TRUE(names(capped, softcap));
+  FeatureRequest online = capped;
+  online.softcap_value = 60.0;  // above 50.25: the max stays online
+  EXPECT_FALSE(names(online, softcap));
+  online = capped;
+  online.dtype = DType::kFloat16;  // fp16 P would overflow under the fixed max
+  EXPECT_FALSE(names(online, softcap));
+  online = capped;
+  online.dropout = true;
+  EXPECT_FALSE(names(online, softcap));
   r.head_dim_qk = r.head_dim_v = 128;
-  EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
-  EXPECT_EQ(caps.describe_plan(r).find(plain), std::string::npos);
-  EXPECT_FALSE(cuda::flash_forward_plain_logits(128, 128, false, false, false));
-  EXPECT_TRUE(cuda::flash_forward_plain_logits(64, 64, false, false, false));
+  EXPECT_TRUE(names(r, "warp-specialised"));
+  EXPECT_FALSE(names(r, plain));
+  using cuda::FlashLogitForm;
+  EXPECT_EQ(cuda::flash_forward_logit_form(128, 128, false, false, false, false),
+            FlashLogitForm::kGeneral);
+  EXPECT_EQ(cuda::flash_forward_logit_form(64, 64, false, false, false, false),
+            FlashLogitForm::kPlain);
+  EXPECT_EQ(cuda::flash_forward_logit_form(64, 64, true, true, false, false),
+            FlashLogitForm::kSoftcapFixedMax);
+  EXPECT_EQ(cuda::flash_forward_logit_form(256, 256, true, true, false, false),
+            FlashLogitForm::kGeneral);
+  EXPECT_EQ(cuda::flash_forward_logit_form(64, 64, false, false, true, false),
+            FlashLogitForm::kGeneral);
 }
 
 }  // namespace

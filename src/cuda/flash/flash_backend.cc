@@ -55,13 +55,23 @@ std::string describe_flash_plan(const FeatureRequest& r) {
       dqk, dv, r.max_seqlen_q, r.window_span, r.device_arch, r.flash_forward_kernel);
   const std::string tiles =
       ", tiles " + std::to_string(shape.block_m) + " x " + std::to_string(shape.block_n);
-  if (shape.warp_specialized)
+  if (shape.warp_specialized) {
+    const bool fixed_max = cuda::softcap_fixed_max_applies(r.softcap_value, r.dtype, r.alibi);
+    std::string form;
+    switch (cuda::flash_forward_logit_form(dqk, dv, r.softcap, fixed_max, r.alibi, r.dropout)) {
+      case cuda::FlashLogitForm::kPlain:
+        form = ", plain-logits kernel";
+        break;
+      case cuda::FlashLogitForm::kSoftcapFixedMax:
+        form = ", fixed-max softcap kernel";
+        break;
+      case cuda::FlashLogitForm::kGeneral:
+        break;
+    }
     return "forward kernel family wgmma warp-specialised (TMA copies where every sequence fills "
            "its tensor, else cp.async)" +
-           tiles +
-           (cuda::flash_forward_plain_logits(dqk, dv, r.softcap, r.alibi, r.dropout)
-                ? ", plain-logits instantiation"
-                : "");
+           tiles + form;
+  }
   if (shape.wgmma) return "forward kernel family wgmma (two warpgroups)" + tiles;
   if (shape.warps == 1) return "forward kernel family mma_sync decode (split-KV)" + tiles;
   return "forward kernel family mma_sync" + tiles;

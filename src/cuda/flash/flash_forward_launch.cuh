@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_forward_kernel.cuh"
@@ -53,17 +54,28 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
   DPA_CUDA_CHECK_LAUNCH();
 }
 
-// The warp-specialised kernel's plain-logits instantiation where its head dims have one and the
-// problem has none of the features it leaves out, else the general one.
+// The warp-specialised kernel compiled for the problem's logit form
+// (flash_forward_logit_form) where its head dims and element type have one, else the general
+// kernel, which takes every problem.
 template <typename Traits>
 void launch_flash_forward_ws(const FlashForwardParams& p, cudaStream_t stream) {
-  if constexpr (flash_forward_has_plain_logits(Traits::kHeadDimQK, Traits::kHeadDimV)) {
-    if (flash_forward_plain_logits(Traits::kHeadDimQK, Traits::kHeadDimV, p.use_softcap,
-                                   p.alibi_slopes != nullptr, p.dropout_threshold != 0))
-      return launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, true>, p,
-                                                    stream);
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  const FlashLogitForm form =
+      flash_forward_logit_form(kDimQK, kDimV, p.use_softcap, p.softcap_fixed_max,
+                               p.alibi_slopes != nullptr, p.dropout_threshold != 0);
+  if constexpr (flash_forward_has_plain_logits(kDimQK, kDimV)) {
+    if (form == FlashLogitForm::kPlain)
+      return launch_flash_forward_ws_kernel<Traits>(
+          flash_forward_sm90_ws_kernel<Traits, FlashLogitForm::kPlain>, p, stream);
   }
-  launch_flash_forward_ws_kernel<Traits>(flash_forward_sm90_ws_kernel<Traits, false>, p, stream);
+  if constexpr (flash_forward_has_softcap_logits(kDimQK, kDimV) &&
+                std::is_same_v<typename Traits::Element, __nv_bfloat16>) {
+    if (form == FlashLogitForm::kSoftcapFixedMax)
+      return launch_flash_forward_ws_kernel<Traits>(
+          flash_forward_sm90_ws_kernel<Traits, FlashLogitForm::kSoftcapFixedMax>, p, stream);
+  }
+  launch_flash_forward_ws_kernel<Traits>(
+      flash_forward_sm90_ws_kernel<Traits, FlashLogitForm::kGeneral>, p, stream);
 }
 
 template <typename Traits>

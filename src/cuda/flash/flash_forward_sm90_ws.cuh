@@ -147,14 +147,16 @@ __device__ __forceinline__ void produce_paged_tile(uint32_t shared_tile, const E
   }
 }
 
-// kPlainLogits (flash_forward_plain_logits): the block's logits are its scores times the scale,
-// so the consumers' loop is compiled without the softcap, ALiBi and dropout code and their
-// run-time tests (a branch each per tile, and each branch ends a stretch ptxas can schedule
-// across); the launch picks it for problems without those features.
-template <typename Traits, bool kPlainLogits>
+// kForm (FlashLogitForm, chosen by flash_forward_logit_form): the general kernel tests every
+// feature at run time; the plain and fixed-max softcap kernels compile only their own logit
+// transform into the consumers' loop (no ALiBi or dropout code, the max's kind a constant).
+template <typename Traits, FlashLogitForm kForm>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_forward_sm90_ws_kernel(const __grid_constant__ FlashForwardParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kPlain = kForm == FlashLogitForm::kPlain;
+  constexpr bool kSoftcapFixedMax = kForm == FlashLogitForm::kSoftcapFixedMax;
+  constexpr bool kGeneral = kForm == FlashLogitForm::kGeneral;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
@@ -380,9 +382,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int tiles = b.n_block_end - b.n_block_begin;
     const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
     const float sink_log2 = block_sink_log2(p, b.head);
-    // A constant shift.fixed (false) and scale_in_exp2 (true) in the plain instantiation.
-    const SoftmaxShift shift =
-        kPlainLogits ? plain_softmax_shift(p) : block_softmax_shift<Element>(p, sink_log2);
+    // shift.fixed and scale_in_exp2 are constants in the plain and softcap kernels.
+    const SoftmaxShift shift = kPlain             ? plain_softmax_shift(p)
+                               : kSoftcapFixedMax ? softcap_fixed_softmax_shift(p, sink_log2)
+                                                  : block_softmax_shift<Element>(p, sink_log2);
     RowStats stats = initial_row_stats(sink_log2, quad_col, shift);
     float o_acc[kVTiles][4];
 #pragma unroll
@@ -396,14 +399,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                          const uint32_t(&keep)[2]) {
         const int n0 = n_block * kBlockN;
         const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
-        if constexpr (kPlainLogits) {
-          if (!fully_visible) mask_invisible_keys(p, b, s_acc, row0, n0, quad_col);
-        } else {
+        if constexpr (kGeneral) {
           transform_logits<Element, kNTiles>(p, b, s_acc, row0, n0, quad_col, fully_visible,
                                              shift.shift, shift.scale_in_exp2);
+        } else {
+          // The plain kernel's scale goes into softmax_update's exp2 (scale_in_exp2).
+          if constexpr (kSoftcapFixedMax) softcap_logits(p, s_acc, fully_visible, shift.shift);
+          if (!fully_visible) mask_invisible_keys(p, b, s_acc, row0, n0, quad_col);
         }
         softmax_update(s_acc, stats, correction, shift);
-        if constexpr (!kPlainLogits) {
+        if constexpr (kGeneral) {
           if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
         }
       };
@@ -427,7 +432,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       };
       auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
         keep[0] = keep[1] = 0;
-        if constexpr (kPowerOfTwoTile && !kPlainLogits) {
+        if constexpr (kPowerOfTwoTile && kGeneral) {
           if (p.dropout_threshold != 0)
             draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
         }

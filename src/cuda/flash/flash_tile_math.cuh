@@ -217,18 +217,25 @@ __device__ __forceinline__ SoftmaxShift plain_softmax_shift(const FlashForwardPa
   return shift;
 }
 
+// The shift of a capped block whose max is fixed (FlashForwardParams::softcap_fixed_max).
+__device__ __forceinline__ SoftmaxShift softcap_fixed_softmax_shift(const FlashForwardParams& p,
+                                                                    float sink_log2) {
+  SoftmaxShift shift;
+  shift.max_slack = p.max_slack;
+  shift.fixed = true;
+  shift.shift = fmaxf(p.softcap_log2 - kSoftcapFixedMaxHeadroom, sink_log2);
+  return shift;
+}
+
 template <typename Element>
 __device__ __forceinline__ SoftmaxShift block_softmax_shift(const FlashForwardParams& p,
                                                             float sink_log2) {
   if (!p.use_softcap && !p.alibi_slopes) return plain_softmax_shift(p);
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
+    if (p.use_softcap && p.softcap_fixed_max) return softcap_fixed_softmax_shift(p, sink_log2);
+  }
   SoftmaxShift shift;
   shift.max_slack = p.max_slack;
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
-    if (p.use_softcap && p.softcap_fixed_max) {
-      shift.fixed = true;
-      shift.shift = fmaxf(p.softcap_log2 - kSoftcapFixedMaxHeadroom, sink_log2);
-    }
-  }
   return shift;
 }
 
@@ -316,6 +323,34 @@ __device__ __forceinline__ void mask_invisible_keys(const FlashForwardParams& p,
   }
 }
 
+// Raw scores -> capped logits in log2 units, minus `shift` (a fixed max, SoftmaxShift).
+// Accurate tanh (softcap_ratio) with the cap folded into the last FFMA: c' tanh(u a) = c' - 2c' r
+// (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD, MUFU.RCP, FFMA; in a fully visible
+// tile four elements of a row share the MUFU.RCP (softcap_logits_of_four). (tanh.approx.f32
+// would save the reciprocal, but its ~5e-4 relative error moves capped logits by up to
+// c * 5e-4.)
+template <int kNTiles>
+__device__ __forceinline__ void softcap_logits(const FlashForwardParams& p, float (&s)[kNTiles][4],
+                                               bool fully_visible, float shift) {
+  const float exp_scale = softcap_exp_scale(p);
+  const float slope = -2.f * p.softcap_log2;
+  const float offset = p.softcap_log2 - shift;
+  if (fully_visible) {
+    static_assert(kNTiles % 2 == 0, "four elements of a row come from two n8 tiles");
+#pragma unroll
+    for (int t = 0; t < kNTiles; t += 2)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        softcap_logits_of_four(s[t][e], s[t][e + 1], s[t + 1][e], s[t + 1][e + 1], exp_scale, slope,
+                               offset);
+  } else {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, offset);
+  }
+}
+
 // Raw scores -> logits in log2 units (scale or softcap, ALiBi), then the mask. Each feature
 // is one branch around a whole loop: a test per element compiles to a branch per element.
 // `row0` is the slab's row g, `n0` the tile's first key, `fully_visible` whether every real
@@ -330,30 +365,7 @@ __device__ __forceinline__ void transform_logits(const FlashForwardParams& p,
                                                  int quad_col, bool fully_visible,
                                                  float shift = 0.f, bool scale_in_exp2 = false) {
   if (p.use_softcap) {
-    // Accurate tanh (softcap_ratio) with the cap folded into the last FFMA:
-    // c' tanh(u a) = c' - 2c' r (c' = c log2 e). An element costs FMUL, MUFU.EX2, FADD,
-    // MUFU.RCP, FFMA; in a fully visible tile four elements of a row share the MUFU.RCP
-    // (softcap_logits_of_four). (tanh.approx.f32 would save the reciprocal, but its ~5e-4
-    // relative error moves capped logits by up to c * 5e-4.)
-    const float exp_scale = softcap_exp_scale(p);
-    const float slope = -2.f * p.softcap_log2;
-    const float offset = p.softcap_log2 - shift;
-    if (fully_visible) {
-      static_assert(kNTiles % 2 == 0, "four elements of a row come from two n8 tiles");
-#pragma unroll
-      for (int t = 0; t < kNTiles; t += 2)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2)
-          softcap_logits_of_four(s[t][e], s[t][e + 1], s[t + 1][e], s[t + 1][e + 1], exp_scale,
-                                 slope, offset);
-    } else {
-#pragma unroll
-      for (int t = 0; t < kNTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[t][e] = fmaf(softcap_ratio(s[t][e], exp_scale), slope, offset);
-        }
-    }
+    softcap_logits(p, s, fully_visible, shift);
   } else if (!scale_in_exp2) {
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t)

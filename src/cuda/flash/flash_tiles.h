@@ -69,20 +69,42 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
 constexpr int64_t kFlashNarrowWindowKeys = 256;
 
-// The head dims whose warp-specialised forward has a plain-logits instantiation
-// (flash_forward_sm90_ws_kernel's kPlainLogits): 64, where the consumers' instruction issue
-// binds and the features' run-time tests cost 4-17% (docs/perf.md, session 25). At 128 the
-// same instantiation measured 0.90-1.01x, so d128 keeps one kernel (and its compile time).
+// The logit transforms a warp-specialised forward kernel is compiled for
+// (flash_forward_sm90_ws_kernel's kForm). The general kernel tests every feature at run time,
+// a branch around each per tile, and each branch ends a stretch ptxas can schedule across; the
+// others have only their own features' code in the consumers' loop.
+enum class FlashLogitForm {
+  kGeneral,
+  kPlain,            // scores times the scale, masked; with or without a sink
+  kSoftcapFixedMax,  // softcap under the fixed max (FlashForwardParams::softcap_fixed_max:
+                     // bf16, cap <= 50.25, no ALiBi), masked; with or without a sink
+};
+
+// The head dims with a plain-logits kernel: 64, where the consumers' instruction issue binds
+// and the features' run-time tests cost 4-17% (docs/perf.md, session 25). At 128 the same
+// kernel measured 0.90-1.01x, so d128 keeps the general one (and its compile time).
 constexpr bool flash_forward_has_plain_logits(int head_dim_qk, int head_dim_v) {
   return head_dim_qk == 64 && head_dim_v == 64;
 }
 
-// Whether the warp-specialised forward runs its plain-logits instantiation: logits that are
-// the scores times the scale, masked, with or without a sink. Softcap, ALiBi and dropout take
-// the general one.
-constexpr bool flash_forward_plain_logits(int head_dim_qk, int head_dim_v, bool softcap, bool alibi,
-                                          bool dropout) {
-  return flash_forward_has_plain_logits(head_dim_qk, head_dim_v) && !softcap && !alibi && !dropout;
+// The head dims with a softcap kernel (bf16 only, as the fixed max): 64 and 128, the rows of
+// issue 17's softcap bar. Written in session 25 and not yet timed (docs/gpu_testing.md).
+constexpr bool flash_forward_has_softcap_logits(int head_dim_qk, int head_dim_v) {
+  return head_dim_qk == head_dim_v && (head_dim_qk == 64 || head_dim_qk == 128);
+}
+
+// The kernel a problem runs on: dropout and ALiBi take the general one, and so does a softcap
+// whose max is online (fp16, caps above 50.25).
+constexpr FlashLogitForm flash_forward_logit_form(int head_dim_qk, int head_dim_v, bool softcap,
+                                                  bool softcap_fixed_max, bool alibi,
+                                                  bool dropout) {
+  if (alibi || dropout) return FlashLogitForm::kGeneral;
+  if (!softcap)
+    return flash_forward_has_plain_logits(head_dim_qk, head_dim_v) ? FlashLogitForm::kPlain
+                                                                   : FlashLogitForm::kGeneral;
+  return softcap_fixed_max && flash_forward_has_softcap_logits(head_dim_qk, head_dim_v)
+             ? FlashLogitForm::kSoftcapFixedMax
+             : FlashLogitForm::kGeneral;
 }
 
 // Consumer warpgroups: three (192 query rows) at head dim 64, where a tile's GEMMs are half as
