@@ -147,17 +147,23 @@ TEST(FlashRules, FeatureRequestCarriesTheWindowSpanAndExplainTheTilesItGives) {
             std::string::npos);
 }
 
+// A bf16 forward of 4096 queries on an H100/H200 at head dim `head_dim`.
+FeatureRequest hopper_forward(int64_t head_dim) {
+  FeatureRequest r;
+  r.device = Device::kCUDA;
+  r.dtype = DType::kBFloat16;
+  r.device_arch = 90;
+  r.head_dim_qk = r.head_dim_v = head_dim;
+  r.max_seqlen_q = 4096;
+  return r;
+}
+
 // explain() names the kernel family the launch would take, from the same shape functions, and
 // the config's family reaches it (issue 17: the family is config, not a run-time variable).
 TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   const Capabilities& caps = flash_capabilities();
   ASSERT_TRUE(bool(caps.describe_plan));
-  FeatureRequest r;
-  r.device = Device::kCUDA;
-  r.dtype = DType::kBFloat16;
-  r.device_arch = 90;
-  r.head_dim_qk = r.head_dim_v = 128;
-  r.max_seqlen_q = 4096;
+  FeatureRequest r = hopper_forward(128);
   EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
   r.flash_forward_kernel = FlashForwardKernel::kWgmma;
   EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
@@ -191,12 +197,7 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
 TEST(FlashRules, PlanNamesTheLogitFormKernelThatRuns) {
   const Capabilities& caps = flash_capabilities();
   ASSERT_TRUE(bool(caps.describe_plan));
-  FeatureRequest r;
-  r.device = Device::kCUDA;
-  r.dtype = DType::kBFloat16;
-  r.device_arch = 90;
-  r.head_dim_qk = r.head_dim_v = 64;
-  r.max_seqlen_q = 4096;
+  FeatureRequest r = hopper_forward(64);
   r.mask_type = MaskType::kCausal;
   r.softmax_type = SoftmaxType::kLearnable;  // a sink changes no form
   const std::string plain = "plain-logits kernel", softcap = "fixed-max softcap kernel";
