@@ -360,9 +360,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
 
-  // Not broadcast from lane 0 as in the forward: with it, ptxas spilled 128 bytes in the
-  // default d128 kernel (none without).
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 at head dim 64, as in the forward, so that ptxas knows it is
+  // warp-uniform and builds the consumers' wgmma descriptors in uniform registers (SASS,
+  // session 25: the d64 consumer loop loses its 32 R2UR, 1799 -> 1743 instructions, no
+  // spills). Not at d128, where ptxas then spilled 128 bytes (none without).
+  const int warpgroup =
+      kDimQK == 64 ? __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) : int(threadIdx.x / 128);
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
     if (kb.iterations > 0)
