@@ -262,6 +262,18 @@ std::vector<GpuCase> gpu_cases() {
                       softcap(0)),
                  0.8, 0),
 
+      // The fixed-max softcap kernel (bf16, caps up to 50.25: FlashLogitForm::kSoftcapFixedMax)
+      // on partly visible tiles: thd with padded offsets and empty sequences under a window
+      // with a sink at head dim 64 (two consumer warpgroups), a top-left window at 128.
+      make("softcap_thd_window_sink",
+           all({thd(true), mask(MaskType::kPaddingCausalBottomRight), window(20, 0),
+                softmax(SoftmaxType::kLearnable), softcap(5), qk(2.0)}),
+           softcap(0)),
+      make("softcap_window_top_left",
+           all({window(32, 16), [](CaseSpec& s) { s.config.bottom_right_diagonal = false; },
+                softcap(5), qk(2.0)}),
+           softcap(0)),
+
       // Sinks: few visible keys for off-by-one (a zero logit is invisible next to thousands of
       // keys), learnable offsets ~ 5 * randn.
       make("sink_off_by_one_fp16",
