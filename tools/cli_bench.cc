@@ -58,6 +58,12 @@ std::vector<FlagSpec> bench_flag_specs() {
       {"dtype", "T", "bf16 (default) or fp16"},
       {"pass", "P", "fwd (default), bwd or fwdbwd"},
       {"backend", "NAME", "force a backend (default: the selector's choice)"},
+      {"flash-forward-kernel", "NAME",
+       "cuda_flash's forward family: auto (default), mma_sync, wgmma or wgmma_ws "
+       "(AttentionConfig::flash_forward_kernel)"},
+      {"flash-backward-kernel", "NAME",
+       "cuda_flash's backward family: auto (default), mma_sync or one_kernel "
+       "(AttentionConfig::flash_backward_kernel)"},
       {"iters", "N", "timed runs, at least 20 (default 30); the median is reported"},
       {"warmup", "N", "untimed runs before timing (default 5)"},
       {"seed", "N", "seed of the random inputs (default 1)"},
@@ -189,6 +195,22 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
     auto backend = parse_backend(*name);
     if (!backend) throw UsageError("backend", "--backend: unknown backend '" + *name + "'");
     o.config.backend = *backend;
+  }
+  if (auto name = args.get("flash-forward-kernel")) {
+    auto kernel = parse_flash_forward_kernel(*name);
+    if (!kernel)
+      throw UsageError(
+          "flash-forward-kernel",
+          "--flash-forward-kernel: auto, mma_sync, wgmma or wgmma_ws, got '" + *name + "'");
+    o.config.flash_forward_kernel = *kernel;
+  }
+  if (auto name = args.get("flash-backward-kernel")) {
+    auto kernel = parse_flash_backward_kernel(*name);
+    if (!kernel)
+      throw UsageError(
+          "flash-backward-kernel",
+          "--flash-backward-kernel: auto, mma_sync or one_kernel, got '" + *name + "'");
+    o.config.flash_backward_kernel = *kernel;
   }
   if (auto iters = args.get_int("iters")) {
     if (*iters < kMinIters)

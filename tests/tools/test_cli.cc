@@ -602,12 +602,15 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
     EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
   }
   // --decode (KvCacheAttention over a cache): what the KV-cache call cannot take.
-  for (const auto& [args, flag] : {std::pair{"bench --page-size 16", "--page-size"},
-                                   std::pair{"bench --decode --page-size 3", "--page-size"},
-                                   std::pair{"bench --decode --pass bwd", "--decode"},
-                                   std::pair{"bench --decode --dropout 0.1", "--decode"},
-                                   std::pair{"bench --decode --mask padding", "--decode"},
-                                   std::pair{"bench --decode --varlen", "--varlen"}}) {
+  for (const auto& [args, flag] :
+       {std::pair{"bench --page-size 16", "--page-size"},
+        std::pair{"bench --decode --page-size 3", "--page-size"},
+        std::pair{"bench --decode --pass bwd", "--decode"},
+        std::pair{"bench --decode --dropout 0.1", "--decode"},
+        std::pair{"bench --decode --mask padding", "--decode"},
+        std::pair{"bench --decode --varlen", "--varlen"},
+        std::pair{"bench --flash-forward-kernel tma", "--flash-forward"},
+        std::pair{"bench --flash-backward-kernel wgmma", "--flash-backward"}}) {
     CliResult r = run_cli(args, scratch);
     EXPECT_EQ(r.status, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
@@ -615,8 +618,9 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
   }
   CliResult r = run_cli("bench --help", scratch);
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--dropout", "--deterministic", "--softcap", "--pass", "--decode",
-                           "--page-size", "--varlen"})
+  for (const char* flag :
+       {"--dropout", "--deterministic", "--softcap", "--pass", "--decode", "--page-size",
+        "--varlen", "--flash-forward-kernel", "--flash-backward-kernel"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
