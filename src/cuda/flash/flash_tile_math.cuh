@@ -227,15 +227,24 @@ __device__ __forceinline__ SoftmaxShift softcap_fixed_softmax_shift(const FlashF
   return shift;
 }
 
+// The shift of a block of any features, chosen at run time. Its fields are set one by one, not
+// by returning the helpers above: that form made ptxas spill 24 more bytes in the d256
+// two-warpgroup kernel (session 25).
 template <typename Element>
 __device__ __forceinline__ SoftmaxShift block_softmax_shift(const FlashForwardParams& p,
                                                             float sink_log2) {
-  if (!p.use_softcap && !p.alibi_slopes) return plain_softmax_shift(p);
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
-    if (p.use_softcap && p.softcap_fixed_max) return softcap_fixed_softmax_shift(p, sink_log2);
-  }
   SoftmaxShift shift;
   shift.max_slack = p.max_slack;
+  if (!p.use_softcap && !p.alibi_slopes) {
+    shift.scale_in_exp2 = true;
+    shift.score_scale = p.scale_log2;
+  }
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // fp16 P would overflow at 2^16
+    if (p.use_softcap && p.softcap_fixed_max) {
+      shift.fixed = true;
+      shift.shift = fmaxf(p.softcap_log2 - kSoftcapFixedMaxHeadroom, sink_log2);
+    }
+  }
   return shift;
 }
 
@@ -275,13 +284,11 @@ __device__ __forceinline__ void draw_keep_bits(const FlashForwardParams& p,
   auto word_of = [](const Philox4& block, int i) {
     return i == 0 ? block.x[0] : i == 1 ? block.x[1] : i == 2 ? block.x[2] : block.x[3];
   };
-  bits[0] = bits[1] = 0;
-  // Both halves' blocks in one iteration: two independent Philox chains, so each round's
-  // multiply latency is paid once for two blocks (ILP 2).
-#pragma unroll 1
-  for (int u = 0; u < kNTiles / 4; ++u) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < 2; ++half) {
+    bits[half] = 0;
+#pragma unroll 1
+    for (int u = 0; u < kNTiles / 4; ++u) {
       const Philox4 block = dropout_block(p.seed, p.offset, b.batch, heads, head, row0 + 8 * half,
                                           n0 + 8 * (4 * u + quad_col));
 #pragma unroll
