@@ -44,6 +44,22 @@ class ParsedArgs {
   std::optional<uint64_t> get_uint64(std::string_view name) const;
   // A comma-separated list of integers ("2,1024,8,64"); `count` > 0 demands that many.
   std::optional<std::vector<int64_t>> get_int_list(std::string_view name, int count = 0) const;
+  // A flag whose value is a name that `parse` (a parse_* of dpa/types.h) turns into an
+  // enumerator: nullopt where the flag is absent; a name `parse` does not know is a UsageError
+  // "--NAME: unknown KIND 'VALUE' (CHOICES)".
+  template <typename Parse>
+  auto get_named(std::string_view name, std::string_view kind, std::string_view choices,
+                 Parse parse) const -> decltype(parse(std::string_view())) {
+    const std::optional<std::string> value = get(name);
+    if (!value) return std::nullopt;
+    auto parsed = parse(*value);
+    if (!parsed) {
+      throw UsageError(std::string(name), "--" + std::string(name) + ": unknown " +
+                                              std::string(kind) + " '" + *value + "' (" +
+                                              std::string(choices) + ")");
+    }
+    return parsed;
+  }
 
  private:
   friend ParsedArgs parse_args(const std::vector<FlagSpec>&, const std::vector<std::string>&);

@@ -16,6 +16,7 @@
 
 #include "cli_args.h"
 #include "cli_commands.h"
+#include "cli_config.h"
 #include "cli_errors.h"
 #include "dpa/attention.h"
 #include "dpa/kvcache.h"
@@ -153,19 +154,15 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
   if (args.has("causal") && args.has("mask"))
     throw UsageError("causal", "--causal and --mask are exclusive");
   if (args.has("causal")) o.config.mask_type = MaskType::kCausal;
-  if (auto name = args.get("mask")) {
-    auto mask = parse_mask_type(*name);
-    if (!mask) throw UsageError("mask", "--mask: unknown mask type '" + *name + "'");
+  if (auto mask = args.get_named("mask", "mask type", kMaskChoices, parse_mask_type)) {
     if (*mask == MaskType::kArbitrary)
       throw UsageError("mask", "--mask arbitrary needs a mask tensor; bench does not make one");
     o.config.mask_type = *mask;
   }
   if (auto cap = args.get_double("softcap")) o.config.softcap = *cap;
-  if (auto name = args.get("softmax-type")) {
-    auto type = parse_softmax_type(*name);
-    if (!type) throw UsageError("softmax-type", "--softmax-type: unknown type '" + *name + "'");
+  if (auto type =
+          args.get_named("softmax-type", "softmax type", kSoftmaxTypeChoices, parse_softmax_type))
     o.config.softmax_type = *type;
-  }
   if (auto window = args.get_int_list("window", 2)) {
     o.config.window_left = (*window)[0];
     o.config.window_right = (*window)[1];
@@ -191,27 +188,14 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
     o.pass = BenchPass::kForwardBackward;
   else
     throw UsageError("pass", "--pass: fwd, bwd or fwdbwd, got '" + pass + "'");
-  if (auto name = args.get("backend")) {
-    auto backend = parse_backend(*name);
-    if (!backend) throw UsageError("backend", "--backend: unknown backend '" + *name + "'");
+  if (auto backend = args.get_named("backend", "backend", kBackendChoices, parse_backend))
     o.config.backend = *backend;
-  }
-  if (auto name = args.get("flash-forward-kernel")) {
-    auto kernel = parse_flash_forward_kernel(*name);
-    if (!kernel)
-      throw UsageError(
-          "flash-forward-kernel",
-          "--flash-forward-kernel: auto, mma_sync, wgmma or wgmma_ws, got '" + *name + "'");
+  if (auto kernel = args.get_named("flash-forward-kernel", "kernel family",
+                                   "auto, mma_sync, wgmma, wgmma_ws", parse_flash_forward_kernel))
     o.config.flash_forward_kernel = *kernel;
-  }
-  if (auto name = args.get("flash-backward-kernel")) {
-    auto kernel = parse_flash_backward_kernel(*name);
-    if (!kernel)
-      throw UsageError(
-          "flash-backward-kernel",
-          "--flash-backward-kernel: auto, mma_sync or one_kernel, got '" + *name + "'");
+  if (auto kernel = args.get_named("flash-backward-kernel", "kernel family",
+                                   "auto, mma_sync, one_kernel", parse_flash_backward_kernel))
     o.config.flash_backward_kernel = *kernel;
-  }
   if (auto iters = args.get_int("iters")) {
     if (*iters < kMinIters)
       throw UsageError("iters", "--iters: at least " + std::to_string(kMinIters) + " runs");

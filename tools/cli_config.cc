@@ -29,22 +29,10 @@ std::vector<FlagSpec> config_flag_specs() {
 
 AttentionConfig parse_config(const ParsedArgs& args, bool has_softmax_offset, bool has_bias) {
   AttentionConfig config;
-  if (auto name = args.get("format")) {
-    auto format = parse_format(*name);
-    if (!format) {
-      throw UsageError("format", "--format: unknown format '" + *name + "' (bshd, sbhd, thd)");
-    }
+  if (auto format = args.get_named("format", "format", "bshd, sbhd, thd", parse_format))
     config.format = *format;
-  }
-  if (auto name = args.get("mask")) {
-    auto mask = parse_mask_type(*name);
-    if (!mask) {
-      throw UsageError("mask", "--mask: unknown mask type '" + *name +
-                                   "' (no_mask, padding, causal, padding_causal, "
-                                   "causal_bottom_right, padding_causal_bottom_right, arbitrary)");
-    }
+  if (auto mask = args.get_named("mask", "mask type", kMaskChoices, parse_mask_type))
     config.mask_type = *mask;
-  }
   if (auto window = args.get_int_list("window", 2)) {
     config.window_left = (*window)[0];
     config.window_right = (*window)[1];
@@ -58,22 +46,14 @@ AttentionConfig parse_config(const ParsedArgs& args, bool has_softmax_offset, bo
   }
   if (auto cap = args.get_double("softcap")) config.softcap = *cap;
   if (auto scale = args.get_double("scale")) config.scale = *scale;
-  if (auto name = args.get("softmax-type")) {
-    auto type = parse_softmax_type(*name);
-    if (!type) {
-      throw UsageError("softmax-type", "--softmax-type: unknown softmax type '" + *name +
-                                           "' (vanilla, off-by-one, learnable)");
-    }
+  if (auto type =
+          args.get_named("softmax-type", "softmax type", kSoftmaxTypeChoices, parse_softmax_type)) {
     config.softmax_type = *type;
   } else if (has_softmax_offset) {
     config.softmax_type = SoftmaxType::kLearnable;
   }
-  if (auto name = args.get("bias-type")) {
-    auto type = parse_bias_type(*name);
-    if (!type) {
-      throw UsageError("bias-type",
-                       "--bias-type: unknown bias type '" + *name + "' (pre_scale, post_scale)");
-    }
+  if (auto type =
+          args.get_named("bias-type", "bias type", "pre_scale, post_scale", parse_bias_type)) {
     config.bias_type = *type;
   } else if (has_bias) {
     config.bias_type = BiasType::kPostScale;
@@ -88,14 +68,8 @@ AttentionConfig parse_config(const ParsedArgs& args, bool has_softmax_offset, bo
     }
     config.layer_number = int(*layer);
   }
-  if (auto name = args.get("backend")) {
-    auto backend = parse_backend(*name);
-    if (!backend) {
-      throw UsageError("backend", "--backend: unknown backend '" + *name +
-                                      "' (cpu_exact, cpu, cuda_unfused, cuda_flash, auto)");
-    }
+  if (auto backend = args.get_named("backend", "backend", kBackendChoices, parse_backend))
     config.backend = *backend;
-  }
   return config;
 }
 

@@ -8,6 +8,13 @@
 
 namespace dpa::cli {
 
+// The names the enum flags take, for their error messages (ParsedArgs::get_named).
+inline constexpr const char* kMaskChoices =
+    "no_mask, padding, causal, padding_causal, causal_bottom_right, "
+    "padding_causal_bottom_right, arbitrary";
+inline constexpr const char* kSoftmaxTypeChoices = "vanilla, off-by-one, learnable";
+inline constexpr const char* kBackendChoices = "cpu_exact, cpu, cuda_unfused, cuda_flash, auto";
+
 // --format --mask --window --bottom-right-diagonal --softcap --scale --softmax-type
 // --bias-type --dropout --seed --offset --deterministic --layer-number --backend
 std::vector<FlagSpec> config_flag_specs();

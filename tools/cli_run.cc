@@ -12,6 +12,7 @@
 
 #include "cli_args.h"
 #include "cli_commands.h"
+#include "cli_config.h"
 #include "cli_device.h"
 #include "cli_errors.h"
 #include "cli_tensors.h"
@@ -344,14 +345,8 @@ RunOptions parse_run_options(const ParsedArgs& args) {
   options.repeat = int(positive("repeat", options.repeat, 1000));
   options.check_len = std::min(options.check_len, options.seqlen);
   options.seed = args.get_uint64("seed").value_or(options.seed);
-  if (auto name = args.get("backend")) {
-    auto backend = parse_backend(*name);
-    if (!backend) {
-      throw UsageError("backend", "--backend: unknown backend '" + *name +
-                                      "' (cpu_exact, cpu, cuda_unfused, cuda_flash, auto)");
-    }
+  if (auto backend = args.get_named("backend", "backend", kBackendChoices, parse_backend))
     options.backend = *backend;
-  }
   return options;
 }
 
