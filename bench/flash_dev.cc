@@ -5,9 +5,10 @@
 // those --families lists) and prints how far apart their gradients are (the GPU suite checks
 // each against cpu_exact).
 //
-//   flash_dev [--check-only] [--time-only] [--variants [--variant-head-dim D]]
+//   flash_dev [--check-only] [--time-only] [--variants [--variant-head-dim D] [--variant N]...]
 //             [--backward [--families a,b,...]]
-// --variant-head-dim keeps the variants of one head dim (all of them take minutes).
+// --variant-head-dim keeps the variants of one head dim (all of them take minutes); --variant
+// (repeated) keeps the variants it names.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -329,7 +330,8 @@ void time_config(const Shape& s, const Features& f, int variant = -1) {
 
 int main(int argc, char** argv) {
   bool do_check = true, do_time = true, do_variants = false, do_backward = false;
-  int variant_head_dim = 0;  // 0: every variant
+  int variant_head_dim = 0;         // 0: every variant
+  std::vector<int> named_variants;  // empty: every variant
   std::vector<std::string> families = {"mma_sync", "one_kernel"};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--families") == 0 && i + 1 < argc) {
@@ -344,6 +346,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--variants") == 0) do_variants = true;
     if (std::strcmp(argv[i], "--variant-head-dim") == 0 && i + 1 < argc)
       variant_head_dim = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--variant") == 0 && i + 1 < argc)
+      named_variants.push_back(std::atoi(argv[++i]));
     if (std::strcmp(argv[i], "--backward") == 0) do_backward = true;
     if (std::strcmp(argv[i], "--check-only") == 0) do_time = false;
     if (std::strcmp(argv[i], "--time-only") == 0) do_check = false;
@@ -391,6 +395,9 @@ int main(int argc, char** argv) {
     if (do_variants) {
       // Every variant is checked against cpu_exact before it is timed.
       auto skipped = [&](int v) {
+        if (!named_variants.empty() &&
+            std::find(named_variants.begin(), named_variants.end(), v) == named_variants.end())
+          return true;
         return variant_head_dim != 0 && cuda::flash_variant_head_dim(v) != variant_head_dim;
       };
       for (int v = 0; cuda::flash_variant_name(v); ++v) {
@@ -415,7 +422,8 @@ int main(int argc, char** argv) {
           continue;
         }
         const Shape big{2, 16, 16, 8192, 8192, 128, 128};
-        for (const Features& f : {plain, cap, causal_cap, causal_sink}) time_config(big, f, v);
+        for (const Features& f : {plain, cap, sink, causal_cap, causal_sink})
+          time_config(big, f, v);
       }
     }
     if (do_backward) {
