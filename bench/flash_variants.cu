@@ -83,16 +83,12 @@ const char* flash_variant_name(int variant) {
       return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages";
     case 13:
       return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (FlashAttention-3's)";
-    case 14:
-      return "wgmma warp-specialised ping-pong, block_n 176, 2 stages (FlashAttention-3's "
-             "non-causal d128 tile)";
     default:
       return nullptr;
   }
 }
 
 int flash_variant_head_dim(int variant) {
-  if (variant == 14) return 128;
   if (variant >= 11) return 256;
   return variant >= 8 ? 64 : 128;
 }
@@ -130,8 +126,6 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 64, 2>>(p, stream);
     case 13:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 80, 2>>(p, stream);
-    case 14:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 176, 2>>(p, stream);
     default:
       return;
   }

@@ -21,8 +21,6 @@
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
-#include <type_traits>
-
 #include "cuda/flash/flash_backward_sm90_operands.cuh"
 #include "cuda/ptx/gpu_flag.cuh"
 #include "cuda/ptx/mbarrier.cuh"
@@ -412,14 +410,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wgmma_rows_by_rows<Element, kBlockM, kDimV>(dp, l.v, kBlockN, consumer * 64, l.d_o(stage));
       ptx::wgmma_commit();
 
-      // The rows' LSE and D: at head dim 64 loaded while the products run
-      // (PreloadedQueryColumnPairs); at 128 where they are used, since the 32 registers they
-      // would hold across the waits make ptxas spill (ptxas -v: 464 bytes).
-      const QueryColumnPairs lse_shared{l.lse + stage * kBlockM, quad_col};
-      const QueryColumnPairs delta_shared{l.delta + stage * kBlockM, quad_col};
-      using StatisticPairs =
-          std::conditional_t<kDimQK == 64, PreloadedQueryColumnPairs<kMTiles>, QueryColumnPairs>;
-      const StatisticPairs lse(lse_shared), delta(delta_shared);
       const KeyTile key_tile = key_tile_of(p, kb, it);
       const int i0 = kb.first_query(it), warp_key0 = key0 - quad_row;
       const bool fully_visible =
@@ -429,12 +419,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           kDropout ? l.keep[stage * Traits::kKeepWords + (threadIdx.x - 128)] : 0u;
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
-      key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col, lse,
-                                        fully_visible);
+      key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
+                                        l.lse + stage * kBlockM, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
       // dU^T; with dropout s becomes Pd^T but for 1 / keep_prob (dv is scaled at the end).
-      key_tile_gradients<kDropout>(p, s, dp, derivative, delta, keep,
+      key_tile_gradients<kDropout>(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM, keep,
                                    kDropout ? p.dropout_scale : 1.f);
       pack_operands<Element>(s, pd_operand);
       pack_operands<Element>(dp, du_operand);

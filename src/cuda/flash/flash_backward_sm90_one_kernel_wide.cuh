@@ -209,13 +209,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           tile_fully_visible(p, key_tile, i0, i0 + kQueryColumns - 1, warp_key0, warp_key0 + 15);
       ptx::wgmma_wait<1>();
       ptx::fence_accumulators(s);
-      key_tile_probabilities_no_dropout(
-          p, key_tile, s, derivative, key0, i0, quad_col,
-          QueryColumnPairs{l.lse + stage * kBlockM + query_column0, quad_col}, fully_visible);
+      key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
+                                        l.lse + stage * kBlockM + query_column0, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients(p, s, dp, derivative,
-                         QueryColumnPairs{l.delta + stage * kBlockM + query_column0, quad_col});
+      key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM + query_column0);
       {
         uint32_t operand[kQueryColumns / 16][4];
         pack_operands<Element>(s, operand);

@@ -262,56 +262,33 @@ __device__ __forceinline__ void cap_ratios_of_visible_pairs(const FlashForwardPa
   pack_quarter_derivatives(x, derivative);
 }
 
-// This thread's query-column pairs of a row statistic (the LSE or D of the tile's queries), as
-// key_tile_probabilities_no_dropout and key_tile_gradients read them: `pair(t)` is the float2 of
-// columns 8 t + 2 quad_col and the next. QueryColumnPairs reads shared memory (8-byte aligned) at
-// each use; PreloadedQueryColumnPairs holds the pairs in registers, loaded before the waits for
-// S^T and dP^T so that the loads' latency is off the path from each product to its elementwise
-// pass (the first use of the LSE waited on its load: 3.6% of the d128 backward's stall samples,
-// session 26), where the registers allow it.
-struct QueryColumnPairs {
-  const float* statistic;
-  int quad_col;
-  __device__ __forceinline__ float2 operator()(int t) const {
-    return *reinterpret_cast<const float2*>(statistic + 8 * t + 2 * quad_col);
-  }
-};
-
-template <int kMTiles>
-struct PreloadedQueryColumnPairs {
-  float2 pairs[kMTiles];
-  __device__ __forceinline__ explicit PreloadedQueryColumnPairs(QueryColumnPairs source) {
-#pragma unroll
-    for (int t = 0; t < kMTiles; ++t) pairs[t] = source(t);
-  }
-  __device__ __forceinline__ float2 operator()(int t) const { return pairs[t]; }
-};
-
 // P^T of a 64-key x kMTiles*8-query tile in place, without dropout: S^T (in s) becomes P^T
 // (0 where invisible) and, with a cap, `derivative` a quarter of the cap's derivative,
 // r (1 - r) = (1 - t^2) / 4 (fp16 pairs: 32 fp32 registers more would spill; its rounding,
 // 2^-11 relative, is 8x below that of dU^T's bf16 operand; below 2^-14, where |u| > ~4.8 c,
 // fp16 subnormals keep less, but there the element's dU^T is 2^-12 of the largest; the 4 is
 // folded into dP^T - D in key_tile_gradients), while dP^T is still being computed.
-// `lse` this thread's query columns' LSE (in log2 units; QueryColumnPairs), `key0` the thread's
-// first key, `i0` the first query. `fully_visible`: every (query, key) pair of the tile is
-// visible. The branches are uniform and taken once per tile, so each loop carries only its case's
-// arithmetic and no branch (a test per element compiles to a branch per element, which serialises
-// the MUFU chains): the visible uncapped tile costs one FFMA and one exp2 per element, the visible
-// capped one FMUL, EX2, FADD, FMNMX, half an RCP and 1.5 FMUL (cap_ratios_of_visible_pairs), two
-// FFMA and EX2.
-template <int kMTiles, typename Pairs>
+// `lse2` per query column (shared memory, 8-byte aligned), `key0` the thread's first key, `i0` the
+// first query. `fully_visible`: every (query, key) pair of the tile is visible. The branches are
+// uniform and taken once per tile, so each loop carries only its case's arithmetic and no branch (a
+// test per element compiles to a branch per element, which serialises the MUFU chains): the visible
+// uncapped tile costs one FFMA and one exp2 per element, the visible capped one FMUL, EX2,
+// FADD, FMNMX, half an RCP and 1.5 FMUL (cap_ratios_of_visible_pairs), two FFMA and EX2.
+template <int kMTiles>
 __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     const FlashForwardParams& p, const KeyTile& k, float (&s)[kMTiles][4],
-    uint32_t (&derivative)[kMTiles][2], int key0, int i0, int quad_col, const Pairs& lse,
+    uint32_t (&derivative)[kMTiles][2], int key0, int i0, int quad_col, const float* lse2,
     bool fully_visible) {
+  auto row_lse_pair = [&](int t) {
+    return *reinterpret_cast<const float2*>(lse2 + 8 * t + 2 * quad_col);
+  };
   if (fully_visible && p.alibi_slopes == nullptr && !p.use_softcap) {
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t) {
-      const float2 row_lse = lse(t);
+      const float2 lse = row_lse_pair(t);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[t][e] = fast_exp2(fmaf(s[t][e], p.scale_log2, (e & 1) ? -row_lse.y : -row_lse.x));
+        s[t][e] = fast_exp2(fmaf(s[t][e], p.scale_log2, (e & 1) ? -lse.y : -lse.x));
     }
     return;
   }
@@ -320,8 +297,8 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
     const float slope = -2.f * p.softcap_log2;
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t) {
-      const float2 row_lse = lse(t);
-      const float offset[2] = {p.softcap_log2 - row_lse.x, p.softcap_log2 - row_lse.y};
+      const float2 lse = row_lse_pair(t);
+      const float offset[2] = {p.softcap_log2 - lse.x, p.softcap_log2 - lse.y};
       cap_ratios_of_visible_pairs(p, s[t], derivative[t]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[t][e] = fast_exp2(fmaf(s[t][e], slope, offset[e & 1]));
@@ -347,7 +324,7 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
   if (p.alibi_slopes) subtract_key_tile_alibi(k, s, key0, i0, quad_col);
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t) {
-    const float2 row_lse = lse(t);
+    const float2 lse = row_lse_pair(t);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const VisibleRange keys =
@@ -356,26 +333,29 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
       for (int half = 0; half < 2; ++half) {
         const int e = 2 * half + c, j = key0 + 8 * half;
         const bool visible = j >= keys.begin && j < keys.end;
-        s[t][e] = visible ? fast_exp2(s[t][e] - (c ? row_lse.y : row_lse.x)) : 0.f;
+        s[t][e] = visible ? fast_exp2(s[t][e] - (c ? lse.y : lse.x)) : 0.f;
       }
     }
   }
 }
 
 // dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta`
-// this thread's query columns' D (QueryColumnPairs); the cap's derivative only with a cap
-// (it is 1 without). kDropout: element (t, e) is kept where bit 4 t + e of `keep` is set
-// (draw_query_tile_keep_words): dU^T goes through the kept dP^T / keep_prob (`dropout_scale`), and
-// s becomes the kept P^T without that factor (Pd^T up to it: the caller scales dv once at the end).
-// Both selects of an element use one bit test right there: tested apart, the compiler keeps the
-// tile's 32 bits as predicates packed into general registers, three instructions per bit.
-template <bool kDropout = false, int kMTiles, typename Pairs>
+// per query column; the cap's derivative only with a cap (it is 1 without).
+// kDropout: element (t, e) is kept where bit 4 t + e of `keep` is set (draw_query_tile_keep_words):
+// dU^T goes through the kept dP^T / keep_prob (`dropout_scale`), and s becomes the kept P^T
+// without that factor (Pd^T up to it: the caller scales dv once at the end). Both selects of an
+// element use one bit test right there: tested apart, the compiler keeps the tile's 32 bits
+// as predicates packed into general registers, three instructions per bit.
+template <bool kDropout = false, int kMTiles>
 __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
                                                    float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
                                                    const uint32_t (&derivative)[kMTiles][2],
-                                                   const Pairs& delta, uint32_t keep = 0u,
-                                                   float dropout_scale = 1.f) {
+                                                   int quad_col, const float* delta,
+                                                   uint32_t keep = 0u, float dropout_scale = 1.f) {
   static_assert(!kDropout || kMTiles * 4 <= 32, "a thread's keep bits fit one word");
+  auto row_delta_pair = [&](int t) {
+    return *reinterpret_cast<const float2*>(delta + 8 * t + 2 * quad_col);
+  };
   // dU^T's element from P^T's and dP^T's (dP^T times `dp_scale` first), and with dropout P^T's
   // element dropped.
   auto gradient = [&](float& s_element, float& dp_element, int bit, float dp_scale,
@@ -388,7 +368,7 @@ __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
   if (!p.use_softcap) {
 #pragma unroll
     for (int t = 0; t < kMTiles; ++t) {
-      const float2 d = delta(t);
+      const float2 d = row_delta_pair(t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if constexpr (kDropout) {
@@ -402,7 +382,7 @@ __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
   }
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t) {
-    const float2 d = delta(t);
+    const float2 d = row_delta_pair(t);
     const float minus_four_delta[2] = {-4.f * d.x, -4.f * d.y};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
