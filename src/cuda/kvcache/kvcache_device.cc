@@ -297,6 +297,29 @@ void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, int
   plan_forward_tensor_maps(q, k, v, shape.block_m, box_rows, /*tails=*/true, f);
 }
 
+// TMA copies of the KV-cache kernel's key tiles (KvCacheParams::tma) on sm_90: the caches as
+// [dim0, rows, G, d], boxes of min(page size, 64) rows by 64 columns. Pages of fewer than 8 rows
+// keep cp.async, as the prefill's producer does (plan_prefill_tensor_maps says why); so does a
+// layout TMA cannot address.
+void plan_kvcache_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, KvCacheParams& p) {
+  if (device_info(a.q.device_index).arch < 90 || (plan.paged && plan.page_size < 8)) return;
+  const int64_t dim0 = a.k_cache.shape[0], rows = a.k_cache.shape[1];
+  const RowTensor k{
+      p.k_cache,        a.q.dtype,       dim0,           rows,           plan.heads_kv,
+      plan.head_dim_qk, p.k_dim0_stride, p.k_row_stride, p.k_head_stride};
+  const RowTensor v{p.v_cache,       a.q.dtype,       dim0,           rows,           plan.heads_kv,
+                    plan.head_dim_v, p.v_dim0_stride, p.v_row_stride, p.v_head_stride};
+  if (!tensor_map_can_address(k) || !tensor_map_can_address(v)) return;
+  const int box_rows =
+      int(plan.paged ? std::min(plan.page_size, kKvCacheTileKeys) : kKvCacheTileKeys);
+  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, box_rows);
+  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, box_rows);
+  if (!k_map || !v_map) return;
+  p.k_map = *k_map;
+  p.v_map = *v_map;
+  p.tma = true;
+}
+
 size_t partials_bytes(const KvCacheLaunch& launch, const KvCachePlan& plan) {
   const KvCacheParams& p = launch.params;
   if (p.num_splits <= 1 || plan.batch == 0 || launch.queries == 0) return 0;
@@ -362,6 +385,7 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     p.partial_o = partials.get<float>();
     p.partial_lse = p.partial_o + rows * size_t(plan.head_dim_v);
   }
+  plan_kvcache_tensor_maps(plan, a, p);
   launch_kvcache_attention(p, dtype, head_dim, launch.stages, unsigned(row_blocks), stream);
   if (p.num_splits > 1) {
     const bool programmatic = device_info(a.q.device_index).arch >= 90;

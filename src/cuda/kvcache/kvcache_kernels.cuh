@@ -3,12 +3,13 @@
 //
 // The attention kernel: a block of four warps owns 16 packed rows (kvcache_params.h) of one
 // (sequence, KV head, split), so the H / G query heads of a KV head read each key once. Keys
-// stream through shared memory in tiles of 64, gathered row by row from the pages (bulk copies
-// on sm_90, cp.async on sm_80) in a multi-stage pipeline; warp w takes keys 16w..16w+15 of every
+// stream through shared memory in tiles of 64 (K and V in the 128-byte-swizzled layout of
+// swizzled_tile_copies.cuh), copied by TMA boxes on sm_90 or by cp.async, in a multi-stage
+// pipeline; warp w takes keys 16w..16w+15 of every
 // tile (S = Q K^T, the logit transform and mask, the online softmax and O += P V on mma.sync
 // m16n8k16), and the four warps' partial softmax states merge in shared memory at the end. Decode
 // is bound by the bytes of K and V, so the tile's rows matter less than keeping enough of them in
-// flight.
+// flight, and issuing them cheaply.
 #pragma once
 
 #include "core/kvcache_splits.h"
@@ -19,6 +20,7 @@
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
+#include "cuda/swizzled_tile_copies.cuh"
 
 namespace dpa::cuda {
 
@@ -42,17 +44,20 @@ constexpr int kv_split_stages(int head_dim) {
 template <int kDim, int kStageCount = kv_default_stages(kDim)>
 struct KvCacheTiles {
   static constexpr int kStages = kStageCount;
-  static constexpr int kStride = kDim + 8;  // padded rows: conflict-free ldmatrix
-  static constexpr int kStageElements = 2 * kKvTileKeys * kStride;  // K, then V
-  static constexpr int kElements = kKvRows * kStride + kStages * kStageElements;
-  // The stages' mbarriers (8 bytes each) first, padded so that Q starts 16-byte aligned.
+  static constexpr int kStride = kDim + 8;  // Q's padded rows: conflict-free ldmatrix
+  // K, then V, of a stage: 64 rows in 64-column blocks of 128-byte rows, swizzled.
+  static constexpr int kTileBytes = kKvTileKeys * kDim * 2;  // 16-bit elements
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kQBytes = kKvRows * kStride * 2;
   static constexpr int kBarrierBytes = 64;
   static_assert(8 * kStages <= kBarrierBytes, "one mbarrier per stage");
-  static constexpr int kSharedBytes = kBarrierBytes + 2 * kElements;  // 16-bit elements
+  // The stages first, at a 1024-byte boundary (the swizzle's period) found at run time in the
+  // slack of 1 KB, then Q, then the stages' mbarriers.
+  static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + kQBytes + kBarrierBytes;
   // The epilogue's reduction (per warp: 16 rows of O, their max and sum; then per row the
   // warps' weights and the LSE) reuses the stages.
   static constexpr int kReductionFloats = kKvWarps * kKvRows * (kDim + 3) + kKvRows;
-  static_assert(4 * kReductionFloats <= 2 * kStages * kStageElements,
+  static_assert(4 * kReductionFloats <= kStages * kStageBytes,
                 "the epilogue's reduction must fit in the pipeline's shared memory");
 };
 
@@ -127,60 +132,75 @@ __global__ void kvcache_append_kernel(const KvCacheParams p, int head_dim_qk, in
   }
 }
 
-// sm_90 copies each key row of a tile with one bulk copy (TMA without a tensor map: a page's
-// rows are gathered one by one), completing on the stage's mbarrier; sm_80 copies 16-byte chunks
-// with cp.async. The bulk form issues one instruction per row instead of kDim / 8, which decode,
-// bound by how fast the loads are issued and land, needs.
+// On sm_90 each stage completes on its mbarrier (128 arrivals: every thread arrives once per
+// tile, as cp.async's completion or beside thread 0's TMA boxes); sm_80 counts cp.async groups.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kKvBulkCopies = true;
+constexpr bool kKvStageBarriers = true;
 #else
-constexpr bool kKvBulkCopies = false;
+constexpr bool kKvStageBarriers = false;
 #endif
 
 // Starts copying keys [first_key, first_key + 64) of sequence b, KV head g, from the cache into a
-// stage (rows past the sequence are zeros). Bulk copies: thread t copies K row t (t < 64) or V
-// row t - 64, and thread 0 sets the bytes the stage's barrier waits for.
+// stage's swizzled K and V tiles (rows past the sequence are zeros). A whole tile with a tensor
+// map (p.tma) is copied by thread 0 as TMA boxes: 64 columns by min(page size, 64) rows, two to
+// eight per tile instead of the 128 row copies that sm_90 issued before (session 26's profile:
+// issuing those, one lane at a time, held 40% of the decode kernel's stall samples). Otherwise,
+// and for the tile that crosses the sequence's end, every thread copies 16-byte chunks with
+// cp.async, zero-filled past the sequence.
 template <typename Element, int kDim>
-__device__ __forceinline__ void load_key_tile(const KvCacheParams& p, Element* k_stage,
-                                              Element* v_stage, uint32_t barrier, int b, int g,
+__device__ __forceinline__ void load_key_tile(const KvCacheParams& p, uint32_t k_tile,
+                                              uint32_t v_tile, uint32_t barrier, int b, int g,
                                               int first_key, int keys) {
-  constexpr int kStride = KvCacheTiles<kDim>::kStride;
-  constexpr int kRowBytes = kDim * int(sizeof(Element));
-  const Element* k_base = static_cast<const Element*>(p.k_cache) + g * p.k_head_stride;
-  const Element* v_base = static_cast<const Element*>(p.v_cache) + g * p.v_head_stride;
-  if constexpr (kKvBulkCopies) {
-    static_assert(kKvThreads == 2 * kKvTileKeys, "one thread per K or V row");
-    const bool is_v = threadIdx.x >= kKvTileKeys;
-    const int row = threadIdx.x % kKvTileKeys, pos = first_key + row;
-    Element* destination = (is_v ? v_stage : k_stage) + row * kStride;
-    ptx::fence_proxy_async_shared();  // earlier reads and zero stores of this stage come first
+  const int valid_rows = min(kKvTileKeys, keys - first_key);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  ptx::fence_proxy_async_shared();  // earlier reads and writes of this stage come first
+  if (p.tma && valid_rows == kKvTileKeys) {
     if (threadIdx.x == 0) {
-      const int rows = max(0, min(kKvTileKeys, keys - first_key));
-      ptx::mbarrier_arrive_expect_tx(barrier, uint32_t(2 * rows * kRowBytes));
-    }
-    if (pos < keys) {
-      const int64_t offset = is_v ? cache_slot(p, b, pos, p.v_dim0_stride, p.v_row_stride)
-                                  : cache_slot(p, b, pos, p.k_dim0_stride, p.k_row_stride);
-      ptx::bulk_copy_to_shared(ptx::shared_address(destination), (is_v ? v_base : k_base) + offset,
-                               kRowBytes, barrier);
+      ptx::mbarrier_arrive_expect_tx(barrier, uint32_t(2 * kKvTileKeys * kDim * sizeof(Element)));
+      const int page_rows = p.block_table ? min(1 << p.page_shift, kKvTileKeys) : kKvTileKeys;
+#pragma unroll 1
+      for (int r = 0; r < kKvTileKeys; r += page_rows) {
+        const int key = first_key + r;
+        int dim0 = b, row = key;
+        if (p.block_table) {
+          dim0 = p.block_table[b * p.block_table_stride + (key >> p.page_shift)];
+          row = key & ((1 << p.page_shift) - 1);
+        }
+#pragma unroll
+        for (int c = 0; c < kDim / 64; ++c) {
+          const uint32_t box = ptx::swizzled_offset(kKvTileKeys, r, 64 * c);
+          ptx::tma_load_4d(k_tile + box, &p.k_map, 64 * c, row, g, dim0, barrier);
+          ptx::tma_load_4d(v_tile + box, &p.v_map, 64 * c, row, g, dim0, barrier);
+        }
+      }
     } else {
-      for (int c = 0; c < kDim / 8; ++c) reinterpret_cast<uint4*>(destination)[c] = uint4{};
+      ptx::mbarrier_arrive(barrier);
     }
+    return;
+  }
+#endif
+  const Element* k_head = static_cast<const Element*>(p.k_cache) + g * p.k_head_stride;
+  const Element* v_head = static_cast<const Element*>(p.v_cache) + g * p.v_head_stride;
+  if (p.block_table) {
+    const int* pages = p.block_table + b * p.block_table_stride;
+    produce_paged_tile<Element, kKvTileKeys, kDim, kKvThreads>(k_tile, k_head, p.k_dim0_stride,
+                                                               p.k_row_stride, pages, p.page_shift,
+                                                               first_key, valid_rows);
+    produce_paged_tile<Element, kKvTileKeys, kDim, kKvThreads>(v_tile, v_head, p.v_dim0_stride,
+                                                               p.v_row_stride, pages, p.page_shift,
+                                                               first_key, valid_rows);
+  } else {
+    produce_swizzled_tile<Element, kKvTileKeys, kDim, kKvThreads>(
+        k_tile, k_head + b * p.k_dim0_stride + int64_t(first_key) * p.k_row_stride, p.k_row_stride,
+        valid_rows);
+    produce_swizzled_tile<Element, kKvTileKeys, kDim, kKvThreads>(
+        v_tile, v_head + b * p.v_dim0_stride + int64_t(first_key) * p.v_row_stride, p.v_row_stride,
+        valid_rows);
+  }
+  if constexpr (kKvStageBarriers) {
+    ptx::cp_async_mbarrier_arrive_noinc(barrier);
   } else {
     (void)barrier;
-    constexpr int kChunksPerRow = kDim / 8;
-#pragma unroll
-    for (int chunk = threadIdx.x; chunk < kKvTileKeys * kChunksPerRow; chunk += kKvThreads) {
-      const int row = chunk / kChunksPerRow, column = (chunk % kChunksPerRow) * 8;
-      const int pos = first_key + row;
-      const bool valid = pos < keys;
-      const int64_t k_offset = valid ? cache_slot(p, b, pos, p.k_dim0_stride, p.k_row_stride) : 0;
-      const int64_t v_offset = valid ? cache_slot(p, b, pos, p.v_dim0_stride, p.v_row_stride) : 0;
-      ptx::cp_async_16(ptx::shared_address(k_stage + row * kStride + column),
-                       k_base + k_offset + column, valid);
-      ptx::cp_async_16(ptx::shared_address(v_stage + row * kStride + column),
-                       v_base + v_offset + column, valid);
-    }
     ptx::cp_async_commit();  // one group per tile, so the wait counts stay fixed
   }
 }
@@ -188,7 +208,7 @@ __device__ __forceinline__ void load_key_tile(const KvCacheParams& p, Element* k
 // Waits until the tile `consumed` (counted over the whole kernel) has landed in its stage.
 template <int kStages>
 __device__ __forceinline__ void wait_key_tile(uint32_t barriers, int consumed) {
-  if constexpr (kKvBulkCopies) {
+  if constexpr (kKvStageBarriers) {
     ptx::mbarrier_wait(barriers + 8 * (consumed % kStages), uint32_t(consumed / kStages) & 1u);
   } else {
     (void)barriers;
@@ -243,17 +263,18 @@ __global__ void __launch_bounds__(kKvThreads)
   constexpr int kStride = Tiles::kStride, kStages = Tiles::kStages;
   constexpr int kVTiles = kDim / 8;
   constexpr int kBytes = int(sizeof(Element));
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
-  // [kStages] mbarriers (bulk copies), Q [16, kStride], then kStages x {K, V} [64, kStride].
-  uint64_t* stage_barriers = reinterpret_cast<uint64_t*>(shared_bytes);
-  Element* q_shared = reinterpret_cast<Element*>(shared_bytes + Tiles::kBarrierBytes);
-  Element* stages = q_shared + kKvRows * kStride;
-  const uint32_t barriers = ptx::shared_address(stage_barriers);
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  // kStages x {K, V} (swizzled, from a 1024-byte boundary), Q [16, kStride], the mbarriers.
+  const uint32_t shared_base = ptx::shared_address(shared_bytes);
+  const uint32_t stages = (shared_base + 1023u) & ~1023u;
+  unsigned char* stages_generic = shared_bytes + (stages - shared_base);
+  Element* q_shared = reinterpret_cast<Element*>(stages_generic + kStages * Tiles::kStageBytes);
+  const uint32_t barriers = stages + kStages * Tiles::kStageBytes + Tiles::kQBytes;
   auto stage_of = [&](int tile_count) {
-    return stages + (tile_count % kStages) * Tiles::kStageElements;
+    return stages + uint32_t((tile_count % kStages) * Tiles::kStageBytes);
   };
-  if constexpr (kKvBulkCopies) {
-    if (threadIdx.x < kStages) ptx::mbarrier_init(barriers + 8 * threadIdx.x, 1);
+  if constexpr (kKvStageBarriers) {
+    if (threadIdx.x < kStages) ptx::mbarrier_init(barriers + 8 * threadIdx.x, kKvThreads);
     __syncthreads();
   }
 
@@ -265,17 +286,29 @@ __global__ void __launch_bounds__(kKvThreads)
   const int diagonal = s.keys - s.queries;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.tma && threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&p.k_map);
+    ptx::prefetch_tensor_map(&p.v_map);
+  }
+#endif
 
   const uint32_t q_lane = ptx::shared_address(q_shared + (lane % 16) * kStride + (lane / 16) * 8);
-  const uint32_t k_lane = ptx::shared_address(stages + ((lane / 16) * 8 + lane % 8) * kStride +
-                                              ((lane / 8) % 2) * 8 + warp * 16 * kStride);
-  const uint32_t v_lane = ptx::shared_address(stages + kKvTileKeys * kStride +
-                                              (lane % 16 + warp * 16) * kStride + (lane / 16) * 8);
+  // ldmatrix rows in the swizzled tiles: this lane's K row (S = Q K^T) and V row (O += P V), and
+  // the swizzle phase of its 16-byte chunk. Step kk reads chunk 2 kk + h of the row (h: the
+  // lane's half of the k16 step), which lies at ((2 kk) % 8 ^ h ^ row % 8) in the row's 64-column
+  // block kk / 4 (2 kk % 8 is even, so adding h is an xor).
+  const int k_row = warp * 16 + (lane / 16) * 8 + lane % 8, v_row = warp * 16 + lane % 16;
+  const uint32_t k_lane = k_row * 128, v_lane = Tiles::kTileBytes + v_row * 128;
+  const int k_phase = ((lane / 8) % 2) ^ (k_row % 8), v_phase = (lane / 16) ^ (v_row % 8);
+  auto swizzled_step = [](int step, int phase) {
+    return uint32_t((step / 4) * kKvTileKeys * 128 + ((((2 * step) % 8) ^ phase) << 4));
+  };
   // Tiles issued and consumed by this block so far (they pick the stage and barrier phase).
   int issued = 0, consumed = 0;
   auto issue = [&](int tile) {
-    Element* stage = stage_of(issued);
-    load_key_tile<Element, kDim>(p, stage, stage + kKvTileKeys * kStride,
+    const uint32_t stage = stage_of(issued);
+    load_key_tile<Element, kDim>(p, stage, stage + Tiles::kTileBytes,
                                  barriers + 8 * (issued % kStages), b, g, tile * kKvTileKeys,
                                  s.keys);
     ++issued;
@@ -310,13 +343,13 @@ __global__ void __launch_bounds__(kKvThreads)
     for (int stage = 0; stage < kStages - 1; ++stage) {
       if (my_begin + stage < my_end) {
         issue(my_begin + stage);
-      } else if constexpr (!kKvBulkCopies) {
+      } else if constexpr (!kKvStageBarriers) {
         ptx::cp_async_commit();  // an empty group keeps the wait counts fixed
       }
     }
-    // Bulk tiles do not count cp.async groups: Q is awaited here, after the first tiles are
+    // Stage barriers do not count cp.async groups: Q is awaited here, after the first tiles are
     // on their way (the first tile's __syncthreads publishes it to every warp).
-    if constexpr (kKvBulkCopies) ptx::cp_async_wait<0>();
+    if constexpr (kKvStageBarriers) ptx::cp_async_wait<0>();
 
     // This thread's two rows (g and g + 8 of the slab): their query, ALiBi slope and range.
     int query[2];
@@ -345,11 +378,11 @@ __global__ void __launch_bounds__(kKvThreads)
     for (int tile = my_begin; tile < my_end; ++tile) {
       wait_key_tile<kStages>(barriers, consumed);
       __syncthreads();  // this tile landed; every warp is done with the stage refilled next
-      const uint32_t stage_offset = uint32_t((consumed % kStages) * Tiles::kStageElements * kBytes);
+      const uint32_t stage = stage_of(consumed);
       ++consumed;
       if (tile + kStages - 1 < my_end) {
         issue(tile + kStages - 1);
-      } else if constexpr (!kKvBulkCopies) {
+      } else if constexpr (!kKvStageBarriers) {
         ptx::cp_async_commit();
       }
 
@@ -360,7 +393,7 @@ __global__ void __launch_bounds__(kKvThreads)
       for (int kk = 0; kk < kDim / 16; ++kk) {
         uint32_t a[4], bk[4];
         ptx::ldmatrix_x4(a, q_lane + kk * 16 * kBytes);
-        ptx::ldmatrix_x4(bk, k_lane + stage_offset + kk * 16 * kBytes);
+        ptx::ldmatrix_x4(bk, stage + k_lane + swizzled_step(kk, k_phase));
         const uint32_t b_even[2] = {bk[0], bk[1]}, b_odd[2] = {bk[2], bk[3]};
         float(&target)[2][4] = kk % 2 == 0 ? s_acc : s_odd;
         ptx::mma_m16n8k16<Element>(target[0], a, b_even);
@@ -384,17 +417,17 @@ __global__ void __launch_bounds__(kKvThreads)
 #pragma unroll
       for (int pair = 0; pair < kVTiles / 2; ++pair) {
         uint32_t bv[4];
-        ptx::ldmatrix_x4_trans(bv, v_lane + stage_offset + pair * 16 * kBytes);
+        ptx::ldmatrix_x4_trans(bv, stage + v_lane + swizzled_step(pair, v_phase));
         const uint32_t b_even[2] = {bv[0], bv[1]}, b_odd[2] = {bv[2], bv[3]};
         ptx::mma_m16n8k16<Element>(o_acc[2 * pair], a, b_even);
         ptx::mma_m16n8k16<Element>(o_acc[2 * pair + 1], a, b_odd);
       }
     }
-    if constexpr (!kKvBulkCopies) ptx::cp_async_wait<0>();
+    if constexpr (!kKvStageBarriers) ptx::cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages: the reduction reuses them
     // The four warps' states: O (relative to each warp's max), max and sum per row.
-    float* warp_o = reinterpret_cast<float*>(stages);      // [warp][row][kDim]
-    float* warp_max = warp_o + kKvWarps * kKvRows * kDim;  // [warp][row]
+    float* warp_o = reinterpret_cast<float*>(stages_generic);  // [warp][row][kDim]
+    float* warp_max = warp_o + kKvWarps * kKvRows * kDim;      // [warp][row]
     float* warp_sum = warp_max + kKvWarps * kKvRows;
     float* warp_weight = warp_sum + kKvWarps * kKvRows;  // [warp][row]: its factor in the result
     float* row_lse = warp_weight + kKvWarps * kKvRows;   // [row]

@@ -7,6 +7,8 @@
 // each key is read once per step (GQA packing).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 namespace dpa::cuda {
@@ -35,6 +37,13 @@ struct KvCacheParams {
   int page_shift = 0;                  // log2 of the page size
   const int* cache_seqlens = nullptr;  // [b]; nullptr: every sequence holds cache_length
   int cache_length = 0;
+  // TMA (sm_90): the caches as [dim0, dim1, G, d] tensors (cuda/tensor_map.h) whose boxes are
+  // 64 columns by min(page size, 64) rows, one page each. Set only where such boxes can copy a
+  // whole key tile (contiguous, or pages of at least 8 rows); the tile that crosses a
+  // sequence's end is copied by cp.async, zero-filled, since the cache's rows past a sequence
+  // are stale.
+  CUtensorMap k_map{}, v_map{};
+  bool tma = false;
 
   // The append: row r of sequence b's new tokens is new_row(b) + r, new_row(b) =
   // cu_seqlens_k_new[b] when packed (batch strides 0), else 0.
