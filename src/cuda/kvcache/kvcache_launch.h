@@ -19,7 +19,7 @@ int kvcache_split_stages(int head_dim);
 // decides).
 int kvcache_blocks_per_sm(int head_dim, int stages);
 
-// Dynamic shared memory of one attention block (d = 256: 140 KiB at its default stages, more
+// Dynamic shared memory of one attention block (d = 256: 137 KiB at its default stages, more
 // than the 99 KiB a block may take on sm_86 / sm_89 / sm_120).
 int kvcache_shared_bytes(int head_dim, int stages);
 
