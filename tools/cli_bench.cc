@@ -65,6 +65,9 @@ std::vector<FlagSpec> bench_flag_specs() {
       {"flash-backward-kernel", "NAME",
        "cuda_flash's backward family: auto (default), mma_sync or one_kernel "
        "(AttentionConfig::flash_backward_kernel)"},
+      {"graph", "",
+       "time replays of a CUDA graph that captured one call (after an eager warm-up call): "
+       "its kernels without the host's work, as a serving engine replays decode"},
       {"iters", "N", "timed runs, at least 20 (default 30); the median is reported"},
       {"warmup", "N", "untimed runs before timing (default 5)"},
       {"seed", "N", "seed of the random inputs (default 1)"},
@@ -115,6 +118,7 @@ struct BenchOptions {
   bool decode = false;    // KvCacheAttention over a cache
   bool varlen = false;    // thd tensors with cu_seqlens (config.format is kTHD)
   int64_t page_size = 0;  // --decode: 0 contiguous
+  bool graph = false;     // time CUDA-graph replays of one captured call
   int iters = 30;
   int warmup = 5;
   uint64_t seed = 1;
@@ -207,6 +211,7 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
   }
   if (auto seed = args.get_uint64("seed")) o.seed = *seed;
   o.decode = args.has("decode");
+  o.graph = args.has("graph");
   if (auto page = args.get_int("page-size")) {
     if (!o.decode) throw UsageError("page-size", "--page-size needs --decode");
     if (*page < 1 || *page > 256 || (*page & (*page - 1)) != 0)
@@ -346,7 +351,7 @@ std::string to_json(const BenchOptions& o, const BenchResult& r, const std::stri
     << ", \"deterministic\": " << (c.deterministic ? "true" : "false")
     << ", \"pass\": " << json_string(pass_name(o.pass))
     << ", \"decode\": " << (o.decode ? "true" : "false") << ", \"page_size\": " << o.page_size
-    << "}"
+    << ", \"graph\": " << (o.graph ? "true" : "false") << "}"
     << ", \"device\": " << json_string(device) << ", \"backend\": " << json_string(r.backend)
     << ", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup;
   if (!r.error.empty()) {
@@ -367,6 +372,7 @@ std::string describe_config(const BenchOptions& o) {
   if (o.decode)
     text += o.page_size > 0 ? " decode paged=" + std::to_string(o.page_size) : " decode contiguous";
   if (o.varlen) text += " thd";
+  if (o.graph) text += " graph";
   if (c.mask_type != MaskType::kNoMask) text += " " + std::string(to_string(c.mask_type));
   if (c.window_left >= 0 || c.window_right >= 0)
     text += " window=" + std::to_string(c.window_left) + "," + std::to_string(c.window_right);
@@ -460,17 +466,69 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// One call captured into a CUDA graph on `stream` and instantiated. An eager call comes first,
+// so that what a first call does once (selection, kernel attributes, workspace pools) stays out
+// of the capture.
+class CapturedCall {
+ public:
+  template <typename Call>
+  CapturedCall(cudaStream_t stream, Call&& call) {
+    call();
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    try {
+      call();
+    } catch (...) {
+      cudaGraph_t partial = nullptr;
+      cudaStreamEndCapture(stream, &partial);
+      if (partial) cudaGraphDestroy(partial);
+      cudaGetLastError();
+      throw;
+    }
+    check(cudaStreamEndCapture(stream, &graph_),
+          "cudaStreamEndCapture (--graph: the call could not be captured)");
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (instantiated != cudaSuccess) {
+      cudaGraphDestroy(graph_);
+      check(instantiated, "cudaGraphInstantiate");
+    }
+  }
+  ~CapturedCall() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+  CapturedCall(const CapturedCall&) = delete;
+  CapturedCall& operator=(const CapturedCall&) = delete;
+  void replay(cudaStream_t stream) const {
+    check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
+  }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // o.warmup untimed calls, then o.iters timed ones (CUDA events around each on `stream`): the
-// median and the fastest into r.
+// median and the fastest into r. With --graph each call is a replay of one captured call.
 template <typename Call>
 void time_calls(const BenchOptions& o, cudaStream_t stream, Call&& call, BenchResult& r) {
-  for (int i = 0; i < o.warmup; ++i) call();
+  std::optional<CapturedCall> captured;
+  if (o.graph) captured.emplace(stream, call);
+  auto run = [&] {
+    if (captured) {
+      captured->replay(stream);
+    } else {
+      call();
+    }
+  };
+  for (int i = 0; i < o.warmup; ++i) run();
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   Event start, stop;
   std::vector<double> times;
   for (int i = 0; i < o.iters; ++i) {
     check(cudaEventRecord(start.get(), stream), "cudaEventRecord");
-    call();
+    run();
     check(cudaEventRecord(stop.get(), stream), "cudaEventRecord");
     check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
     float ms = 0;

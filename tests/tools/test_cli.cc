@@ -620,7 +620,7 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
   EXPECT_EQ(r.status, 0);
   for (const char* flag :
        {"--dropout", "--deterministic", "--softcap", "--pass", "--decode", "--page-size",
-        "--varlen", "--flash-forward-kernel", "--flash-backward-kernel"})
+        "--varlen", "--flash-forward-kernel", "--flash-backward-kernel", "--graph"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
