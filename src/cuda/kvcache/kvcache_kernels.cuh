@@ -142,8 +142,10 @@ constexpr bool kKvStageBarriers = false;
 
 // Starts copying keys [first_key, first_key + 64) of sequence b, KV head g, from the cache into a
 // stage's swizzled K and V tiles (rows past the sequence are zeros). A whole tile with a tensor
-// map (p.tma) is copied by thread 0 as TMA boxes: 64 columns by min(page size, 64) rows, two to
-// eight per tile instead of the 128 row copies that sm_90 issued before (session 26's profile:
+// map (p.tma) is copied by thread 0 as TMA boxes: 64 columns by min(page size, 64) rows, 2 x
+// kDim / 64 per page the tile spans (4 at d128 from a contiguous cache or 64-row pages, 16 from
+// 16-row pages, each page's after its table read), instead of the 128 row copies that sm_90
+// issued before (session 26's profile:
 // issuing those, one lane at a time, held 40% of the decode kernel's stall samples). Otherwise,
 // and for the tile that crosses the sequence's end, every thread copies 16-byte chunks with
 // cp.async, zero-filled past the sequence.
