@@ -252,19 +252,40 @@ FlashForwardParams flash_prefill_params(const KvCachePlan& plan, const KvCacheLa
   return f;
 }
 
+// The caches as TMA sees them, [dim0, rows, G, d]: dim 0 is the batch (contiguous) or the page
+// (paged), dim 1 the rows of either.
+struct CacheRowTensors {
+  RowTensor k, v;
+};
+
+CacheRowTensors cache_row_tensors(const KvCachePlan& plan, const KvCacheArgs& a,
+                                  const KvCacheParams& p) {
+  const int64_t dim0 = a.k_cache.shape[0], rows = a.k_cache.shape[1];
+  return {{p.k_cache, a.q.dtype, dim0, rows, plan.heads_kv, plan.head_dim_qk, p.k_dim0_stride,
+           p.k_row_stride, p.k_head_stride},
+          {p.v_cache, a.q.dtype, dim0, rows, plan.heads_kv, plan.head_dim_v, p.v_dim0_stride,
+           p.v_row_stride, p.v_head_stride}};
+}
+
+// The rows of a TMA box over the cache for key tiles of `tile_rows`: the tile's, or a page's
+// where pages are shorter (a box never crosses a page); 0 for pages of fewer than 8 rows, which
+// keep cp.async for every tile: their boxes would be shorter than the 128-byte swizzle's 8-row
+// period, and a tile would take 16 or more boxes per 64 columns.
+int cache_box_rows(const KvCachePlan& plan, int tile_rows) {
+  if (!plan.paged) return tile_rows;
+  return plan.page_size < 8 ? 0 : int(std::min<int64_t>(plan.page_size, tile_rows));
+}
+
 // TMA copies for a prefill chunk on the flash forward (FlashForwardParams::tma): q as
-// [b, sq, H, d]; the cache as [b, capacity, G, d] or, paged, as [pages, page size, G, d] with
-// boxes of min(page size, block_n) rows, one page each. The key tiles that cross a sequence's end
-// come by cp.async (tma_tails): the cache's rows past a sequence are stale, not zeros. Pages of
-// fewer than 8 rows keep cp.async for every tile: their boxes would be shorter than the
-// 128-byte swizzle's 8-row period, and a tile would take 16 or more boxes per 64 columns.
-void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, int64_t queries,
-                              FlashForwardParams& f) {
-  if (plan.paged && plan.page_size < 8) return;
+// [b, sq, H, d], the cache as cache_row_tensors. The key tiles that cross a sequence's end come
+// by cp.async (tma_tails): the cache's rows past a sequence are stale, not zeros.
+void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, const KvCacheParams& p,
+                              int64_t queries, FlashForwardParams& f) {
   const FlashTileShape shape = prefill_tile_shape(plan, f);
-  const DType dtype = a.q.dtype;
+  const int box_rows = cache_box_rows(plan, shape.block_n);
+  if (box_rows == 0) return;
   const RowTensor q{f.q,
-                    dtype,
+                    a.q.dtype,
                     plan.batch,
                     queries,
                     plan.heads_q,
@@ -272,48 +293,20 @@ void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, int
                     f.q_batch_stride,
                     f.q_row_stride,
                     f.q_head_stride};
-  // Dim 0 is the batch (contiguous) or the page (paged); dim 1 the rows of either.
-  const int64_t dim0 = a.k_cache.shape[0], rows = a.k_cache.shape[1];
-  const RowTensor k{f.k,
-                    dtype,
-                    dim0,
-                    rows,
-                    plan.heads_kv,
-                    plan.head_dim_qk,
-                    f.k_batch_stride,
-                    f.k_row_stride,
-                    f.k_head_stride};
-  const RowTensor v{f.v,
-                    dtype,
-                    dim0,
-                    rows,
-                    plan.heads_kv,
-                    plan.head_dim_v,
-                    f.v_batch_stride,
-                    f.v_row_stride,
-                    f.v_head_stride};
-  const int box_rows =
-      plan.paged ? int(std::min<int64_t>(plan.page_size, shape.block_n)) : shape.block_n;
-  plan_forward_tensor_maps(q, k, v, shape.block_m, box_rows, /*tails=*/true, f);
+  const CacheRowTensors cache = cache_row_tensors(plan, a, p);
+  plan_forward_tensor_maps(q, cache.k, cache.v, shape.block_m, box_rows, /*tails=*/true, f);
 }
 
-// TMA copies of the KV-cache kernel's key tiles (KvCacheParams::tma) on sm_90: the caches as
-// [dim0, rows, G, d], boxes of min(page size, 64) rows by 64 columns. Pages of fewer than 8 rows
-// keep cp.async, as the prefill's producer does (plan_prefill_tensor_maps says why); so does a
-// layout TMA cannot address.
+// TMA copies of the KV-cache kernel's key tiles (KvCacheParams::tma) on sm_90, boxes of
+// cache_box_rows(plan, 64) rows by 64 columns; cp.async where those are 0 or TMA cannot address
+// the cache.
 void plan_kvcache_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, KvCacheParams& p) {
-  if (device_info(a.q.device_index).arch < 90 || (plan.paged && plan.page_size < 8)) return;
-  const int64_t dim0 = a.k_cache.shape[0], rows = a.k_cache.shape[1];
-  const RowTensor k{
-      p.k_cache,        a.q.dtype,       dim0,           rows,           plan.heads_kv,
-      plan.head_dim_qk, p.k_dim0_stride, p.k_row_stride, p.k_head_stride};
-  const RowTensor v{p.v_cache,       a.q.dtype,       dim0,           rows,           plan.heads_kv,
-                    plan.head_dim_v, p.v_dim0_stride, p.v_row_stride, p.v_head_stride};
-  if (!tensor_map_can_address(k) || !tensor_map_can_address(v)) return;
-  const int box_rows =
-      int(plan.paged ? std::min(plan.page_size, kKvCacheTileKeys) : kKvCacheTileKeys);
-  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(k, box_rows);
-  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(v, box_rows);
+  const int box_rows = cache_box_rows(plan, int(kKvCacheTileKeys));
+  if (device_info(a.q.device_index).arch < 90 || box_rows == 0) return;
+  const CacheRowTensors cache = cache_row_tensors(plan, a, p);
+  if (!tensor_map_can_address(cache.k) || !tensor_map_can_address(cache.v)) return;
+  const std::optional<CUtensorMap> k_map = encode_row_tensor_map(cache.k, box_rows);
+  const std::optional<CUtensorMap> v_map = encode_row_tensor_map(cache.v, box_rows);
   if (!k_map || !v_map) return;
   p.k_map = *k_map;
   p.v_map = *v_map;
@@ -371,7 +364,7 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     float* lse = a.lse.defined() ? p.lse : scratch_lse.get<float>();
     FlashForwardParams f =
         flash_prefill_params(plan, launch, tables.get<int>(), lse, a.q.device_index);
-    plan_prefill_tensor_maps(plan, a, queries, f);
+    plan_prefill_tensor_maps(plan, a, p, queries, f);
     f.softcap_fixed_max =
         softcap_fixed_max_applies(config.softcap, dtype, p.alibi_slopes != nullptr);
     launch_flash_forward(f, dtype, head_dim, int(plan.head_dim_v), stream);
