@@ -66,9 +66,9 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
     EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
     const int stages =
         flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_m, shape.block_n);
-    EXPECT_EQ(
-        shape.shared_bytes,
-        2 * (shape.block_m * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) + 1024 + 64);
+    EXPECT_EQ(shape.shared_bytes,
+              2 * (shape.block_m * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) + 1024 +
+                  kFlashWsBarrierBytes);
   }
   // d = 128: Q (32 KB) and three 64 KB stages fit; d = 256 (64-key tiles, 64 KB stages) does not.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128), 3);

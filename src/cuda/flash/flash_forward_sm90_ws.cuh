@@ -5,13 +5,14 @@
 // (FlashAttention-3's schedule). Without it the warpgroups wait for S at the same time and the
 // tensor cores idle through the S latency.
 //
-// - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). full[s]
-//   completes when the producer's copies of a tile landed: every producer thread issues its
-//   cp.async copies and then cp.async.mbarrier.arrive.noinc, which arrives once they complete,
-//   so the producer runs ahead by up to kStages tiles without waiting for any copy. empty[s]
-//   completes when every consumer warpgroup finished the MMAs that read the stage. A consumer
-//   that saw full[s] complete issues fence.proxy.async before its wgmma reads the stage (the
-//   copies were generic-proxy writes).
+// - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). K and V each
+//   have a full and an empty barrier per stage. k_full[s] / v_full[s] complete when the
+//   producer's copies of the tile's K / V landed (TMA's bytes, or every copying thread's
+//   cp.async.mbarrier.arrive.noinc, which arrives once its copies complete), so the producer
+//   runs ahead by up to kStages tiles without waiting for any copy. k_empty[s] completes when
+//   every consumer warpgroup has S(n) (K(n) is read), v_empty[s] when it has P(n) V(n), an
+//   iteration later. A consumer that saw a cp.async tile land issues fence.proxy.async before
+//   its wgmma reads it (the copies were generic-proxy writes).
 // - Ping-pong: consumer c waits on named barrier 1 + c before issuing its MMAs of a tile and
 //   then releases the next one's barrier (c + 1, in a ring); the last consumer releases
 //   consumer 0's barrier once up front. Arrivals and waits balance exactly (consumer 0 waits
@@ -28,6 +29,8 @@
 //   K, V tiles while the consumers finish the last tile and store O. The ping-pong alternation
 //   runs on across blocks of work too (every consumer visits the same tiles).
 #pragma once
+
+#include <type_traits>
 
 #include "cuda/flash/flash_forward_sm90.cuh"
 #include "cuda/ptx/mbarrier.cuh"
@@ -64,14 +67,14 @@ struct FlashSm90WsTraits {
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
   static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
-  static constexpr int kBarrierBytes = 64;
+  static constexpr int kBarrierBytes = kFlashWsBarrierBytes;
   static constexpr int kStages = kStagesT > 0 ? kStagesT
                                               : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV,
                                                                               kBlockM, kBlockN);
   static constexpr int kSharedBytes =
       kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(2 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(4 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1-3 order the consumers");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <=
                     kLaunchRegisters * kThreads,
@@ -114,10 +117,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   const uint32_t barriers =
       shared_base + Traits::kQBytes + kStages * (Traits::kKBytes + Traits::kVBytes);
-  auto full_barrier = [&](int stage) { return barriers + 8u * stage; };
-  auto empty_barrier = [&](int stage) { return barriers + 8u * (kStages + stage); };
-  const uint32_t q_full = barriers + 8u * (2 * kStages);
-  const uint32_t q_empty = barriers + 8u * (2 * kStages + 1);
+  // K and V of a stage have their own barriers (FlashAttention-3's two pipelines): a consumer
+  // is done with K(n) once S(n) is computed, an iteration before it is done with V(n) (P(n) V(n)
+  // runs under S(n + 1)), so K(n + kStages) can load a whole iteration earlier than a barrier
+  // for both would allow. With two stages (d = 256) that iteration is all the slack the
+  // producer has: on one barrier per stage the consumers waited for every tile's copies
+  // (session 26's profile: 38% of the d256 ws kernel's samples on one try-wait loop).
+  auto k_full = [&](int stage) { return barriers + 8u * stage; };
+  auto v_full = [&](int stage) { return barriers + 8u * (kStages + stage); };
+  auto k_empty = [&](int stage) { return barriers + 8u * (2 * kStages + stage); };
+  auto v_empty = [&](int stage) { return barriers + 8u * (3 * kStages + stage); };
+  const uint32_t q_full = barriers + 8u * (4 * kStages);
+  const uint32_t q_empty = barriers + 8u * (4 * kStages + 1);
 
   // Blocks of work: query blocks (fastest, last first), heads, batch * splits.
   const int m_blocks = (p.max_seqlen_q + kBlockM - 1) / kBlockM;
@@ -128,14 +139,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             rest / p.heads_q, b);
   };
 
-  // A stage is full after one expect-tx arrival and its bytes (TMA), or after the cp.async
-  // arrivals of the threads that copy it: warp 0 with TMA where some key tiles cross a
+  // A stage's K or V is full after one expect-tx arrival and its bytes (TMA), or after the
+  // cp.async arrivals of the threads that copy it: warp 0 with TMA where some key tiles cross a
   // sequence's end inside the tensor (p.tma_tails), the warpgroup without TMA.
   const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full_barrier(s), producer_arrivals);
-      ptx::mbarrier_init(empty_barrier(s), kConsumerThreads);
+      ptx::mbarrier_init(k_full(s), producer_arrivals);
+      ptx::mbarrier_init(v_full(s), producer_arrivals);
+      ptx::mbarrier_init(k_empty(s), kConsumerThreads);
+      ptx::mbarrier_init(v_empty(s), kConsumerThreads);
     }
     ptx::mbarrier_init(q_full, producer_arrivals);
     ptx::mbarrier_init(q_empty, kConsumerThreads);
@@ -196,43 +209,63 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
         const int stage = issued % kStages;
-        if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
+        const uint32_t freed = (issued / kStages - 1) & 1;  // the parity of the slot's release
         const int n0 = n_block * kBlockN;
-        const uint32_t full = full_barrier(stage);
+        // K first, then V (each waits for its own slot: the consumers release K(n) an
+        // iteration before V(n)).
         if (copied_by_threads(n0, b.seqlen_kv)) {
           const int valid_rows = b.seqlen_kv - n0;
+          if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
           if (pages) {
             produce_paged_tile<Element, kBlockN, kDimQK, 32>(k_shared(stage), b.k, p.k_batch_stride,
                                                              p.k_row_stride, pages, p.page_shift,
                                                              n0, valid_rows);
+          } else {
+            produce_swizzled_tile<Element, kBlockN, kDimQK, 32>(
+                k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, valid_rows);
+          }
+          ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
+          if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+          if (pages) {
             produce_paged_tile<Element, kBlockN, kDimV, 32>(v_shared(stage), b.v, p.v_batch_stride,
                                                             p.v_row_stride, pages, p.page_shift, n0,
                                                             valid_rows);
           } else {
-            produce_swizzled_tile<Element, kBlockN, kDimQK, 32>(
-                k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, valid_rows);
             produce_swizzled_tile<Element, kBlockN, kDimV, 32>(
                 v_shared(stage), b.v + int64_t(n0) * p.v_row_stride, p.v_row_stride, valid_rows);
           }
-          ptx::cp_async_mbarrier_arrive_noinc(full);
-        } else if (lane == 0) {
-          ptx::mbarrier_arrive_expect_tx(full, Traits::kKBytes + Traits::kVBytes);
-#pragma unroll 1
-          for (int r = 0; r < kBlockN; r += box_rows) {
-            const int key = n0 + r;
-            const int row = pages ? key & page_mask : kv_row0 + key;
-            const int batch = pages ? pages[key >> p.page_shift] : kv_batch;
-#pragma unroll
-            for (int c = 0; c < kDimQK / 64; ++c)
-              ptx::tma_load_4d(k_shared(stage) + c * (kBlockN * 128) + r * 128, &p.k_map, 64 * c,
-                               row, kv_head, batch, full);
-#pragma unroll
-            for (int c = 0; c < kDimV / 64; ++c)
-              ptx::tma_load_4d(v_shared(stage) + c * (kBlockN * 128) + r * 128, &p.v_map, 64 * c,
-                               row, kv_head, batch, full);
-          }
+          // Fires once all of this thread's copies have landed, V's and K's.
+          ptx::cp_async_mbarrier_arrive_noinc(v_full(stage));
         } else {
-          ptx::mbarrier_arrive(full);
+          // The boxes of one key tile: its rows by pages (or all at once), 64 columns each.
+          auto load_boxes = [&](uint32_t tile, const void* map, auto dim, uint32_t full) {
+#pragma unroll 1
+            for (int r = 0; r < kBlockN; r += box_rows) {
+              const int key = n0 + r;
+              const int row = pages ? key & page_mask : kv_row0 + key;
+              const int batch = pages ? pages[key >> p.page_shift] : kv_batch;
+#pragma unroll
+              for (int c = 0; c < dim / 64; ++c)
+                ptx::tma_load_4d(tile + c * (kBlockN * 128) + r * 128, map, 64 * c, row, kv_head,
+                                 batch, full);
+            }
+          };
+          if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
+          if (lane == 0) {
+            ptx::mbarrier_arrive_expect_tx(k_full(stage), Traits::kKBytes);
+            load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
+                       k_full(stage));
+          } else {
+            ptx::mbarrier_arrive(k_full(stage));
+          }
+          if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+          if (lane == 0) {
+            ptx::mbarrier_arrive_expect_tx(v_full(stage), Traits::kVBytes);
+            load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
+                       v_full(stage));
+          } else {
+            ptx::mbarrier_arrive(v_full(stage));
+          }
         }
       }
     }
@@ -258,25 +291,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
         const int stage = issued % kStages;
-        if (issued >= kStages) ptx::mbarrier_wait(empty_barrier(stage), (issued / kStages - 1) & 1);
+        const uint32_t freed = (issued / kStages - 1) & 1;
         const int n0 = n_block * kBlockN;
-        if (p.block_table) {
-          const int* pages = p.block_table + b.batch * p.block_table_stride;
+        const int* pages = p.block_table ? p.block_table + b.batch * p.block_table_stride : nullptr;
+        if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
+        if (pages) {
           produce_paged_tile<Element, kBlockN, kDimQK>(k_shared(stage), b.k, p.k_batch_stride,
                                                        p.k_row_stride, pages, p.page_shift, n0,
                                                        b.seqlen_kv - n0);
-          produce_paged_tile<Element, kBlockN, kDimV>(v_shared(stage), b.v, p.v_batch_stride,
-                                                      p.v_row_stride, pages, p.page_shift, n0,
-                                                      b.seqlen_kv - n0);
         } else {
           produce_swizzled_tile<Element, kBlockN, kDimQK>(k_shared(stage),
                                                           b.k + int64_t(n0) * p.k_row_stride,
                                                           p.k_row_stride, b.seqlen_kv - n0);
+        }
+        ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
+        if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+        if (pages) {
+          produce_paged_tile<Element, kBlockN, kDimV>(v_shared(stage), b.v, p.v_batch_stride,
+                                                      p.v_row_stride, pages, p.page_shift, n0,
+                                                      b.seqlen_kv - n0);
+        } else {
           produce_swizzled_tile<Element, kBlockN, kDimV>(v_shared(stage),
                                                          b.v + int64_t(n0) * p.v_row_stride,
                                                          p.v_row_stride, b.seqlen_kv - n0);
         }
-        ptx::cp_async_mbarrier_arrive_noinc(full_barrier(stage));
+        ptx::cp_async_mbarrier_arrive_noinc(v_full(stage));
       }
     }
     ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
@@ -375,14 +414,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       uint32_t keep[2];
       float s_acc[kNTiles][4];
       draw_keep(b.n_block_begin, keep);
-      wait_landed(full_barrier(issued % kStages), (issued / kStages) & 1,
-                  copied_by_threads(b.n_block_begin * kBlockN, b.seqlen_kv));
+      const bool first_by_threads = copied_by_threads(b.n_block_begin * kBlockN, b.seqlen_kv);
+      wait_landed(k_full(issued % kStages), (issued / kStages) & 1, first_by_threads);
       ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::wgmma_fence();
       issue_qk(s_acc, issued % kStages);
       ptx::named_barrier_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(s_acc);
+      ptx::mbarrier_arrive(k_empty(issued % kStages));        // K(first) is read
       if (tiles == 1) ptx::mbarrier_arrive(q_empty);          // the block's last read of Q is done
       logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
       pack_probabilities(s_acc);
@@ -393,8 +433,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int stage = tile % kStages, previous = (tile - 1) % kStages;
         const int n_block = b.n_block_begin + it;
         draw_keep(n_block, keep);
-        wait_landed(full_barrier(stage), (tile / kStages) & 1,
+        wait_landed(k_full(stage), (tile / kStages) & 1,
                     copied_by_threads(n_block * kBlockN, b.seqlen_kv));
+        // V(n-1): landed long ago, but its barrier's completion is what makes it visible.
+        wait_landed(v_full(previous), ((tile - 1) / kStages) & 1,
+                    copied_by_threads((n_block - 1) * kBlockN, b.seqlen_kv));
         ptx::named_barrier_sync(my_turn, kTurnThreads);
         ptx::fence_accumulators(o_acc);
         ptx::wgmma_fence();
@@ -403,18 +446,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::named_barrier_arrive(next_turn, kTurnThreads);
         ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
         ptx::fence_accumulators(s_acc);
+        ptx::mbarrier_arrive(k_empty(stage));  // K(n) is read
         if (it == tiles - 1) ptx::mbarrier_arrive(q_empty);
         logits_to_probabilities(s_acc, n_block, keep);
         ptx::wgmma_wait<0>();
         ptx::fence_accumulators(o_acc);
         ptx::fence_registers(p_operand);
-        ptx::mbarrier_arrive(empty_barrier(previous));  // K(n-1) and V(n-1) are read
+        ptx::mbarrier_arrive(v_empty(previous));  // V(n-1) is read
         if (!shift.fixed) rescale_rows_if_moved(o_acc, correction);
         pack_probabilities(s_acc);
       }
 
       // O += P(last) V(last).
-      const int last = (issued + tiles - 1) % kStages;
+      const int last_tile = issued + tiles - 1, last = last_tile % kStages;
+      wait_landed(v_full(last), (last_tile / kStages) & 1,
+                  copied_by_threads((b.n_block_end - 1) * kBlockN, b.seqlen_kv));
       ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::fence_accumulators(o_acc);
       ptx::wgmma_fence();
@@ -423,7 +469,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(o_acc);
       ptx::fence_registers(p_operand);
-      ptx::mbarrier_arrive(empty_barrier(last));
+      ptx::mbarrier_arrive(v_empty(last));
       issued += tiles;
     }
     store_slab(p, b, o_acc, stats, row0, quad_col);

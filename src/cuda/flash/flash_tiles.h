@@ -55,6 +55,10 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
   return shape;
 }
 
+// The warp-specialised forward's mbarriers: K and V of each stage full and empty (up to three
+// stages), Q full and empty.
+constexpr int kFlashWsBarrierBytes = 128;
+
 // The warp-specialised form of the sm_90a kernel: a producer warpgroup and consumer warpgroups
 // of 64 rows each, the same key tile; K and V of a tile share a stage, three stages where they
 // fit in the 227 KB of shared memory, else two.
@@ -62,7 +66,7 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
                                             int block_n) {
   const int q_bytes = 2 * block_m * head_dim_qk,
             stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
-  constexpr int kAlignAndBarriers = 1024 + 64;
+  constexpr int kAlignAndBarriers = 1024 + kFlashWsBarrierBytes;
   return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
 }
 
@@ -133,7 +137,7 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
       flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n);
   shape.shared_bytes =
       2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
-      1024 + 64;
+      1024 + kFlashWsBarrierBytes;
   return shape;
 }
 
