@@ -21,10 +21,9 @@ constexpr int kMergeMaxSplits = 128;
 // thread). Warp 0 reads each split's LSE once and leaves the weights exp(LSE_s - LSE) in shared
 // memory; then warp w sums splits w, w + 4, ... of 128 columns (four per lane), all its loads in
 // flight at once, and warp 0 adds the four sums. Decode merges up to 128 splits of few rows: a
-// row per block spreads them over the SMs, and the latency of its loads bounds it, so every
-// warp issues its first 128 columns' loads before warp 0 reads the LSEs: the two rounds overlap.
-// head_dim_v is a multiple of 4 (every compiled head dim), so the partial rows are 16-byte aligned.
-// Every thread of the block must call it (it synchronises the block).
+// row per block spreads them over the SMs, and two rounds of loads (the LSEs, then o) bound the
+// latency. head_dim_v is a multiple of 4 (every compiled head dim), so the partial rows are
+// 16-byte aligned. Every thread of the block must call it (it synchronises the block).
 template <typename Element>
 __device__ __forceinline__ float merge_row(const float* partial_lse, const float* partial_o,
                                            int64_t split_stride, int64_t row, int num_splits,
@@ -34,20 +33,6 @@ __device__ __forceinline__ float merge_row(const float* partial_lse, const float
   __shared__ float4 warp_sums[kMergeWarps - 1][32];
   __shared__ float merged_lse;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // This warp's splits of columns c0 + 4 lane .. + 3 (zeros past the row or the splits).
-  float4 part[kPerWarp];
-  auto load_parts = [&](int c0) {
-    const int c = c0 + 4 * lane;
-#pragma unroll
-    for (int i = 0; i < kPerWarp; ++i) {
-      const int s = warp + kMergeWarps * i;
-      part[i] = c < head_dim_v && s < num_splits
-                    ? *reinterpret_cast<const float4*>(partial_o +
-                                                       (s * split_stride + row) * head_dim_v + c)
-                    : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  };
-  load_parts(0);
   if (warp == 0) {
     constexpr int kHeld = kMergeMaxSplits / 32;
     float held[kHeld];
@@ -82,7 +67,14 @@ __device__ __forceinline__ float merge_row(const float* partial_lse, const float
   for (int c0 = 0; c0 < head_dim_v; c0 += 128) {
     const int c = c0 + 4 * lane;
     const bool mine = c < head_dim_v;
-    if (c0 > 0) load_parts(c0);
+    float4 part[kPerWarp];
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int s = warp + kMergeWarps * i;
+      part[i] = mine && s < num_splits ? *reinterpret_cast<const float4*>(
+                                             partial_o + (s * split_stride + row) * head_dim_v + c)
+                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) {
