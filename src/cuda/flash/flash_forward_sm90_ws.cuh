@@ -5,9 +5,10 @@
 // (FlashAttention-3's schedule). Without it the warpgroups wait for S at the same time and the
 // tensor cores idle through the S latency.
 //
-// - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). K and V each
-//   have a full and an empty barrier per stage. k_full[s] / v_full[s] complete when the
-//   producer's copies of the tile's K / V landed (TMA's bytes, or every copying thread's
+// - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). With two
+//   stages K and V each have a full and an empty barrier per stage, with three one pair serves
+//   both (kSeparateKvBarriers). k_full[s] / v_full[s] complete when the producer's copies of
+//   the tile's K / V landed (TMA's bytes, or every copying thread's
 //   cp.async.mbarrier.arrive.noinc, which arrives once its copies complete), so the producer
 //   runs ahead by up to kStages tiles without waiting for any copy. k_empty[s] completes when
 //   every consumer warpgroup has S(n) (K(n) is read), v_empty[s] when it has P(n) V(n), an
@@ -73,6 +74,9 @@ struct FlashSm90WsTraits {
                                                                               kBlockM, kBlockN);
   static constexpr int kSharedBytes =
       kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
+  // K and V of a stage on barriers of their own where there are only two stages (below, at
+  // the barriers' definition); with three, one pair of barriers for both.
+  static constexpr bool kSeparateKvBarriers = kStages == 2;
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(4 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1-3 order the consumers");
@@ -117,16 +121,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   const uint32_t barriers =
       shared_base + Traits::kQBytes + kStages * (Traits::kKBytes + Traits::kVBytes);
-  // K and V of a stage have their own barriers (FlashAttention-3's two pipelines): a consumer
-  // is done with K(n) once S(n) is computed, an iteration before it is done with V(n) (P(n) V(n)
-  // runs under S(n + 1)), so K(n + kStages) can load a whole iteration earlier than a barrier
-  // for both would allow. With two stages (d = 256) that iteration is all the slack the
+  // With two stages (d = 256) K and V of a stage have their own barriers (FlashAttention-3's
+  // two pipelines): a consumer is done with K(n) once S(n) is computed, an iteration before it
+  // is done with V(n) (P(n) V(n) runs under S(n + 1)), so K(n + 2) can load a whole iteration
+  // earlier than a barrier for both would allow. That iteration is all the slack a two-stage
   // producer has: on one barrier per stage the consumers waited for every tile's copies
-  // (session 26's profile: 38% of the d256 ws kernel's samples on one try-wait loop).
+  // (session 26's profile: 38% of the d256 kernel's samples on one try-wait loop; separate
+  // barriers took it 1.48-1.69x faster, session 27). Three stages already give the producer
+  // that iteration, and there the second pair cost the consumers a wait and an arrival per
+  // tile for nothing (0.96-0.98x at d = 64 and 128): v_full and v_empty are then K's barriers,
+  // which count both copies and both reads.
+  constexpr bool kSeparateKv = Traits::kSeparateKvBarriers;
   auto k_full = [&](int stage) { return barriers + 8u * stage; };
-  auto v_full = [&](int stage) { return barriers + 8u * (kStages + stage); };
-  auto k_empty = [&](int stage) { return barriers + 8u * (2 * kStages + stage); };
-  auto v_empty = [&](int stage) { return barriers + 8u * (3 * kStages + stage); };
+  auto k_empty = [&](int stage) { return barriers + 8u * (kStages + stage); };
+  auto v_full = [&](int stage) {
+    return kSeparateKv ? barriers + 8u * (2 * kStages + stage) : k_full(stage);
+  };
+  auto v_empty = [&](int stage) {
+    return kSeparateKv ? barriers + 8u * (3 * kStages + stage) : k_empty(stage);
+  };
   const uint32_t q_full = barriers + 8u * (4 * kStages);
   const uint32_t q_empty = barriers + 8u * (4 * kStages + 1);
 
@@ -146,9 +159,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(k_full(s), producer_arrivals);
-      ptx::mbarrier_init(v_full(s), producer_arrivals);
       ptx::mbarrier_init(k_empty(s), kConsumerThreads);
-      ptx::mbarrier_init(v_empty(s), kConsumerThreads);
+      if constexpr (kSeparateKv) {
+        ptx::mbarrier_init(v_full(s), producer_arrivals);
+        ptx::mbarrier_init(v_empty(s), kConsumerThreads);
+      }
     }
     ptx::mbarrier_init(q_full, producer_arrivals);
     ptx::mbarrier_init(q_empty, kConsumerThreads);
@@ -224,8 +239,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             produce_swizzled_tile<Element, kBlockN, kDimQK, 32>(
                 k_shared(stage), b.k + int64_t(n0) * p.k_row_stride, p.k_row_stride, valid_rows);
           }
-          ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
-          if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+          if constexpr (kSeparateKv) {
+            ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
+            if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+          }
           if (pages) {
             produce_paged_tile<Element, kBlockN, kDimV, 32>(v_shared(stage), b.v, p.v_batch_stride,
                                                             p.v_row_stride, pages, p.page_shift, n0,
@@ -250,22 +267,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                  batch, full);
             }
           };
+          // One arrival per barrier phase: with shared barriers K's expects both tiles' bytes.
           if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
           if (lane == 0) {
-            ptx::mbarrier_arrive_expect_tx(k_full(stage), Traits::kKBytes);
+            ptx::mbarrier_arrive_expect_tx(
+                k_full(stage), kSeparateKv ? Traits::kKBytes : Traits::kKBytes + Traits::kVBytes);
             load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
                        k_full(stage));
           } else {
             ptx::mbarrier_arrive(k_full(stage));
           }
-          if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
-          if (lane == 0) {
-            ptx::mbarrier_arrive_expect_tx(v_full(stage), Traits::kVBytes);
+          if constexpr (kSeparateKv) {
+            if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+            if (lane == 0)
+              ptx::mbarrier_arrive_expect_tx(v_full(stage), Traits::kVBytes);
+            else
+              ptx::mbarrier_arrive(v_full(stage));
+          }
+          if (lane == 0)
             load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
                        v_full(stage));
-          } else {
-            ptx::mbarrier_arrive(v_full(stage));
-          }
         }
       }
     }
@@ -304,8 +325,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                           b.k + int64_t(n0) * p.k_row_stride,
                                                           p.k_row_stride, b.seqlen_kv - n0);
         }
-        ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
-        if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+        if constexpr (kSeparateKv) {
+          ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
+          if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+        }
         if (pages) {
           produce_paged_tile<Element, kBlockN, kDimV>(v_shared(stage), b.v, p.v_batch_stride,
                                                       p.v_row_stride, pages, p.page_shift, n0,
@@ -422,7 +445,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::named_barrier_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(s_acc);
-      ptx::mbarrier_arrive(k_empty(issued % kStages));        // K(first) is read
+      if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(issued % kStages));  // K(first) read
       if (tiles == 1) ptx::mbarrier_arrive(q_empty);          // the block's last read of Q is done
       logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
       pack_probabilities(s_acc);
@@ -435,9 +458,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         draw_keep(n_block, keep);
         wait_landed(k_full(stage), (tile / kStages) & 1,
                     copied_by_threads(n_block * kBlockN, b.seqlen_kv));
-        // V(n-1): landed long ago, but its barrier's completion is what makes it visible.
-        wait_landed(v_full(previous), ((tile - 1) / kStages) & 1,
-                    copied_by_threads((n_block - 1) * kBlockN, b.seqlen_kv));
+        if constexpr (kSeparateKv) {
+          // V(n-1): landed long ago, but its barrier's completion is what makes it visible.
+          wait_landed(v_full(previous), ((tile - 1) / kStages) & 1,
+                      copied_by_threads((n_block - 1) * kBlockN, b.seqlen_kv));
+        }
         ptx::named_barrier_sync(my_turn, kTurnThreads);
         ptx::fence_accumulators(o_acc);
         ptx::wgmma_fence();
@@ -446,7 +471,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::named_barrier_arrive(next_turn, kTurnThreads);
         ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
         ptx::fence_accumulators(s_acc);
-        ptx::mbarrier_arrive(k_empty(stage));  // K(n) is read
+        if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(stage));  // K(n) is read
         if (it == tiles - 1) ptx::mbarrier_arrive(q_empty);
         logits_to_probabilities(s_acc, n_block, keep);
         ptx::wgmma_wait<0>();
@@ -459,8 +484,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // O += P(last) V(last).
       const int last_tile = issued + tiles - 1, last = last_tile % kStages;
-      wait_landed(v_full(last), (last_tile / kStages) & 1,
-                  copied_by_threads((b.n_block_end - 1) * kBlockN, b.seqlen_kv));
+      if constexpr (kSeparateKv) {
+        wait_landed(v_full(last), (last_tile / kStages) & 1,
+                    copied_by_threads((b.n_block_end - 1) * kBlockN, b.seqlen_kv));
+      }
       ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::fence_accumulators(o_acc);
       ptx::wgmma_fence();

@@ -144,10 +144,12 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
 // Whether Hopper runs the warp-specialised form for these head dims. Measured (docs/perf.md,
 // bf16 b=2 s=8192): d = 64 216 vs 170 TFLOP/s and d = 128 361 vs 287 (softcap 50, H=16) for the
 // warp-specialised form; d = 192 (H=8, TMA, session 9) 577 vs 435 plain, 450 vs 336 softcap 50;
-// d = 256 (64-key tiles, two stages) 403 vs 501 plain, 351 vs 413 softcap 50 for the plain
-// form. The MLA pair 192 / 128 keeps the plain form until measured.
+// d = 256 (64-key tiles, two stages, K and V on barriers of their own) 1.54 vs 2.20 ms plain,
+// 1.71-1.79 vs 2.42 ms softcap 50 (session 27). The MLA pair 192 / 128 keeps the plain form
+// until measured.
 constexpr bool flash_forward_wgmma_prefers_warp_specialized(int head_dim_qk, int head_dim_v) {
-  return (head_dim_qk <= 128 && head_dim_v <= 128) || (head_dim_qk == 192 && head_dim_v == 192);
+  return (head_dim_qk <= 128 && head_dim_v <= 128) ||
+         (head_dim_qk == head_dim_v && (head_dim_qk == 192 || head_dim_qk == 256));
 }
 
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
