@@ -13,6 +13,7 @@
 
 #include "core/workspace.h"
 #include "cuda/cuda_check.h"
+#include "cuda/host_upload.h"
 #include "cuda/memory_pool.h"
 
 namespace dpa::cuda {
@@ -54,7 +55,7 @@ class DeviceBuffer {
     if (arena != nullptr) data_ = arena->take(bytes);
     owned_ = data_ == nullptr;
     if (!owned_) return;
-    if (cudaMemPool_t pool = library_memory_pool(stream))
+    if (cudaMemPool_t pool = library_memory_pool())
       DPA_CUDA_CHECK(cudaMallocFromPoolAsync(&data_, bytes, pool, stream));
     else
       DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
@@ -70,11 +71,7 @@ class DeviceBuffer {
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& values, cudaStream_t stream) {
   DeviceBuffer buffer(values.size() * sizeof(T), stream);
-  if (!values.empty())
-    DPA_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), values.data(), values.size() * sizeof(T),
-                                   cudaMemcpyHostToDevice, stream));
-  // The host vector may die before the copy runs: pageable-memory copies are staged
-  // synchronously by the driver before cudaMemcpyAsync returns, so this is safe.
+  upload_bytes(buffer.get(), values.data(), values.size() * sizeof(T), stream);  // `values` may die
   return buffer;
 }
 

@@ -38,12 +38,12 @@ cudaMemPool_t create_pool(int device) {
 
 }  // namespace
 
-cudaMemPool_t library_memory_pool(cudaStream_t stream) {
+cudaMemPool_t library_memory_pool() {
   static std::mutex mutex;
   static std::vector<cudaMemPool_t> pools;  // by device
   static std::vector<bool> created;
   int device = 0;
-  DPA_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  DPA_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
   if (size_t(device) >= pools.size()) {
     pools.resize(size_t(device) + 1, nullptr);

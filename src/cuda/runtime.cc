@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.h"
+#include "dpa/error.h"
 
 namespace dpa::cuda {
 
@@ -59,6 +60,15 @@ bool is_device_memory_of(const void* pointer, int device_index) {
 
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream) {
   auto cuda_stream = static_cast<cudaStream_t>(stream);
+  // A graph replays its kernels without the host: a table read here would be this call's
+  // forever, and the synchronisation below would end the capture with an opaque error.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DPA_CUDA_CHECK(cudaStreamIsCapturing(cuda_stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw Error(ErrorCode::kNotSupported, "stream",
+                "is capturing a CUDA graph, and this call reads a device table on the host "
+                "before it runs (sequence boundaries of a packed layout, or a KV cache's "
+                "tables in check_tables mode); pass that table in host memory to capture it");
   DPA_CUDA_CHECK(
       cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost, cuda_stream));
   DPA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));

@@ -28,6 +28,7 @@ size_t free_device_memory(int device_index);
 bool is_device_memory_of(const void* pointer, int device_index);
 
 // Synchronous copy of `bytes` from device memory to the host, ordered after `stream`'s work.
+// Throws kNotSupported naming "stream" while the stream captures a CUDA graph.
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream);
 
 // Makes `device_index` current for the scope and restores the previous device after. Declare

@@ -86,6 +86,29 @@ std::string describe(const char* name, double error, double tolerance) {
 
 }  // namespace
 
+void run_captured(void* stream, const std::function<void()>& call) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  check(cudaStreamBeginCapture(cuda_stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  cudaGraph_t graph = nullptr;
+  try {
+    call();
+  } catch (...) {
+    if (cudaStreamEndCapture(cuda_stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a capture the call invalidated
+    throw;
+  }
+  check(cudaStreamEndCapture(cuda_stream, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check(instantiated, "cudaGraphInstantiate");
+  const cudaError_t launched = cudaGraphLaunch(exec, cuda_stream);
+  const cudaError_t finished = cudaStreamSynchronize(cuda_stream);
+  cudaGraphExecDestroy(exec);
+  check(launched, "cudaGraphLaunch");
+  check(finished, "cudaStreamSynchronize after the graph");
+}
+
 bool gpu_present(std::string* why) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
@@ -117,7 +140,7 @@ bool reference_only_mode() {
 }
 
 CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendKind backend,
-                            bool backward, bool caller_workspace) {
+                            bool backward, DeviceCallMode mode) {
   AttentionConfig config = spec.config;
   config.backend = backend;
   DotProductAttention attention(config);
@@ -147,14 +170,19 @@ CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendK
   // The caller's workspace: exactly the queried bytes, poisoned like the outputs, so a buffer a
   // backend forgets to initialise or sizes wrong shows up (shortfall, NaN, or other bits).
   DeviceTensor forward_workspace;
-  if (caller_workspace) {
+  if (mode.caller_workspace) {
     const size_t bytes = attention.workspace_size(fwd);
     forward_workspace = DeviceTensor(DType::kBool, {int64_t(bytes)});
     forward_workspace.poison(stream.get());
     fwd.workspace.data = forward_workspace.view().data;
     fwd.workspace.bytes = bytes;
   }
-  const ForwardResult result = attention.forward(fwd);
+  ForwardResult result;
+  auto run_forward = [&] { result = attention.forward(fwd); };
+  if (mode.captured)
+    run_captured(stream.get(), run_forward);
+  else
+    run_forward();
   out.forward_backend = result.backend;
   out.o = o.download(stream.get());
   out.lse = lse.download(stream.get());
@@ -183,14 +211,18 @@ CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& t, BackendK
     bwd.dsoftmax_offset = dsoftmax_offset.view();
   }
   DeviceTensor backward_workspace;
-  if (caller_workspace) {
+  if (mode.caller_workspace) {
     const size_t bytes = attention.workspace_size(bwd);
     backward_workspace = DeviceTensor(DType::kBool, {int64_t(bytes)});
     backward_workspace.poison(stream.get());
     bwd.workspace.data = backward_workspace.view().data;
     bwd.workspace.bytes = bytes;
   }
-  out.backward_backend = attention.backward(bwd);
+  auto run_backward = [&] { out.backward_backend = attention.backward(bwd); };
+  if (mode.captured)
+    run_captured(stream.get(), run_backward);
+  else
+    run_backward();
   out.dq = dq.download(stream.get());
   out.dk = dk.download(stream.get());
   out.dv = dv.download(stream.get());

@@ -22,13 +22,26 @@ bool gpu_present(std::string* why);
 // machine without a GPU; the default is off.
 bool reference_only_mode();
 
+// How run_device_case makes its calls.
+struct DeviceCallMode {
+  // Each call gets a poisoned block of exactly DotProductAttention::workspace_size() bytes.
+  bool caller_workspace = false;
+  // Each call is captured into a CUDA graph and runs as one launch of it (run_captured).
+  bool captured = false;
+};
+
 // Runs forward (and backward when `backward`) of `spec` on `backend` with every tensor of the
 // case on the device (cu_seqlens, sink offsets, ALiBi slopes, bias and mask too), on a
 // non-blocking stream of its own, outputs poisoned first. Dropout uses RngState{seed, 7}, as
-// run_case does. Outputs come back as host tensors shaped like run_case's. `caller_workspace`
-// passes each call a poisoned block of exactly DotProductAttention::workspace_size() bytes.
+// run_case does. Outputs come back as host tensors shaped like run_case's.
 CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& tensors, BackendKind backend,
-                            bool backward, bool caller_workspace = false);
+                            bool backward, DeviceCallMode mode = {});
+
+// Captures `call`'s work on `stream` into a CUDA graph in cudaStreamCaptureModeGlobal (the
+// strictest mode, torch.cuda.graph's default: any unsafe CUDA call in the process fails it),
+// launches the graph once and waits for it. An exception from `call` ends the capture and
+// propagates.
+void run_captured(void* stream, const std::function<void()>& call);
 
 // Tolerances (relative norm) for o and for gradients, by storage dtype: the kernels see the
 // same rounded inputs as cpu_exact, so the error is the rounding of P and of the outputs to 16

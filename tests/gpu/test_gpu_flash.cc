@@ -299,7 +299,8 @@ TEST_F(FlashOnGpu, CallerWorkspaceGivesTheSameBits) {
     const CaseTensors& tensors = gpu_case_tensors(c);
     for (BackendKind backend : {BackendKind::kCudaFlash, BackendKind::kCudaUnfused}) {
       const CaseOutputs pool = run_device_case(spec, tensors, backend, true);
-      const CaseOutputs given = run_device_case(spec, tensors, backend, true, true);
+      const CaseOutputs given =
+          run_device_case(spec, tensors, backend, true, {.caller_workspace = true});
       const std::string what = std::string(name) + " on " + std::string(to_string(backend));
       EXPECT_TRUE(same_bytes(pool.o, given.o)) << what;
       EXPECT_TRUE(same_bytes(pool.lse, given.lse)) << what;
@@ -309,6 +310,54 @@ TEST_F(FlashOnGpu, CallerWorkspaceGivesTheSameBits) {
     }
   }
   EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
+}
+
+// A call captured into a CUDA graph (the global mode, torch.cuda.graph's default) and run as
+// one launch of it gives the bits of the same call made eagerly: no step of it needs the host
+// between its kernels, its own buffers come from graph allocations or the caller's workspace,
+// and its uploaded tables travel in the graph (cuda/host_upload.h), not at a host address
+// that the call releases.
+TEST_F(FlashOnGpu, CapturedCallsGiveTheSameBits) {
+  for (const char* name :
+       {"decode_gqa_64_8_sink", "sink_learnable_softcap_causal", "dropout_causal_sink_softcap"}) {
+    const GpuCase c = find_case(name);
+    CaseSpec spec = gpu_case_spec(c);
+    spec.config.deterministic = true;  // bitwise comparable backward
+    const CaseTensors& tensors = gpu_case_tensors(c);
+    for (BackendKind backend : {BackendKind::kCudaFlash, BackendKind::kCudaUnfused}) {
+      const CaseOutputs eager = run_device_case(spec, tensors, backend, true);
+      for (const bool caller_workspace : {false, true}) {
+        const CaseOutputs captured = run_device_case(
+            spec, tensors, backend, true, {.caller_workspace = caller_workspace, .captured = true});
+        const std::string what = std::string(name) + " on " + std::string(to_string(backend)) +
+                                 (caller_workspace ? ", caller's workspace" : ", pool");
+        EXPECT_TRUE(same_bytes(eager.o, captured.o)) << what;
+        EXPECT_TRUE(same_bytes(eager.lse, captured.lse)) << what;
+        EXPECT_TRUE(same_bytes(eager.dq, captured.dq)) << what;
+        EXPECT_TRUE(same_bytes(eager.dk, captured.dk)) << what;
+        EXPECT_TRUE(same_bytes(eager.dv, captured.dv)) << what;
+      }
+    }
+  }
+}
+
+// Device-resident sequence boundaries are read on the host before the kernels are chosen; a
+// graph could not replay that read, so a capturing stream is refused by name.
+TEST_F(FlashOnGpu, CapturingACallThatReadsDeviceTablesIsRefusedNamingTheStream) {
+  const GpuCase c = find_case("thd_padded_offsets_causal");
+  const CaseSpec spec = gpu_case_spec(c);
+  try {
+    run_device_case(spec, gpu_case_tensors(c), BackendKind::kCudaFlash, false, {.captured = true});
+    ADD_FAILURE() << "the captured call ran; expected an error naming the stream";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kNotSupported) << error.what();
+    EXPECT_EQ(error.argument(), "stream") << error.what();
+  }
+  // The refusal left the stream usable: the same call runs eagerly.
+  expect_matches_reference(
+      run_device_case(spec, gpu_case_tensors(c), BackendKind::kCudaFlash, false),
+      exact_reference(c.name, spec, gpu_case_tensors(c), false), spec.dtype, false,
+      "eager after the refused capture");
 }
 
 }  // namespace

@@ -75,8 +75,10 @@ struct DeviceResult {
   BackendKind backend = BackendKind::kAuto;
 };
 
-// Runs the case with every tensor on the device, on a non-blocking stream, o and lse poisoned.
-DeviceResult run_on_device(const KvCacheConfig& config, const KvCacheCase& c) {
+// Runs the case with every tensor on the device, on a non-blocking stream, o and lse poisoned;
+// `captured`: the call is captured into a CUDA graph and runs as one launch of it.
+DeviceResult run_on_device(const KvCacheConfig& config, const KvCacheCase& c,
+                           bool captured = false) {
   DeviceMirror mirror;
   const HostTensor o_host = c.make_o(), lse_host = c.make_lse();
   KvCacheArgs a = device_inputs(c, mirror);
@@ -86,7 +88,12 @@ DeviceResult run_on_device(const KvCacheConfig& config, const KvCacheCase& c) {
   Stream stream;
   a.stream = stream.get();
   DeviceResult result;
-  result.backend = KvCacheAttention(config).forward(a);
+  KvCacheAttention attention(config);
+  auto call = [&] { result.backend = attention.forward(a); };
+  if (captured)
+    run_captured(stream.get(), call);
+  else
+    call();
   result.o = o.download(stream.get());
   result.lse = lse.download(stream.get());
   result.k_cache = mirror.copy_of(c.k_cache).download(stream.get());
@@ -339,6 +346,32 @@ TEST(GpuKvCacheWorkspace, APrefillOnFlashTakesItsScratchFromTheCallersBlock) {
   attention.forward(a);
   EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
   EXPECT_EQ(max_abs_error(o.download(), with_lse.o), 0.0);
+}
+
+// A decode step captured into a CUDA graph, as serving engines replay decode (the global capture
+// mode, torch.cuda.graph's default), gives the bits of the eager step, the appended caches
+// included: with split keys (the partials from the library's pool: graph allocations) and
+// 1-token and 16-token pages.
+TEST(GpuKvCacheGraphs, ACapturedDecodeStepGivesTheEagerBits) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << why;
+  for (const int64_t page_size : {0, 1, 16}) {
+    KvCacheCaseSpec spec;
+    decode_spec(spec, {3000, 777, 0}, page_size);
+    spec.dtype = DType::kBFloat16;
+    spec.heads_q = 16;
+    spec.heads_kv = 2;
+    spec.head_dim_qk = spec.head_dim_v = 128;
+    spec.config.softmax_type = SoftmaxType::kLearnable;
+    const KvCacheCase c = make_kvcache_case(spec);
+    const DeviceResult eager = run_on_device(spec.config, c);
+    const DeviceResult captured = run_on_device(spec.config, c, /*captured=*/true);
+    const std::string what = "page size " + std::to_string(page_size);
+    EXPECT_EQ(max_abs_error(captured.o, eager.o), 0.0) << what;
+    EXPECT_EQ(max_abs_error(captured.lse, eager.lse), 0.0) << what;
+    EXPECT_TRUE(same_values(captured.k_cache, eager.k_cache)) << what;
+    EXPECT_TRUE(same_values(captured.v_cache, eager.v_cache)) << what;
+  }
 }
 
 // A decode case whose tensors the tests below break.
