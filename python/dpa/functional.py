@@ -149,6 +149,13 @@ def _dropout_rng(dropout_p, generator, seed, offset):
         return None
     if seed is not None:
         return torch.tensor([seed, offset or 0], dtype=torch.int64)
+    if (not torch.compiler.is_compiling() and torch.cuda.is_available()
+            and torch.cuda.is_current_stream_capturing()):
+        # The seed drawn here would be the graph's: every replay would drop the same elements.
+        raise errors.invalid("dropout_p", "is drawn a fresh seed on the host per call, and a "
+                             "CUDA graph being captured would replay this call's seed at every "
+                             "launch: pass seed= (and offset=) to fix the mask on purpose, or "
+                             "capture without dropout", errors.NotSupportedError)
     drawn = torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator)
     return torch.cat([drawn, torch.zeros(1, dtype=torch.int64)])
 
