@@ -96,8 +96,7 @@ def test_capturing_a_call_that_reads_device_tables_is_refused_naming_the_stream(
     cu_seqlens = torch.tensor([0, 60, 100], device="cuda", dtype=torch.int32)
 
     def step():
-        return dpa.attention(q, q, q, qkv_format="thd", cu_seqlens_q=cu_seqlens,
-                             cu_seqlens_kv=cu_seqlens, causal=True)
+        return dpa.attention_varlen(q, q, q, cu_seqlens, cu_seqlens, 60, 60, causal=True)
 
     _warm_up(step)
     with pytest.raises(dpa.NotSupportedError, match="stream"):
