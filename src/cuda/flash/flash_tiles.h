@@ -91,10 +91,12 @@ constexpr bool flash_forward_has_plain_logits(int head_dim_qk, int head_dim_v) {
   return head_dim_qk == 64 && head_dim_v == 64;
 }
 
-// The head dims with a softcap kernel (bf16 only, as the fixed max): 64 and 128, the rows of
-// issue 17's softcap bar. Written in session 25 and not yet timed (docs/gpu_testing.md).
+// The head dims with a softcap kernel (bf16 only, as the fixed max): 64, 128 and 256, the rows
+// of issue 17's softcap bar. At 64 and 128 it measured 1.02-1.08x of the general kernel
+// (docs/perf.md, session 26); 256 joined in session 27, when its ws form became the default.
 constexpr bool flash_forward_has_softcap_logits(int head_dim_qk, int head_dim_v) {
-  return head_dim_qk == head_dim_v && (head_dim_qk == 64 || head_dim_qk == 128);
+  return head_dim_qk == head_dim_v &&
+         (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256);
 }
 
 // The kernel a problem runs on: dropout and ALiBi take the general one, and so does a softcap
