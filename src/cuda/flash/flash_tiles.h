@@ -93,7 +93,8 @@ constexpr bool flash_forward_has_plain_logits(int head_dim_qk, int head_dim_v) {
 
 // The head dims with a softcap kernel (bf16 only, as the fixed max): 64, 128 and 256, the rows
 // of issue 17's softcap bar. At 64 and 128 it measured 1.02-1.08x of the general kernel
-// (docs/perf.md, session 26); 256 joined in session 27, when its ws form became the default.
+// (docs/perf.md, session 26), at 256 1.10-1.15x (session 27, when its ws form became the
+// default).
 constexpr bool flash_forward_has_softcap_logits(int head_dim_qk, int head_dim_v) {
   return head_dim_qk == head_dim_v &&
          (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256);
