@@ -169,12 +169,13 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
   r.flash_forward_kernel = FlashForwardKernel::kMmaSync;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
-  // Head dim 256: the plain form by default, the warp-specialised one when asked.
+  // Head dim 256: the warp-specialised form by default (since session 27), the plain one when
+  // asked.
   r.head_dim_qk = r.head_dim_v = 256;
   r.flash_forward_kernel = FlashForwardKernel::kAuto;
-  EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
-  r.flash_forward_kernel = FlashForwardKernel::kWgmmaWs;
   EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
+  r.flash_forward_kernel = FlashForwardKernel::kWgmma;
+  EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
   r.head_dim_qk = r.head_dim_v = 128;
   r.device_arch = 80;
   r.flash_forward_kernel = FlashForwardKernel::kAuto;
@@ -226,6 +227,8 @@ TEST(FlashRules, PlanNamesTheLogitFormKernelThatRuns) {
   online = capped;
   online.dropout = true;
   EXPECT_FALSE(names(online, softcap));
+  capped.head_dim_qk = capped.head_dim_v = 256;  // its ws form by default, since session 27
+  EXPECT_TRUE(names(capped, softcap));
   r.head_dim_qk = r.head_dim_v = 128;
   EXPECT_TRUE(names(r, "warp-specialised"));
   EXPECT_FALSE(names(r, plain));
@@ -237,6 +240,8 @@ TEST(FlashRules, PlanNamesTheLogitFormKernelThatRuns) {
   EXPECT_EQ(cuda::flash_forward_logit_form(64, 64, true, true, false, false),
             FlashLogitForm::kSoftcapFixedMax);
   EXPECT_EQ(cuda::flash_forward_logit_form(256, 256, true, true, false, false),
+            FlashLogitForm::kSoftcapFixedMax);
+  EXPECT_EQ(cuda::flash_forward_logit_form(192, 192, true, true, false, false),
             FlashLogitForm::kGeneral);
   EXPECT_EQ(cuda::flash_forward_logit_form(64, 64, false, false, true, false),
             FlashLogitForm::kGeneral);
