@@ -286,6 +286,15 @@ TEST_F(FlashOnGpu, AutoSelectionRunsFlashForwardAndBackward) {
   expect_matches_reference(got, reference, spec.dtype, true, "auto selection");
 }
 
+// o, the LSE and the gradients of two runs, byte for byte.
+void expect_same_outputs(const CaseOutputs& a, const CaseOutputs& b, const std::string& what) {
+  EXPECT_TRUE(same_bytes(a.o, b.o)) << what;
+  EXPECT_TRUE(same_bytes(a.lse, b.lse)) << what;
+  EXPECT_TRUE(same_bytes(a.dq, b.dq)) << what;
+  EXPECT_TRUE(same_bytes(a.dk, b.dk)) << what;
+  EXPECT_TRUE(same_bytes(a.dv, b.dv)) << what;
+}
+
 // A caller's workspace (exactly workspace_size() bytes, poisoned) gives the same bits as the
 // driver's pool, and no call wants more than it was given: every buffer is counted and every
 // buffer read is written first.
@@ -302,11 +311,7 @@ TEST_F(FlashOnGpu, CallerWorkspaceGivesTheSameBits) {
       const CaseOutputs given =
           run_device_case(spec, tensors, backend, true, {.caller_workspace = true});
       const std::string what = std::string(name) + " on " + std::string(to_string(backend));
-      EXPECT_TRUE(same_bytes(pool.o, given.o)) << what;
-      EXPECT_TRUE(same_bytes(pool.lse, given.lse)) << what;
-      EXPECT_TRUE(same_bytes(pool.dq, given.dq)) << what;
-      EXPECT_TRUE(same_bytes(pool.dk, given.dk)) << what;
-      EXPECT_TRUE(same_bytes(pool.dv, given.dv)) << what;
+      expect_same_outputs(pool, given, what);
     }
   }
   EXPECT_EQ(workspace_shortfall_bytes(), shortfall_before);
@@ -331,11 +336,7 @@ TEST_F(FlashOnGpu, CapturedCallsGiveTheSameBits) {
             spec, tensors, backend, true, {.caller_workspace = caller_workspace, .captured = true});
         const std::string what = std::string(name) + " on " + std::string(to_string(backend)) +
                                  (caller_workspace ? ", caller's workspace" : ", pool");
-        EXPECT_TRUE(same_bytes(eager.o, captured.o)) << what;
-        EXPECT_TRUE(same_bytes(eager.lse, captured.lse)) << what;
-        EXPECT_TRUE(same_bytes(eager.dq, captured.dq)) << what;
-        EXPECT_TRUE(same_bytes(eager.dk, captured.dk)) << what;
-        EXPECT_TRUE(same_bytes(eager.dv, captured.dv)) << what;
+        expect_same_outputs(eager, captured, what);
       }
     }
   }
