@@ -53,6 +53,9 @@ std::vector<FlagSpec> bench_flag_specs() {
        "time KvCacheAttention instead: sq queries per sequence over skv cached keys "
        "(bottom-right diagonal; --causal, --window, --softcap, --softmax-type apply)"},
       {"page-size", "N", "with --decode: a paged cache of N-token pages (default: contiguous)"},
+      {"append", "",
+       "with --decode: the call first appends the sq queries' keys and values to a cache "
+       "holding skv - sq, as a serving step does (k_new, v_new)"},
       {"varlen", "",
        "pack the b sequences into thd tensors with cu_seqlens (each one full length; a mask "
        "becomes its padding form)"},
@@ -118,6 +121,7 @@ struct BenchOptions {
   bool decode = false;    // KvCacheAttention over a cache
   bool varlen = false;    // thd tensors with cu_seqlens (config.format is kTHD)
   int64_t page_size = 0;  // --decode: 0 contiguous
+  bool append = false;    // --decode: the call appends sq keys and values first
   bool graph = false;     // time CUDA-graph replays of one captured call
   int iters = 30;
   int warmup = 5;
@@ -218,6 +222,8 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
       throw UsageError("page-size", "--page-size: a power of two from 1 to 256");
     o.page_size = *page;
   }
+  o.append = args.has("append");
+  if (o.append && !o.decode) throw UsageError("append", "--append needs --decode");
   if (o.decode) {
     const MaskType mask = o.config.mask_type;
     if (mask != MaskType::kNoMask && mask != MaskType::kCausal &&
@@ -231,6 +237,10 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
       throw UsageError("deterministic", "--decode: the forward is deterministic already");
     // The call's diagonal is bottom-right: say so in the output.
     if (mask == MaskType::kCausal) o.config.mask_type = MaskType::kCausalBottomRight;
+    if (o.append)
+      for (const BenchShape& shape : o.shapes)
+        if (shape.seqlen_q > shape.seqlen_kv)
+          throw UsageError("append", "--append: sq must not exceed skv in " + shape.text());
   }
   o.varlen = args.has("varlen");
   if (o.varlen) {
@@ -351,6 +361,7 @@ std::string to_json(const BenchOptions& o, const BenchResult& r, const std::stri
     << ", \"deterministic\": " << (c.deterministic ? "true" : "false")
     << ", \"pass\": " << json_string(pass_name(o.pass))
     << ", \"decode\": " << (o.decode ? "true" : "false") << ", \"page_size\": " << o.page_size
+    << ", \"append\": " << (o.append ? "true" : "false")
     << ", \"graph\": " << (o.graph ? "true" : "false") << "}"
     << ", \"device\": " << json_string(device) << ", \"backend\": " << json_string(r.backend)
     << ", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup;
@@ -371,6 +382,7 @@ std::string describe_config(const BenchOptions& o) {
   std::string text = std::string(to_string(o.dtype)) + " " + pass_name(o.pass);
   if (o.decode)
     text += o.page_size > 0 ? " decode paged=" + std::to_string(o.page_size) : " decode contiguous";
+  if (o.append) text += " append";
   if (o.varlen) text += " thd";
   if (o.graph) text += " graph";
   if (c.mask_type != MaskType::kNoMask) text += " " + std::string(to_string(c.mask_type));
@@ -659,7 +671,8 @@ int64_t decode_read_keys(const BenchShape& s, const AttentionConfig& c) {
   return std::max<int64_t>(0, last.end - first.begin);
 }
 
-// KvCacheAttention: sq queries per sequence over a cache already holding skv keys, no append.
+// KvCacheAttention: sq queries per sequence over skv cached keys; with --append the call first
+// writes the last sq of them (k_new, v_new: each timed call writes the same slots).
 BenchResult run_decode_one(const BenchOptions& o, const BenchShape& s, uint64_t seed) {
   BenchResult r;
   r.shape = s;
@@ -678,7 +691,8 @@ BenchResult run_decode_one(const BenchOptions& o, const BenchShape& s, uint64_t 
   q.fill_random(seed * 16 + 1, 1.0);
   k_cache.fill_random(seed * 16 + 2, 1.0);
   v_cache.fill_random(seed * 16 + 3, 1.0);
-  const std::vector<int32_t> lengths(static_cast<size_t>(b), static_cast<int32_t>(skv));
+  const int64_t cached = o.append ? skv - sq : skv;  // the cache's tokens before the call
+  const std::vector<int32_t> lengths(static_cast<size_t>(b), static_cast<int32_t>(cached));
   check(cudaMemcpy(seqlens.view().data, lengths.data(), lengths.size() * sizeof(int32_t),
                    cudaMemcpyHostToDevice),
         "cudaMemcpy");
@@ -720,6 +734,15 @@ BenchResult run_decode_one(const BenchOptions& o, const BenchShape& s, uint64_t 
   if (table) args.block_table = table->view();
   args.cache_seqlens = seqlens.view();
   if (offsets) args.softmax_offset = offsets->view();
+  std::optional<BenchTensor> k_new, v_new;
+  if (o.append) {
+    k_new.emplace(o.dtype, std::vector<int64_t>{b, sq, G, s.head_dim_qk});
+    v_new.emplace(o.dtype, std::vector<int64_t>{b, sq, G, s.head_dim_v});
+    k_new->fill_random(seed * 16 + 5, 1.0);
+    v_new->fill_random(seed * 16 + 6, 1.0);
+    args.k_new = k_new->view();
+    args.v_new = v_new->view();
+  }
   args.o = out.view();
   args.lse = lse.view();
   args.stream = stream.get();
@@ -735,9 +758,11 @@ BenchResult run_decode_one(const BenchOptions& o, const BenchShape& s, uint64_t 
   r.tflops = r.flops.forward / (r.median_ms * 1e-3) / 1e12;
   const double element = double(dtype_size(o.dtype));
   const double read = double(decode_read_keys(s, o.config));
+  // The appended rows are read from k_new / v_new and written into the cache: twice their bytes.
+  const double appended = k_new ? 2.0 * double(k_new->bytes() + v_new->bytes()) : 0.0;
   const double bytes =
       double(b) * read * double(G) * double(s.head_dim_qk + s.head_dim_v) * element +
-      double(q.bytes() + out.bytes());
+      double(q.bytes() + out.bytes()) + appended;
   r.gbps = bytes / (r.median_ms * 1e-3) / 1e9;
   return r;
 }

@@ -605,6 +605,8 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
   for (const auto& [args, flag] :
        {std::pair{"bench --page-size 16", "--page-size"},
         std::pair{"bench --decode --page-size 3", "--page-size"},
+        std::pair{"bench --append", "--append"},
+        std::pair{"bench --decode --append --shapes 1,8,8,64,32,64", "--append"},
         std::pair{"bench --decode --pass bwd", "--decode"},
         std::pair{"bench --decode --dropout 0.1", "--decode"},
         std::pair{"bench --decode --mask padding", "--decode"},
@@ -620,7 +622,7 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
   EXPECT_EQ(r.status, 0);
   for (const char* flag :
        {"--dropout", "--deterministic", "--softcap", "--pass", "--decode", "--page-size",
-        "--varlen", "--flash-forward-kernel", "--flash-backward-kernel", "--graph"})
+        "--varlen", "--flash-forward-kernel", "--flash-backward-kernel", "--graph", "--append"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
