@@ -55,7 +55,7 @@ class DeviceBuffer {
     if (arena != nullptr) data_ = arena->take(bytes);
     owned_ = data_ == nullptr;
     if (!owned_) return;
-    if (cudaMemPool_t pool = library_memory_pool())
+    if (cudaMemPool_t pool = library_memory_pool(stream))
       DPA_CUDA_CHECK(cudaMallocFromPoolAsync(&data_, bytes, pool, stream));
     else
       DPA_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));

@@ -6,9 +6,10 @@
 namespace dpa::cuda {
 namespace {
 
-// 4 KB: the limit of a kernel's arguments before CUDA 12.1, and more than a call's sequence
-// tables need at the batch sizes that capture graphs (7 int32 per sequence).
-constexpr size_t kChunkBytes = 4096;
+// The chunk, the destination and the count within 4 KB, the limit of a kernel's arguments
+// before CUDA 12.1; more than a call's sequence tables need at the batch sizes that capture
+// graphs (7 int32 per sequence).
+constexpr size_t kChunkBytes = 4096 - 16;
 
 struct Chunk {
   unsigned char bytes[kChunkBytes];

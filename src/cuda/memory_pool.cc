@@ -38,12 +38,21 @@ cudaMemPool_t create_pool(int device) {
 
 }  // namespace
 
-cudaMemPool_t library_memory_pool() {
+cudaMemPool_t library_memory_pool(cudaStream_t stream) {
   static std::mutex mutex;
   static std::vector<cudaMemPool_t> pools;  // by device
   static std::vector<bool> created;
+  // The stream's device; a stream capturing a graph (in the global or thread-local mode,
+  // torch.cuda.graph's default is global) refuses cudaStreamGetDevice, and there the current
+  // device is the stream's: the captured call launches kernels on it, which fails on a stream
+  // of another device. Communicators' staging buffers, which launch none, are never captured.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DPA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   int device = 0;
-  DPA_CUDA_CHECK(cudaGetDevice(&device));
+  if (capture == cudaStreamCaptureStatusNone)
+    DPA_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  else
+    DPA_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
   if (size_t(device) >= pools.size()) {
     pools.resize(size_t(device) + 1, nullptr);

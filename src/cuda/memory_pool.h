@@ -14,11 +14,10 @@ namespace dpa::cuda {
 
 constexpr size_t kLibraryPoolKeptBytes = size_t(4) << 30;
 
-// The pool of the current device, created on first use; nullptr where the device has no memory
-// pools or the driver refuses one, in which case the caller takes the default pool. The current
-// device is the call's stream's wherever the call can run (a kernel launch fails on a stream of
-// another device). cudaStreamGetDevice is not asked: a stream capturing a CUDA graph in the
-// global or thread-local mode (torch.cuda.graph's default is global) refuses it.
-cudaMemPool_t library_memory_pool();
+// The pool of `stream`'s device (the legacy default stream: the current device), created on
+// first use; nullptr where the device has no memory pools or the driver refuses one, in which
+// case the caller takes the default pool. Under graph capture (memory_pool.cc says why) the
+// current device's.
+cudaMemPool_t library_memory_pool(cudaStream_t stream);
 
 }  // namespace dpa::cuda

@@ -86,6 +86,32 @@ std::string describe(const char* name, double error, double tolerance) {
 
 }  // namespace
 
+namespace {
+
+// A graph replays a captured copy from host memory from the captured address, which a call's
+// temporary tables no longer own by then (the released bytes usually still hold the values, so
+// a replay's results could not show it): no copy node of a captured call may read the host.
+void check_no_host_reads(cudaGraph_t graph) {
+  size_t count = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+  std::vector<cudaGraphNode_t> nodes(count);
+  check(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+    if (type != cudaGraphNodeTypeMemcpy) continue;
+    cudaMemcpy3DParms copy = {};
+    check(cudaGraphMemcpyNodeGetParams(node, &copy), "cudaGraphMemcpyNodeGetParams");
+    if (copy.srcPtr.ptr == nullptr) continue;  // from an array: device memory
+    cudaPointerAttributes source = {};
+    check(cudaPointerGetAttributes(&source, copy.srcPtr.ptr), "cudaPointerGetAttributes");
+    if (source.type == cudaMemoryTypeUnregistered || source.type == cudaMemoryTypeHost)
+      throw std::runtime_error("the captured call copies from host memory at every replay");
+  }
+}
+
+}  // namespace
+
 void run_captured(void* stream, const std::function<void()>& call) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   check(cudaStreamBeginCapture(cuda_stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
@@ -98,6 +124,12 @@ void run_captured(void* stream, const std::function<void()>& call) {
     throw;
   }
   check(cudaStreamEndCapture(cuda_stream, &graph), "cudaStreamEndCapture");
+  try {
+    check_no_host_reads(graph);
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);

@@ -39,8 +39,10 @@ CaseOutputs run_device_case(const CaseSpec& spec, const CaseTensors& tensors, Ba
 
 // Captures `call`'s work on `stream` into a CUDA graph in cudaStreamCaptureModeGlobal (the
 // strictest mode, torch.cuda.graph's default: any unsafe CUDA call in the process fails it),
-// launches the graph once and waits for it. An exception from `call` ends the capture and
-// propagates.
+// checks that no node of it copies from host memory (a replay would read the captured host
+// address again), launches the graph once and waits for it. An exception from `call` ends the
+// capture and propagates. Callers make one eager call first (as torch.cuda.graph asks): the
+// library creates its memory pool and cuBLAS handles on first use.
 void run_captured(void* stream, const std::function<void()>& call);
 
 // Tolerances (relative norm) for o and for gradients, by storage dtype: the kernels see the

@@ -10,10 +10,11 @@
 //   both (kSeparateKvBarriers). k_full[s] / v_full[s] complete when the producer's copies of
 //   the tile's K / V landed (TMA's bytes, or every copying thread's
 //   cp.async.mbarrier.arrive.noinc, which arrives once its copies complete), so the producer
-//   runs ahead by up to kStages tiles without waiting for any copy. k_empty[s] completes when
-//   every consumer warpgroup has S(n) (K(n) is read), v_empty[s] when it has P(n) V(n), an
-//   iteration later. A consumer that saw a cp.async tile land issues fence.proxy.async before
-//   its wgmma reads it (the copies were generic-proxy writes).
+//   runs ahead by up to kStages tiles without waiting for any copy. With separate barriers
+//   k_empty[s] completes when every consumer warpgroup has S(n) (K(n) is read) and v_empty[s]
+//   when it has P(n) V(n), an iteration later; with one pair the stage is released after
+//   P(n) V(n). A consumer that saw a cp.async tile land issues fence.proxy.async before its
+//   wgmma reads it (the copies were generic-proxy writes).
 // - Ping-pong: consumer c waits on named barrier 1 + c before issuing its MMAs of a tile and
 //   then releases the next one's barrier (c + 1, in a ring); the last consumer releases
 //   consumer 0's barrier once up front. Arrivals and waits balance exactly (consumer 0 waits
@@ -79,6 +80,8 @@ struct FlashSm90WsTraits {
   static constexpr bool kSeparateKvBarriers = kStages == 2;
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(4 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  // One stage would deadlock: a consumer waits for tile n before it releases tile n - 1.
+  static_assert(kStages >= 2, "at least two stages");
   static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1-3 order the consumers");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <=
                     kLaunchRegisters * kThreads,
@@ -226,8 +229,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int stage = issued % kStages;
         const uint32_t freed = (issued / kStages - 1) & 1;  // the parity of the slot's release
         const int n0 = n_block * kBlockN;
-        // K first, then V (each waits for its own slot: the consumers release K(n) an
-        // iteration before V(n)).
+        // K first, then V. With separate barriers each waits for its own slot (the consumers
+        // release K(n) an iteration before V(n)); with one pair, the stage's one release.
         if (copied_by_threads(n0, b.seqlen_kv)) {
           const int valid_rows = b.seqlen_kv - n0;
           if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
