@@ -2,6 +2,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/host_upload.h"
+#include "cuda/runtime.h"
 
 namespace dpa::cuda {
 namespace {
@@ -24,9 +25,7 @@ __global__ void write_chunk_kernel(unsigned char* destination, int count,
 
 void upload_bytes(void* device, const void* host, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DPA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) {
+  if (!stream_is_capturing(stream)) {
     DPA_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
     return;
   }

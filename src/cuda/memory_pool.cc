@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.h"
+#include "cuda/runtime.h"
 
 namespace dpa::cuda {
 namespace {
@@ -46,13 +47,11 @@ cudaMemPool_t library_memory_pool(cudaStream_t stream) {
   // torch.cuda.graph's default is global) refuses cudaStreamGetDevice, and there the current
   // device is the stream's: the captured call launches kernels on it, which fails on a stream
   // of another device. Communicators' staging buffers, which launch none, are never captured.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DPA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   int device = 0;
-  if (capture == cudaStreamCaptureStatusNone)
-    DPA_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
-  else
+  if (stream_is_capturing(stream))
     DPA_CUDA_CHECK(cudaGetDevice(&device));
+  else
+    DPA_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
   const std::lock_guard<std::mutex> lock(mutex);
   if (size_t(device) >= pools.size()) {
     pools.resize(size_t(device) + 1, nullptr);

@@ -58,13 +58,17 @@ bool is_device_memory_of(const void* pointer, int device_index) {
          (attributes.type == cudaMemoryTypeDevice && attributes.device == device_index);
 }
 
+bool stream_is_capturing(void* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DPA_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream) {
   auto cuda_stream = static_cast<cudaStream_t>(stream);
   // A graph replays its kernels without the host: a table read here would be this call's
   // forever, and the synchronisation below would end the capture with an opaque error.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DPA_CUDA_CHECK(cudaStreamIsCapturing(cuda_stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
+  if (stream_is_capturing(stream))
     throw Error(ErrorCode::kNotSupported, "stream",
                 "is capturing a CUDA graph, and this call reads a device table on the host "
                 "before it runs (sequence boundaries of a packed layout, or a KV cache's "

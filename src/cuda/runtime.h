@@ -27,6 +27,10 @@ size_t free_device_memory(int device_index);
 // take a slow path). False for host memory and unknown pointers.
 bool is_device_memory_of(const void* pointer, int device_index);
 
+// Whether `stream` (a cudaStream_t) is capturing a CUDA graph. Asked before any call that a
+// capturing stream refuses or that a graph would replay wrongly.
+bool stream_is_capturing(void* stream);
+
 // Synchronous copy of `bytes` from device memory to the host, ordered after `stream`'s work.
 // Throws kNotSupported naming "stream" while the stream captures a CUDA graph.
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, void* stream);
