@@ -39,6 +39,7 @@ def test_a_captured_training_step_replays_with_new_inputs():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
+    previous = None
     for _ in range(2):
         with torch.no_grad():
             for t in (q, k, v, sinks, grad_o):
@@ -47,7 +48,11 @@ def test_a_captured_training_step_replays_with_new_inputs():
         eager = step()
         for name, got, want in zip(("o", "dq", "dk", "dv", "dsinks"), captured, eager):
             assert torch.equal(got, want), name
-        assert not torch.equal(captured[0], torch.zeros_like(captured[0]))
+        # The new inputs moved every output: a replay of stale inputs could not pass.
+        if previous is not None:
+            for name, now, before in zip(("o", "dq", "dk", "dv", "dsinks"), captured, previous):
+                assert not torch.equal(now, before), name
+        previous = [t.clone() for t in captured]
 
 
 @pytest.mark.parametrize("page_size", [None, 1, 16], ids=["contiguous", "page1", "page16"])
@@ -79,6 +84,7 @@ def test_a_captured_decode_step_replays_with_grown_caches(page_size):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             o, lse = step(k_cache, v_cache)
+        previous = None
         for _ in range(3):  # decode: each step appends one token and attends one more
             cache_seqlens += 1
             for t in (q, k_new, v_new):
@@ -89,6 +95,11 @@ def test_a_captured_decode_step_replays_with_grown_caches(page_size):
             assert torch.equal(o, o_eager)
             assert torch.equal(lse, lse_eager)
             assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+            # The step moved the output: a replay of the captured lengths or tokens could not
+            # pass the comparisons above and this one together.
+            if previous is not None:
+                assert not torch.equal(lse, previous)
+            previous = lse.clone()
 
 
 def test_capturing_a_call_that_reads_device_tables_is_refused_naming_the_stream():
