@@ -379,11 +379,11 @@ void run_kvcache_on_device(const KvCachePlan& plan, const KvCacheConfig& config,
     p.partial_lse = p.partial_o + rows * size_t(plan.head_dim_v);
   }
   plan_kvcache_tensor_maps(plan, a, p);
-  const bool programmatic = device_info(a.q.device_index).arch >= 90;
-  launch_kvcache_attention(p, dtype, head_dim, launch.stages, unsigned(row_blocks), programmatic,
-                           stream);
-  if (p.num_splits > 1)
+  launch_kvcache_attention(p, dtype, head_dim, launch.stages, unsigned(row_blocks), stream);
+  if (p.num_splits > 1) {
+    const bool programmatic = device_info(a.q.device_index).arch >= 90;
     launch_kvcache_merge(p, dtype, int(plan.head_dim_v), queries, programmatic, stream);
+  }
 }
 
 }  // namespace dpa::cuda

@@ -15,57 +15,31 @@ unsigned capped_blocks(int64_t rows) {
   return unsigned(std::clamp<int64_t>(blocks, 1, 65535));
 }
 
-// A launch configuration whose `programmatic` (sm_90 and newer) makes the kernel the preceding
-// one's programmatic dependent: its launch overlaps that kernel's last blocks, and the kernel
-// itself waits (griddepcontrol.wait) before it reads what that kernel may have written.
-struct ProgrammaticLaunch {
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attribute = {};
-  ProgrammaticLaunch(dim3 grid, int threads, size_t shared_bytes, bool programmatic,
-                     cudaStream_t stream) {
-    config.gridDim = grid;
-    config.blockDim = dim3(unsigned(threads));
-    config.dynamicSmemBytes = shared_bytes;
-    config.stream = stream;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = programmatic ? 1 : 0;
-  }
-  ProgrammaticLaunch(const ProgrammaticLaunch&) = delete;  // config points at attribute
-  ProgrammaticLaunch& operator=(const ProgrammaticLaunch&) = delete;
-};
-
 template <typename Element, int kDim, int kStages>
-void launch_attention(const KvCacheParams& p, unsigned row_blocks, bool programmatic,
-                      cudaStream_t stream) {
+void launch_attention(const KvCacheParams& p, unsigned row_blocks, cudaStream_t stream) {
   constexpr int bytes = KvCacheTiles<kDim, kStages>::kSharedBytes;
   auto kernel = kvcache_attention_kernel<Element, kDim, kStages>;
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(unsigned(int64_t(p.batch) * p.heads_kv * p.num_splits), row_blocks);
-  const ProgrammaticLaunch launch(grid, kKvThreads, bytes, programmatic, stream);
-  DPA_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, p));
+  kernel<<<grid, kKvThreads, bytes, stream>>>(p);
+  DPA_CUDA_CHECK_LAUNCH();
 }
 
 // The compiled stage counts of one head dim: its default and its split one.
 template <typename Element, int kDim>
 void launch_attention_staged(const KvCacheParams& p, int stages, unsigned row_blocks,
-                             bool programmatic, cudaStream_t stream) {
+                             cudaStream_t stream) {
   if (stages == kv_split_stages(kDim))
-    return launch_attention<Element, kDim, kv_split_stages(kDim)>(p, row_blocks, programmatic,
-                                                                  stream);
-  return launch_attention<Element, kDim, kv_default_stages(kDim)>(p, row_blocks, programmatic,
-                                                                  stream);
+    return launch_attention<Element, kDim, kv_split_stages(kDim)>(p, row_blocks, stream);
+  return launch_attention<Element, kDim, kv_default_stages(kDim)>(p, row_blocks, stream);
 }
 
 template <typename Element>
 void launch_attention_for(const KvCacheParams& p, int head_dim, int stages, unsigned row_blocks,
-                          bool programmatic, cudaStream_t stream) {
-  if (head_dim == 64)
-    return launch_attention_staged<Element, 64>(p, stages, row_blocks, programmatic, stream);
-  if (head_dim == 128)
-    return launch_attention_staged<Element, 128>(p, stages, row_blocks, programmatic, stream);
-  return launch_attention_staged<Element, 256>(p, stages, row_blocks, programmatic, stream);
+                          cudaStream_t stream) {
+  if (head_dim == 64) return launch_attention_staged<Element, 64>(p, stages, row_blocks, stream);
+  if (head_dim == 128) return launch_attention_staged<Element, 128>(p, stages, row_blocks, stream);
+  return launch_attention_staged<Element, 256>(p, stages, row_blocks, stream);
 }
 
 template <int kDim, int kStages>
@@ -139,23 +113,29 @@ void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk,
 }
 
 void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim, int stages,
-                              unsigned row_blocks, bool programmatic, cudaStream_t stream) {
+                              unsigned row_blocks, cudaStream_t stream) {
   if (dtype == DType::kBFloat16)
-    launch_attention_for<__nv_bfloat16>(p, head_dim, stages, row_blocks, programmatic, stream);
+    launch_attention_for<__nv_bfloat16>(p, head_dim, stages, row_blocks, stream);
   else
-    launch_attention_for<__half>(p, head_dim, stages, row_blocks, programmatic, stream);
+    launch_attention_for<__half>(p, head_dim, stages, row_blocks, stream);
 }
 
 void launch_kvcache_merge(const KvCacheParams& p, DType dtype, int head_dim_v, int64_t max_queries,
                           bool programmatic, cudaStream_t stream) {
-  const dim3 grid(unsigned(std::clamp<int64_t>(max_queries * p.heads_q, 1, 65535)),
-                  unsigned(p.batch));
-  const ProgrammaticLaunch launch(grid, kMergeThreads, 0, programmatic, stream);
+  cudaLaunchConfig_t config = {};
+  config.gridDim =
+      dim3(unsigned(std::clamp<int64_t>(max_queries * p.heads_q, 1, 65535)), unsigned(p.batch));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
   if (dtype == DType::kBFloat16)
-    DPA_CUDA_CHECK(
-        cudaLaunchKernelEx(&launch.config, kvcache_merge_kernel<__nv_bfloat16>, p, head_dim_v));
+    DPA_CUDA_CHECK(cudaLaunchKernelEx(&config, kvcache_merge_kernel<__nv_bfloat16>, p, head_dim_v));
   else
-    DPA_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kvcache_merge_kernel<__half>, p, head_dim_v));
+    DPA_CUDA_CHECK(cudaLaunchKernelEx(&config, kvcache_merge_kernel<__half>, p, head_dim_v));
 }
 
 void launch_kvcache_flash_tables(const KvCacheParams& p, int* tables, cudaStream_t stream) {

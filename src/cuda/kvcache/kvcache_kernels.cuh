@@ -300,13 +300,6 @@ __global__ void __launch_bounds__(kKvThreads)
     if (threadIdx.x < kStages) ptx::mbarrier_init(barriers + 8 * threadIdx.x, kKvThreads);
     __syncthreads();
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as the preceding kernel's programmatic dependent (launch_kvcache_attention): the
-  // block may be resident while that kernel (the append, or whatever the caller ran before the
-  // call: it may have written q or the tables) finishes; nothing global is read before it has
-  // and its writes are visible. A no-op when launched plainly.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 
   const int split = int(blockIdx.x % unsigned(p.num_splits));
   const int sequence_head = int(blockIdx.x / unsigned(p.num_splits));

@@ -30,11 +30,9 @@ void launch_kvcache_append(const KvCacheParams& p, DType dtype, int head_dim_qk,
 
 // The attention: p.batch * p.heads_kv * p.num_splits blocks along x, `row_blocks` along y (each
 // strides over its sequence's packed rows, so any count is correct); `stages` is one of the two
-// above. `programmatic` (sm_90 and newer): launched as the preceding kernel's programmatic
-// dependent (the append's, or the caller's last kernel), so that its launch overlaps that
-// kernel's last blocks; it waits for the whole grid before it reads anything.
+// above.
 void launch_kvcache_attention(const KvCacheParams& p, DType dtype, int head_dim, int stages,
-                              unsigned row_blocks, bool programmatic, cudaStream_t stream);
+                              unsigned row_blocks, cudaStream_t stream);
 
 // The merge of p.num_splits > 1 partials; `max_queries` bounds any sequence's queries (grid
 // size only). `programmatic` (sm_90 and newer): launched as the preceding attention kernel's
