@@ -62,7 +62,9 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
     EXPECT_EQ(flash_forward_wgmma_ws_consumers(pair[0], pair[1]), consumers);
     EXPECT_EQ(shape.warps, 4 * (1 + consumers));
     EXPECT_EQ(shape.block_m, 64 * consumers);
-    EXPECT_EQ(shape.block_n, plain.block_n);
+    // The two-warpgroup form's key tile, except 80 keys at d = 256 (FlashAttention-3's).
+    EXPECT_EQ(shape.block_n, pair[0] == 256 ? 80 : plain.block_n);
+    EXPECT_EQ(flash_forward_wgmma_ws_power_of_two_tile(pair[0], pair[1]), pair[0] != 256);
     EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
     const int stages =
         flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_m, shape.block_n);
@@ -73,6 +75,7 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   // d = 128: Q (32 KB) and three 64 KB stages fit; d = 256 (64-key tiles, 64 KB stages) does not.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128), 3);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 64), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 80), 2);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 192, 128), 3);
   // Narrow windows keep two consumer warpgroups at d = 64 (a 192-row block would see 191 more
   // keys than one query does); wider ones, or none, take three.

@@ -52,7 +52,7 @@ std::string describe_flash_plan(const FeatureRequest& r) {
     return "forward kernel family kvcache decode (the query heads of a KV head packed into "
            "16-row blocks, split-KV with an LSE merge)";
   const cuda::FlashTileShape shape = cuda::flash_forward_shape(
-      dqk, dv, r.max_seqlen_q, r.window_span, r.device_arch, r.flash_forward_kernel);
+      dqk, dv, r.max_seqlen_q, r.window_span, r.device_arch, r.flash_forward_kernel, r.dropout);
   const std::string tiles =
       ", tiles " + std::to_string(shape.block_m) + " x " + std::to_string(shape.block_n);
   if (shape.warp_specialized) {
@@ -137,7 +137,8 @@ class CudaFlashBackend final : public Backend {
       const int need = r.pass == Pass::kBackward
                            ? backward_plan(r).shared_bytes
                            : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.window_span,
-                                                       device.arch, r.flash_forward_kernel)
+                                                       device.arch, r.flash_forward_kernel,
+                                                       r.dropout)
                                  .shared_bytes;
       if (size_t(need) <= device.shared_memory_per_block_optin) return std::nullopt;
       return "its tiles need " + std::to_string(need) + " bytes of shared memory per block, the " +

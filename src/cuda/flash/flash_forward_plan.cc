@@ -197,19 +197,23 @@ size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {
 }
 
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
-                                   int64_t window_span, int arch, FlashForwardKernel kernel) {
+                                   int64_t window_span, int arch, FlashForwardKernel kernel,
+                                   bool dropout) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
   // On Hopper the warp-specialised wgmma kernel where it measured fastest
   // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form; the
   // config's kernel family (tests, benches) can ask for the mma.sync family or either wgmma
-  // form instead.
+  // form instead. Dropout takes the two-warpgroup form where the warp-specialised tile cannot
+  // draw its keep bits (flash_forward_wgmma_ws_power_of_two_tile), even when the config asks for
+  // the warp-specialised one: the feature is kept, the family given up.
   const bool hopper = arch == 90 && kernel != FlashForwardKernel::kMmaSync;
   FlashTileShape shape = flash_forward_tile_shape(int(head_dim_qk), int(head_dim_v),
                                                   max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
   const bool warp_specialized =
-      kernel == FlashForwardKernel::kWgmmaWs ||
-      (kernel != FlashForwardKernel::kWgmma &&
-       flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)));
+      (kernel == FlashForwardKernel::kWgmmaWs ||
+       (kernel != FlashForwardKernel::kWgmma &&
+        flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)))) &&
+      (!dropout || flash_forward_wgmma_ws_power_of_two_tile(int(head_dim_qk), int(head_dim_v)));
   if (shape.wgmma && warp_specialized)
     shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span);
   return shape;
@@ -217,7 +221,8 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
 
 FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
   return flash_forward_shape(p.head_dim_qk, p.head_dim_v, p.max_seqlen_q, p.window_span(),
-                             device_info(p.device_index).arch, p.flash_forward_kernel);
+                             device_info(p.device_index).arch, p.flash_forward_kernel,
+                             p.dropout_threshold != 0);
 }
 
 }  // namespace dpa::cuda

@@ -63,10 +63,10 @@ size_t flash_forward_partials_bytes(const AttentionProblem& problem, int num_spl
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
 // the wgmma forms on compute capability 9.0 (`arch` 90); `window_span` (AttentionProblem::
-// window_span) may
-// narrow the warp-specialised block.
+// window_span) may narrow the warp-specialised block, and `dropout` may rule that form out.
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
-                                   int64_t window_span, int arch, FlashForwardKernel kernel);
+                                   int64_t window_span, int arch, FlashForwardKernel kernel,
+                                   bool dropout);
 FlashTileShape flash_forward_shape_for(const AttentionProblem& problem);
 
 }  // namespace dpa::cuda

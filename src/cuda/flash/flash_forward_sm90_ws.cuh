@@ -107,9 +107,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kVTiles = kDimV / 8;
   constexpr int kConsumers = Traits::kConsumers;
   constexpr int kConsumerThreads = 128 * kConsumers;
-  // Tiles of other key counts (dev benches' 80-key tiles at d = 256) take neither paged caches
-  // nor dropout: a paged tile is whole boxes of pages, and the quads draw four Philox blocks at
-  // a time (launch_flash_forward_ws_kernel refuses both).
+  // Tiles of other key counts (d = 256's 80 keys) take neither paged caches nor dropout: a paged
+  // tile is whole boxes of pages, and the quads draw four Philox blocks at a time
+  // (flash_forward_wgmma_ws_power_of_two_tile; launch_flash_forward_ws_kernel refuses both).
   constexpr bool kPowerOfTwoTile = (kBlockN & (kBlockN - 1)) == 0;
 
   extern __shared__ __align__(1024) unsigned char shared_ws[];
