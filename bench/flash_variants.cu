@@ -78,11 +78,11 @@ const char* flash_variant_name(int variant) {
     case 10:
       return "d64 wgmma warp-specialised ping-pong, two consumer warpgroups (128 rows)";
     case 11:
-      return "d256 wgmma 2 warpgroups, block_n 64 (library on sm_90 with dropout)";
+      return "d256 wgmma 2 warpgroups, block_n 64";
     case 12:
-      return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages";
+      return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages (library with a window or dropout)";
     case 13:
-      return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (library on sm_90)";
+      return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (library otherwise)";
     default:
       return nullptr;
   }

@@ -177,19 +177,15 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 80"), std::string::npos);
   r.flash_forward_kernel = FlashForwardKernel::kWgmma;
   EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
-  // Dropout cannot draw its keep bits on the 80-key tile: the two-warpgroup form takes it, also
-  // when the config asks for the warp-specialised one (the feature stays, the family goes).
-  r.dropout = true;
-  for (FlashForwardKernel kernel : {FlashForwardKernel::kAuto, FlashForwardKernel::kWgmmaWs}) {
-    r.flash_forward_kernel = kernel;
-    EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups), tiles 128 x 64"),
-              std::string::npos);
-  }
-  r.head_dim_qk = r.head_dim_v = 128;  // a 128-key tile draws them
+  // Dropout (keep bits drawn for a power-of-two tile) and windows keep 64-key tiles there.
   r.flash_forward_kernel = FlashForwardKernel::kAuto;
+  r.dropout = true;
   EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
+  EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 64"), std::string::npos);
   r.dropout = false;
-  r.head_dim_qk = r.head_dim_v = 256;
+  r.window_span = 4096;
+  EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 64"), std::string::npos);
+  r.window_span = -1;
   r.head_dim_qk = r.head_dim_v = 128;
   r.device_arch = 80;
   r.flash_forward_kernel = FlashForwardKernel::kAuto;

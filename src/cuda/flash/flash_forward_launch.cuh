@@ -94,6 +94,19 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
+      // Head dims whose key tile is not the two-warpgroup form's also have that one, for windows
+      // and dropout (flash_forward_wgmma_ws_block_n).
+      constexpr int kPlainBlockN = flash_forward_wgmma_tile_shape(kHeadDimQK, kHeadDimV).block_n;
+      if constexpr (Traits::kBlockN != kPlainBlockN) {
+        if (p.block_n == kPlainBlockN)
+          return launch_flash_forward_ws<
+              FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, kPlainBlockN>>(p, stream);
+      }
+      if (p.block_n != Traits::kBlockN)
+        throw Error(ErrorCode::kInternal, "block_n",
+                    "planned " + std::to_string(p.block_n) +
+                        "-key tiles, the head dims have a kernel with " +
+                        std::to_string(Traits::kBlockN));
       // Head dims that take three consumer warpgroups also have two, for narrow windows
       // (flash_forward_wgmma_ws_consumers).
       if constexpr (Traits::kConsumers == 3) {

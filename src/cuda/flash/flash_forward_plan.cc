@@ -156,6 +156,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.wgmma = shape.wgmma;
   params.warp_specialized = shape.warp_specialized;
   params.consumer_warpgroups = shape.block_m / 64;
+  params.block_n = shape.block_n;
   params.decode = shape.warps == 1;
   if (use == FlashForwardPlanUse::kBackward) return plan;
   plan_tensor_maps(p, shape, params);
@@ -203,19 +204,18 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
   // On Hopper the warp-specialised wgmma kernel where it measured fastest
   // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form; the
   // config's kernel family (tests, benches) can ask for the mma.sync family or either wgmma
-  // form instead. Dropout takes the two-warpgroup form where the warp-specialised tile cannot
-  // draw its keep bits (flash_forward_wgmma_ws_power_of_two_tile), even when the config asks for
-  // the warp-specialised one: the feature is kept, the family given up.
+  // form instead. The window and dropout may change the warp-specialised form's tile
+  // (flash_forward_wgmma_ws_tile_shape).
   const bool hopper = arch == 90 && kernel != FlashForwardKernel::kMmaSync;
   FlashTileShape shape = flash_forward_tile_shape(int(head_dim_qk), int(head_dim_v),
                                                   max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
   const bool warp_specialized =
-      (kernel == FlashForwardKernel::kWgmmaWs ||
-       (kernel != FlashForwardKernel::kWgmma &&
-        flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)))) &&
-      (!dropout || flash_forward_wgmma_ws_power_of_two_tile(int(head_dim_qk), int(head_dim_v)));
+      kernel == FlashForwardKernel::kWgmmaWs ||
+      (kernel != FlashForwardKernel::kWgmma &&
+       flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)));
   if (shape.wgmma && warp_specialized)
-    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span);
+    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span,
+                                              dropout);
   return shape;
 }
 

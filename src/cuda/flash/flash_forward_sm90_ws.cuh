@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kConsumerThreads = 128 * kConsumers;
   // Tiles of other key counts (d = 256's 80 keys) take neither paged caches nor dropout: a paged
   // tile is whole boxes of pages, and the quads draw four Philox blocks at a time
-  // (flash_forward_wgmma_ws_power_of_two_tile; launch_flash_forward_ws_kernel refuses both).
+  // (flash_forward_wgmma_ws_block_n; launch_flash_forward_ws_kernel refuses both).
   constexpr bool kPowerOfTwoTile = (kBlockN & (kBlockN - 1)) == 0;
 
   extern __shared__ __align__(1024) unsigned char shared_ws[];

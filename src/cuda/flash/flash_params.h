@@ -81,6 +81,9 @@ struct FlashForwardParams {
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
   // That form's consumer warpgroups of 64 query rows (flash_forward_wgmma_ws_consumers).
   int consumer_warpgroups = 2;
+  // Keys per tile of the planned shape: the warp-specialised form has two at some head dims
+  // (flash_forward_wgmma_ws_block_n), and its tensor maps' boxes are this many rows.
+  int block_n = 0;
   bool decode = false;  // one-warp 16-row tiles (flash_forward_tile_shape(.., decode = true))
   // The warp-specialised kernel's grid: at most this many blocks, each looping over blocks of
   // work (a persistent grid: one block per SM); 0 launches one block per block of work.

@@ -130,28 +130,24 @@ constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
 }
 
 // Keys per tile of the warp-specialised form: the two-warpgroup form's, except 80 at head dim 256
-// (FlashAttention-3's tile there; with two stages whose K and V have barriers of their own it
-// measured 1.02-1.06x of the 64-key tile: docs/perf.md, session 28).
-constexpr int flash_forward_wgmma_ws_block_n(int head_dim_qk, int head_dim_v) {
-  if (head_dim_qk == 256 && head_dim_v == 256) return 80;
+// without a window or dropout (FlashAttention-3's tile there: with two stages whose K and V have
+// barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md, session 28).
+// Windows and dropout keep 64 keys at 256: a windowed row measured 0.82x on the 80-key tile, and
+// the quads draw dropout's keep bits four 8-key Philox blocks at a time, so its tile is a power
+// of two (as a paged tile is whole boxes of pages; paged K/V reach this kernel only at head dims
+// 64 and 128, kvcache_prefill_on_flash).
+constexpr int flash_forward_wgmma_ws_block_n(int head_dim_qk, int head_dim_v,
+                                             int64_t window_span = -1, bool dropout = false) {
+  if (head_dim_qk == 256 && head_dim_v == 256 && window_span < 0 && !dropout) return 80;
   return flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v).block_n;
 }
 
-// Whether the warp-specialised form of these head dims takes dropout and paged K/V. Both need a
-// key tile of a power of two: the quads draw the keep bits four 8-key Philox blocks at a time,
-// and a paged tile is whole boxes of pages (launch_flash_forward_ws_kernel refuses both
-// otherwise). flash_forward_shape sends dropout at other tiles to the two-warpgroup form; paged
-// K/V reach the flash forward only at head dims 64 and 128 (kvcache_prefill_on_flash).
-constexpr bool flash_forward_wgmma_ws_power_of_two_tile(int head_dim_qk, int head_dim_v) {
-  const int block_n = flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v);
-  return (block_n & (block_n - 1)) == 0;
-}
-
 constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v,
-                                                           int64_t window_span = -1) {
+                                                           int64_t window_span = -1,
+                                                           bool dropout = false) {
   FlashTileShape shape = flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
   shape.warp_specialized = true;
-  shape.block_n = flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v);
+  shape.block_n = flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v, window_span, dropout);
   const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v, window_span);
   shape.block_m = 64 * consumers;
   shape.warps = 4 * (1 + consumers);
@@ -167,7 +163,8 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
 // bf16 b=2 s=8192): d = 64 216 vs 170 TFLOP/s and d = 128 361 vs 287 (softcap 50, H=16) for the
 // warp-specialised form; d = 192 (H=8, TMA, session 9) 577 vs 435 plain, 450 vs 336 softcap 50;
 // d = 256 (64-key tiles, two stages, K and V on barriers of their own) 1.54 vs 2.20 ms plain,
-// 1.71-1.79 vs 2.42 ms softcap 50 (session 27; 80-key tiles since session 28). The MLA pair
+// 1.71-1.79 vs 2.42 ms softcap 50 (session 27; 80-key tiles without a window since session
+// 28). The MLA pair
 // 192 / 128 keeps the plain form until measured.
 constexpr bool flash_forward_wgmma_prefers_warp_specialized(int head_dim_qk, int head_dim_v) {
   return (head_dim_qk <= 128 && head_dim_v <= 128) ||

@@ -244,7 +244,9 @@ FlashForwardParams flash_prefill_params(const KvCachePlan& plan, const KvCacheLa
   f.softmax_offset = k.softmax_offset;
   f.wgmma = true;
   f.warp_specialized = true;
-  f.consumer_warpgroups = prefill_tile_shape(plan, f).block_m / 64;
+  const FlashTileShape shape = prefill_tile_shape(plan, f);
+  f.consumer_warpgroups = shape.block_m / 64;
+  f.block_n = shape.block_n;
   f.persistent_blocks = device_info(device_index).sm_count;
   f.block_table = k.block_table;
   f.block_table_stride = k.block_table_stride;
