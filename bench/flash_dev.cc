@@ -365,6 +365,12 @@ int main(int argc, char** argv) {
     gptoss.mask = MaskType::kCausal;
     gptoss.window_left = 128;
     gptoss.softmax = SoftmaxType::kLearnable;
+    // Gemma 2's local layers: a 4096-token window with softcap 50 (d = 256 at 9B and 27B).
+    Features gemma_local{"gemma2 window4096 softcap50"};
+    gemma_local.mask = MaskType::kCausal;
+    gemma_local.window_left = 4095;
+    gemma_local.window_right = 0;
+    gemma_local.softcap = 50;
     Features drop{"dropout0.3 softcap1"};
     drop.dropout = 0.3;
     drop.softcap = 1;
@@ -419,6 +425,8 @@ int main(int argc, char** argv) {
         if (cuda::flash_variant_head_dim(v) == 256) {
           for (const Features& f : {plain, cap, causal_sink})
             time_config({2, 8, 8, 8192, 8192, 256, 256}, f, v);
+          // The library keeps 64-key tiles under a window (flash_forward_wgmma_ws_block_n).
+          time_config({1, 16, 8, 16384, 16384, 256, 256}, gemma_local, v);
           continue;
         }
         const Shape big{2, 16, 16, 8192, 8192, 128, 128};
