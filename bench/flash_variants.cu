@@ -80,7 +80,8 @@ const char* flash_variant_name(int variant) {
     case 11:
       return "d256 wgmma 2 warpgroups, block_n 64";
     case 12:
-      return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages (library with a window or dropout)";
+      return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages (library with a window "
+             "or dropout)";
     case 13:
       return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (library otherwise)";
     default:

@@ -134,12 +134,12 @@ class CudaFlashBackend final : public Backend {
       const cuda::DeviceInfo& device = cuda::device_info(r.device_index);
       if (!device.present) return std::nullopt;  // unavailable anyway, with its own reason
       const int dqk = int(r.head_dim_qk), dv = int(r.head_dim_v);
-      const int need = r.pass == Pass::kBackward
-                           ? backward_plan(r).shared_bytes
-                           : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.window_span,
-                                                       device.arch, r.flash_forward_kernel,
-                                                       r.dropout)
-                                 .shared_bytes;
+      const int need =
+          r.pass == Pass::kBackward
+              ? backward_plan(r).shared_bytes
+              : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.window_span, device.arch,
+                                          r.flash_forward_kernel, r.dropout)
+                    .shared_bytes;
       if (size_t(need) <= device.shared_memory_per_block_optin) return std::nullopt;
       return "its tiles need " + std::to_string(need) + " bytes of shared memory per block, the " +
              "device has " + std::to_string(device.shared_memory_per_block_optin);

@@ -214,8 +214,8 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
       (kernel != FlashForwardKernel::kWgmma &&
        flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)));
   if (shape.wgmma && warp_specialized)
-    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span,
-                                              dropout);
+    shape =
+        flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span, dropout);
   return shape;
 }
 
