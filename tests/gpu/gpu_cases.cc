@@ -201,6 +201,18 @@ std::vector<GpuCase> gpu_cases() {
                                [](CaseSpec& s) { s.config.format = Format::kSBHD; },
                                mask(MaskType::kCausal)})),
 
+      // More blocks of work than an H100 / H200 has SMs, sequences filling their tensors (TMA
+      // without tails): the persistent grid, causal on the dynamic schedule (a CTA takes
+      // several blocks of work, longest first), bottom-right with 12 of 16 query blocks per head
+      // seeing no key (empty blocks of work handed over between full ones).
+      make("persistent_causal_sink",
+           all({sizes(1, 1024, 1024, 24, 4, 128), mask(MaskType::kCausal),
+                softmax(SoftmaxType::kLearnable)}),
+           mask(MaskType::kNoMask)),
+      make("persistent_empty_blocks_bottom_right",
+           all({sizes(1, 2048, 512, 16, 4, 128), mask(MaskType::kCausalBottomRight)}),
+           mask(MaskType::kNoMask)),
+
       // Every mask type (arbitrary: cuda_unfused only).
       make("causal", mask(MaskType::kCausal), mask(MaskType::kNoMask)),
       make("causal_bottom_right", mask(MaskType::kCausalBottomRight), mask(MaskType::kNoMask)),
