@@ -130,12 +130,14 @@ constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
 }
 
 // Keys per tile of the warp-specialised form: the two-warpgroup form's, except 80 at head dim 256
-// without a window or dropout (FlashAttention-3's tile there: with two stages whose K and V have
-// barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md, session 28).
-// Windows and dropout keep 64 keys at 256: a windowed row measured 0.82x on the 80-key tile, and
-// the quads draw dropout's keep bits four 8-key Philox blocks at a time, so its tile is a power
-// of two (as a paged tile is whole boxes of pages; paged K/V reach this kernel only at head dims
-// 64 and 128, kvcache_prefill_on_flash).
+// without a bounded window or dropout (FlashAttention-3's tile there: with two stages whose K
+// and V have barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md,
+// session 28). A window bounded on both sides (`window_span` >= 0: causal counts as a right
+// bound of 0) and dropout keep 64 keys at 256: a windowed row measured 0.82x on the 80-key tile,
+// and the quads draw dropout's keep bits four 8-key Philox blocks at a time, so its tile is a
+// power of two (as a paged tile is whole boxes of pages; paged K/V reach this kernel only at
+// head dims 64 and 128, kvcache_prefill_on_flash). A window bounded on one side only sees as
+// many keys per row as no window does, and takes 80.
 constexpr int flash_forward_wgmma_ws_block_n(int head_dim_qk, int head_dim_v,
                                              int64_t window_span = -1, bool dropout = false) {
   if (head_dim_qk == 256 && head_dim_v == 256 && window_span < 0 && !dropout) return 80;
