@@ -84,10 +84,6 @@ std::string describe(const char* name, double error, double tolerance) {
          std::to_string(tolerance) + ")";
 }
 
-}  // namespace
-
-namespace {
-
 // A graph replays a captured copy from host memory from the captured address, which a call's
 // temporary tables no longer own by then (the released bytes usually still hold the values, so
 // a replay's results could not show it): no copy node of a captured call may read the host.

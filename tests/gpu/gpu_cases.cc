@@ -202,9 +202,9 @@ std::vector<GpuCase> gpu_cases() {
                                mask(MaskType::kCausal)})),
 
       // More blocks of work than an H100 / H200 has SMs, sequences filling their tensors (TMA
-      // without tails): the persistent grid, causal on the dynamic schedule (a CTA takes
-      // several blocks of work, longest first), bottom-right with 12 of 16 query blocks per head
-      // seeing no key (empty blocks of work handed over between full ones).
+      // without tails): a causal triangle, and bottom-right with 12 of 16 query blocks per head
+      // seeing no key (blocks of work without tiles among full ones). A persistent grid over
+      // them (docs/gpu_testing.md's queued dynamic schedule) gives each CTA several.
       make("persistent_causal_sink",
            all({sizes(1, 1024, 1024, 24, 4, 128), mask(MaskType::kCausal),
                 softmax(SoftmaxType::kLearnable)}),
