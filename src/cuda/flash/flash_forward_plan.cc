@@ -163,13 +163,13 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   plan_tensor_maps(p, shape, params);
   params.num_splits = flash_forward_num_splits(p, shape);
   // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) with TMA
-  // copies of full-length sequences. Where every block of work visits about as many KV tiles (no
-  // window, or one bounded on both sides) a static stride over them balances; a causal triangle
-  // takes the dynamic schedule instead, longest blocks first to whichever SM is free (a static
-  // stride measured 564 against 589 TFLOP/s for one block per block of work on d = 128 causal sink,
-  // docs/perf.md, session 13). A split launch has about one block of work per SM already (the
-  // splits fill the device), so it gains nothing from looping; ragged sequences keep the hardware's
-  // block scheduler.
+  // copies of full-length sequences (no tails: one producer thread). Where every block of work
+  // visits about as many KV tiles (no window, or one bounded on both sides) a static stride over
+  // them balances; a causal triangle takes the dynamic schedule instead, longest blocks first to
+  // whichever SM is free (a static stride measured 564 against 589 TFLOP/s for one block per
+  // block of work on d = 128 causal sink, docs/perf.md, session 13). A split launch has about
+  // one block of work per SM already (the splits fill the device), so it gains nothing from
+  // looping; ragged sequences keep the hardware's block scheduler.
   if (shape.warp_specialized && params.tma && !params.tma_tails && params.num_splits == 1) {
     params.persistent_blocks = device_info(p.device_index).sm_count;
     const bool uniform_work = (params.window_left < 0) == (params.window_right < 0);

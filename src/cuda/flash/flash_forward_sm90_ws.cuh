@@ -23,8 +23,8 @@
 //   consumers, FlashAttention-3's split; 24 / 160 with three).
 // - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
 //   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
-// - Persistent grid (p.persistent_blocks): each block loops over blocks of work, named by the
-//   schedule below (query blocks fastest and last first, so the longest causal blocks start
+// - Persistent grid (p.persistent_blocks): each block loops over blocks of work w = blockIdx.x,
+//   + gridDim.x, ... (query blocks fastest and last first, so the longest causal blocks start
 //   early and concurrent blocks share their heads' K and V in L2). The stage ring runs on across
 //   blocks of work, and Q has a second barrier, q_empty, which the consumers arrive on once
 //   their last S = Q K^T of a block is done: the producer loads the next block's Q and first
