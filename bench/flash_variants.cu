@@ -29,10 +29,7 @@ void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream, bool tma = tru
   shape.warp_specialized = true;
   FlashForwardPlan plan = plan_flash_forward(p, shape, stream);
   plan.params.tma = plan.params.tma && tma;
-  if (!persistent) {
-    plan.params.persistent_blocks = 0;
-    plan.params.work_counter = nullptr;
-  }
+  if (!persistent) plan.params.persistent_blocks = 0;
   // The instantiation the library would pick (the plain-logits one for plain d64 problems).
   launch_flash_forward_ws<Traits>(plan.params, stream);
   if (plan.params.num_splits > 1)

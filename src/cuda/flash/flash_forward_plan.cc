@@ -6,7 +6,6 @@
 #include <optional>
 #include <vector>
 
-#include "cuda/cuda_check.h"
 #include "cuda/runtime.h"
 #include "cuda/tensor_map.h"
 
@@ -162,23 +161,17 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   if (use == FlashForwardPlanUse::kBackward) return plan;
   plan_tensor_maps(p, shape, params);
   params.num_splits = flash_forward_num_splits(p, shape);
-  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) with TMA
-  // copies of full-length sequences (no tails: one producer thread). Where every block of work
-  // visits about as many KV tiles (no window, or one bounded on both sides) a static stride over
-  // them balances; a causal triangle takes the dynamic schedule instead, longest blocks first to
-  // whichever SM is free (a static stride measured 564 against 589 TFLOP/s for one block per
-  // block of work on d = 128 causal sink, docs/perf.md, session 13). A split launch has about
-  // one block of work per SM already (the splits fill the device), so it gains nothing from
-  // looping; ragged sequences keep the hardware's block scheduler.
-  if (shape.warp_specialized && params.tma && !params.tma_tails && params.num_splits == 1) {
+  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where
+  // every block of work visits about as many KV tiles, so that a static stride over them
+  // balances: full-length sequences (TMA's condition) and no window or one bounded on both
+  // sides. The hardware's block scheduler balances a causal triangle or ragged sequences better
+  // (measured: d = 128 causal sink 564 persistent vs 589 TFLOP/s; gpt-oss window 128 91.6 vs
+  // 77.0; docs/perf.md, session 13). A split launch has about one block of work per SM
+  // already (the splits fill the device), so it gains nothing from looping.
+  const bool uniform_work =
+      params.tma && !params.tma_tails && (params.window_left < 0) == (params.window_right < 0);
+  if (shape.warp_specialized && uniform_work && params.num_splits == 1)
     params.persistent_blocks = device_info(p.device_index).sm_count;
-    const bool uniform_work = (params.window_left < 0) == (params.window_right < 0);
-    if (!uniform_work) {
-      plan.work_counter = DeviceBuffer(sizeof(int), stream);
-      DPA_CUDA_CHECK(cudaMemsetAsync(plan.work_counter.get(), 0, sizeof(int), stream));
-      params.work_counter = plan.work_counter.get<int>();
-    }
-  }
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
@@ -196,10 +189,6 @@ int flash_forward_num_splits(const AttentionProblem& p, const FlashTileShape& sh
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
   return choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
                            device_info(p.device_index).sm_count, shape.blocks_per_sm);
-}
-
-size_t flash_forward_work_counter_bytes(const FlashTileShape& shape) {
-  return shape.warp_specialized ? sizeof(int) : 0;
 }
 
 size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {

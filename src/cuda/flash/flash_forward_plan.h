@@ -15,9 +15,8 @@ namespace dpa::cuda {
 
 struct FlashForwardPlan {
   FlashForwardParams params;
-  SequenceTables tables;      // params point into these
-  DeviceBuffer partials;      // split-KV partial o / lse, when params.num_splits > 1
-  DeviceBuffer work_counter;  // params.work_counter's int, zeroed on the stream
+  SequenceTables tables;  // params point into these
+  DeviceBuffer partials;  // split-KV partial o / lse, when params.num_splits > 1
 };
 
 // A tensor's batch, row and head strides (elements) into kernel parameters.
@@ -61,10 +60,6 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const Flash
 // The split-KV count the forward launches with `shape`, and the bytes of its partials.
 int flash_forward_num_splits(const AttentionProblem& problem, const FlashTileShape& shape);
 size_t flash_forward_partials_bytes(const AttentionProblem& problem, int num_splits);
-// The workspace bytes of the dynamic schedule's counter: reserved for every warp-specialised
-// launch (whether it gets one depends on its tensor maps, which the workspace query does not
-// build).
-size_t flash_forward_work_counter_bytes(const FlashTileShape& shape);
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
 // the wgmma forms on compute capability 9.0 (`arch` 90); `window_span` (AttentionProblem::

@@ -30,18 +30,6 @@
 //   their last S = Q K^T of a block is done: the producer loads the next block's Q and first
 //   K, V tiles while the consumers finish the last tile and store O. The ping-pong alternation
 //   runs on across blocks of work too (every consumer visits the same tiles).
-// - Schedule (with TMA): a block's block of work 0 is blockIdx.x; the first thread of consumer
-//   0 names block of work k + 1 as it starts block k (the static stride's, or with
-//   p.work_counter, the dynamic schedule of a persistent grid over a causal triangle, the
-//   counter's next value plus gridDim.x) and hands it to the copying warp and every consumer
-//   through shared slot (k + 1) % 2, with a full and an empty barrier per slot. The longest
-//   blocks of work still go first, to whichever SM is free, as the hardware's block scheduler
-//   hands out a grid of one block per block of work, and the producer still loads the next
-//   block's Q and first tiles under the consumers' last tile. An index past the last ends the
-//   block. In a thread of the producer warpgroup (24 registers) the atomic made ptxas spill the
-//   copying thread's state (144-168 bytes against 20). Without TMA (all 128 producer threads
-//   copy) producer and consumers stride statically. With TMA the whole of warp 0 runs the
-//   producer's loop (lane 0 issues the copies, the others arrive), with or without tails.
 #pragma once
 
 #include <type_traits>
@@ -157,10 +145,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   const uint32_t q_full = barriers + 8u * (4 * kStages);
   const uint32_t q_empty = barriers + 8u * (4 * kStages + 1);
-  auto work_full = [&](int slot) { return barriers + 8u * (4 * kStages + 2 + slot); };
-  auto work_empty = [&](int slot) { return barriers + 8u * (4 * kStages + 4 + slot); };
-  auto work_slot = [&](int slot) { return barriers + 8u * (4 * kStages + 6) + 4u * slot; };
-  static_assert(8 * (4 * kStages + 6) + 8 <= Traits::kBarrierBytes, "barriers and work slots");
 
   // Blocks of work: query blocks (fastest, last first), heads, batch * splits.
   const int m_blocks = (p.max_seqlen_q + kBlockM - 1) / kBlockM;
@@ -171,11 +155,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                             rest / p.heads_q, b);
   };
 
-  // A stage's K or V is full after warp 0's arrivals (with TMA: lane 0's expect-tx and its
-  // bytes, the other lanes' plain arrivals or, for a tile that crosses a sequence's end inside
-  // the tensor, p.tma_tails, every lane's cp.async arrival), or after the cp.async arrivals of
-  // the whole warpgroup without TMA.
-  const uint32_t producer_arrivals = p.tma ? 32 : 128;
+  // A stage's K or V is full after one expect-tx arrival and its bytes (TMA), or after the
+  // cp.async arrivals of the threads that copy it: warp 0 with TMA where some key tiles cross a
+  // sequence's end inside the tensor (p.tma_tails), the warpgroup without TMA.
+  const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(k_full(s), producer_arrivals);
@@ -187,12 +170,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     ptx::mbarrier_init(q_full, producer_arrivals);
     ptx::mbarrier_init(q_empty, kConsumerThreads);
-    // A slot is written by the scheduling thread and read by the copying thread (lane 0
-    // arrives for its warp) and every consumer thread.
-    for (int slot = 0; slot < 2; ++slot) {
-      ptx::mbarrier_init(work_full(slot), 1);
-      ptx::mbarrier_init(work_empty(slot), 1 + kConsumerThreads);
-    }
   }
   __syncthreads();
 
@@ -210,12 +187,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (warpgroup == 0 && p.tma) {
     // Producer with TMA: one thread issues every copy (64-column boxes), the copy engine
-    // writes the swizzled tiles and counts their bytes on the stage's barrier. The rest of warp
-    // 0 arrives on the barriers (a uniform block of work for the warp: read from a slot) and
-    // with tails copies the tiles that cross a sequence's end with cp.async.
+    // writes the swizzled tiles and counts their bytes on the stage's barrier. With tails, the
+    // rest of warp 0 stays to copy the tiles that cross a sequence's end with cp.async, and
+    // arrives on the other tiles' barriers.
     ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     const int lane = int(threadIdx.x);
-    if (lane >= 32) return;
+    if (lane >= (p.tma_tails ? 32 : 1)) return;
     if (lane == 0) {
       ptx::prefetch_tensor_map(&p.q_map);
       ptx::prefetch_tensor_map(&p.k_map);
@@ -227,15 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int box_rows = p.block_table ? min(page_mask + 1, kBlockN) : kBlockN;
     int round = 0, issued = 0;
 #pragma unroll 1
-    for (int k = 0;; ++k) {
-      int w = int(blockIdx.x);
-      if (k > 0) {
-        ptx::mbarrier_wait(work_full(k & 1), ((k - 1) >> 1) & 1);
-        // Broadcast from lane 0: w and what derives from it then stay in uniform registers.
-        w = __shfl_sync(0xffffffffu, int(ptx::load_shared_u32(work_slot(k & 1))), 0);
-        if (lane == 0) ptx::mbarrier_arrive(work_empty(k & 1));
-      }
-      if (w >= work_count) break;
+    for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
       FlashBlock<Element> b;
       if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
       if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
@@ -414,28 +383,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (consumer == kConsumers - 1) ptx::named_barrier_arrive(1, kTurnThreads);
   int round = 0, issued = 0;
 #pragma unroll 1
-  for (int k = 0, w = int(blockIdx.x);; ++k, w += int(gridDim.x)) {
-    if (p.tma && k > 0) {
-      ptx::mbarrier_wait(work_full(k & 1), ((k - 1) >> 1) & 1);
-      // Broadcast from lane 0, as the warpgroup index above: what derives from w then stays in
-      // uniform registers.
-      w = __shfl_sync(0xffffffffu, int(ptx::load_shared_u32(work_slot(k & 1))), 0);
-      ptx::mbarrier_arrive(work_empty(k & 1));
-    }
-    if (w >= work_count) break;
-    // The scheduling thread names block of work k + 1 as block k starts, where the fewest
-    // registers are live (after the first S it made ptxas spill at d = 64 and 256); consumer 0
-    // then waits for its turn at the tensor cores, under which the atomic's latency runs. Slot
-    // (k + 1) % 2 is free once block k - 1's readers have read it.
-    if (p.tma && threadIdx.x == 128) {
-      const int next =
-          p.work_counter ? atomicAdd(p.work_counter, 1) + int(gridDim.x) : w + int(gridDim.x);
-      // Block k + 1 is the slot's ((k >> 1)-th) use after block k - 1; block 0 used no slot.
-      if (k >= 2) ptx::mbarrier_wait(work_empty((k + 1) & 1), ((k - 2) >> 1) & 1);
-      ptx::store_shared_u32(work_slot((k + 1) & 1), uint32_t(next));
-      ptx::mbarrier_arrive(work_full((k + 1) & 1));  // release: the slot's word is visible
-    }
-    __syncwarp();  // the warp's wgmma instructions need it converged
+  for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
     FlashBlock<Element> b;
     if (!block_of(w, b)) continue;
     const int tiles = b.n_block_end - b.n_block_begin;

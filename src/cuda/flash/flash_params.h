@@ -88,10 +88,6 @@ struct FlashForwardParams {
   // The warp-specialised kernel's grid: at most this many blocks, each looping over blocks of
   // work (a persistent grid: one block per SM); 0 launches one block per block of work.
   int persistent_blocks = 0;
-  // With a persistent grid whose blocks of work differ in length (a causal triangle): a zeroed
-  // counter the blocks take their next block of work from (the dynamic schedule of
-  // flash_forward_sm90_ws.cuh; TMA without tails only). Null: each block strides statically.
-  int* work_counter = nullptr;
   int num_splits = 1;
   int blocks_per_split = 0;
   float* partial_o = nullptr;

@@ -56,8 +56,8 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
 }
 
 // The warp-specialised forward's mbarriers: K and V of each stage full and empty (up to three
-// stages), Q full and empty, the two work slots' full and empty; then the two slots (ints).
-constexpr int kFlashWsBarrierBytes = 192;
+// stages), Q full and empty.
+constexpr int kFlashWsBarrierBytes = 128;
 
 // The warp-specialised form of the sm_90a kernel: a producer warpgroup and consumer warpgroups
 // of 64 rows each, the same key tile; K and V of a tile share a stage, three stages where they

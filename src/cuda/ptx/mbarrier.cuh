@@ -40,17 +40,6 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity)
   }
 }
 
-// A 32-bit word of shared memory by its shared-window address (one register, where a generic
-// pointer takes two): values handed between warpgroups under an mbarrier.
-__device__ __forceinline__ void store_shared_u32(uint32_t address, uint32_t value) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
-}
-__device__ __forceinline__ uint32_t load_shared_u32(uint32_t address) {
-  uint32_t value;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(value) : "r"(address) : "memory");
-  return value;
-}
-
 // Orders this thread's generic-proxy shared-memory accesses (cp.async, st.shared, ldmatrix reads)
 // before its later async-proxy ones (wgmma reads, bulk copies into the same bytes); follow it
 // with a barrier where other threads' accesses must be ordered too.
