@@ -257,24 +257,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           // Fires once all of this thread's copies have landed, V's and K's.
           ptx::cp_async_mbarrier_arrive_noinc(v_full(stage));
         } else {
-          // Paged K and V (always with tails, so the whole of warp 0 is here): lane i reads the
-          // page of the tile's box i up front, one round of independent loads for K and V
-          // together, where lane 0 alone made a dependent load per box and per tensor (16 at
-          // pages of 16 keys, a tile's latency: the paged prefill ran 0.72-0.78x of contiguous,
-          // docs/perf.md, session 23). Every lane then walks the boxes for the shuffles, and lane
-          // 0 issues them.
-          const int tile_page = pages && lane * box_rows < kBlockN
-                                    ? pages[(n0 + lane * box_rows) >> p.page_shift]
-                                    : 0;
           // The boxes of one key tile: its rows by pages (or all at once), 64 columns each.
           auto load_boxes = [&](uint32_t tile, const void* map, auto dim, uint32_t full) {
 #pragma unroll 1
             for (int r = 0; r < kBlockN; r += box_rows) {
               const int key = n0 + r;
               const int row = pages ? key & page_mask : kv_row0 + key;
-              const int batch =
-                  pages ? __shfl_sync(0xffffffffu, tile_page, r / box_rows) : kv_batch;
-              if (lane != 0) continue;
+              const int batch = pages ? pages[key >> p.page_shift] : kv_batch;
 #pragma unroll
               for (int c = 0; c < dim / 64; ++c)
                 ptx::tma_load_4d(tile + c * (kBlockN * 128) + r * 128, map, 64 * c, row, kv_head,
@@ -286,11 +275,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           if (lane == 0) {
             ptx::mbarrier_arrive_expect_tx(
                 k_full(stage), kSeparateKv ? Traits::kKBytes : Traits::kKBytes + Traits::kVBytes);
+            load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
+                       k_full(stage));
           } else {
             ptx::mbarrier_arrive(k_full(stage));
           }
-          load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
-                     k_full(stage));
           if constexpr (kSeparateKv) {
             if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
             if (lane == 0)
@@ -298,8 +287,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             else
               ptx::mbarrier_arrive(v_full(stage));
           }
-          load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
-                     v_full(stage));
+          if (lane == 0)
+            load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
+                       v_full(stage));
         }
       }
     }
