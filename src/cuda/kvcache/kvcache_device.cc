@@ -280,14 +280,9 @@ int cache_box_rows(const KvCachePlan& plan, int tile_rows) {
 
 // TMA copies for a prefill chunk on the flash forward (FlashForwardParams::tma): q as
 // [b, sq, H, d], the cache as cache_row_tensors. The key tiles that cross a sequence's end come
-// by cp.async (tma_tails): the cache's rows past a sequence are stale, not zeros. Pages of fewer
-// than kPrefillTmaMinPageRows rows keep cp.async by the producer's 128 threads for every tile: a
-// 128-key tile of 16-row pages took 16 boxes per tensor, issued one after another by one thread,
-// and ran at 0.59x of a contiguous cache (docs/perf.md, session 29).
+// by cp.async (tma_tails): the cache's rows past a sequence are stale, not zeros.
 void plan_prefill_tensor_maps(const KvCachePlan& plan, const KvCacheArgs& a, const KvCacheParams& p,
                               int64_t queries, FlashForwardParams& f) {
-  constexpr int64_t kPrefillTmaMinPageRows = 64;
-  if (plan.paged && plan.page_size < kPrefillTmaMinPageRows) return;
   const FlashTileShape shape = prefill_tile_shape(plan, f);
   const int box_rows = cache_box_rows(plan, shape.block_n);
   if (box_rows == 0) return;
