@@ -1,5 +1,12 @@
 // cpu_exact: the fp64 oracle. Plain loops that follow DESIGN.md §3-4 line by line; clarity
 // over speed. Every other backend is tested against this file.
+//
+// One concession to speed: the loops over heads run as thread-pool tasks (the GPU suite and
+// CI spend most of their time here). Each output element belongs to one task, which computes
+// it in the order the plain loops would, so results are bit-identical for any thread count.
+// The forward's tasks are (batch, query head) pairs; the backward's are KV heads, whose query
+// heads' dq and dalpha and whose dk and dv no other task touches (one task when dbias is
+// wanted: a broadcast dbias sums over heads).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -7,6 +14,7 @@
 #include "core/attention_math.h"
 #include "core/row_iteration.h"
 #include "cpu/cpu_backends.h"
+#include "cpu/thread_pool.h"
 
 namespace dpa {
 namespace {
@@ -87,23 +95,24 @@ class CpuExactBackend final : public Backend {
     zero_rows(p, p.o, p.o_rows, true, p.heads_q, p.head_dim_v);
     fill_lse_empty(p);
     float* lse = static_cast<float*>(p.lse.data);
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t h = 0; h < p.heads_q; ++h)
-        for (int64_t i = 0; i < p.seqlen_q[b]; ++i) {
-          RowSoftmax row = row_softmax(p, b, h, i);
-          lse[p.lse_offset(b, h, i)] = float(row.lse);
-          const int64_t g = p.kv_head(h);
-          const int64_t o_offset = p.o_rows.offset(b, i, h);
-          for (int64_t c = 0; c < p.head_dim_v; ++c) {
-            double sum = 0.0;
-            for (size_t n = 0; n < row.keys.size(); ++n) {
-              const int64_t j = row.keys[n];
-              double weight = row.probs[n] * dropout_scale(p, b, h, i, j);
-              sum += weight * load(p.v, p.v_rows.offset(b, j, g) + c);
-            }
-            store(p.o, o_offset + c, sum);
+    cpu::parallel_for(p.batch * p.heads_q, [&](int64_t task) {
+      const int64_t b = task / p.heads_q, h = task % p.heads_q;
+      for (int64_t i = 0; i < p.seqlen_q[b]; ++i) {
+        RowSoftmax row = row_softmax(p, b, h, i);
+        lse[p.lse_offset(b, h, i)] = float(row.lse);
+        const int64_t g = p.kv_head(h);
+        const int64_t o_offset = p.o_rows.offset(b, i, h);
+        for (int64_t c = 0; c < p.head_dim_v; ++c) {
+          double sum = 0.0;
+          for (size_t n = 0; n < row.keys.size(); ++n) {
+            const int64_t j = row.keys[n];
+            double weight = row.probs[n] * dropout_scale(p, b, h, i, j);
+            sum += weight * load(p.v, p.v_rows.offset(b, j, g) + c);
           }
+          store(p.o, o_offset + c, sum);
         }
+      }
+    });
   }
 
   void backward(const AttentionProblem& p) const override {
@@ -119,49 +128,55 @@ class CpuExactBackend final : public Backend {
     std::vector<double> dalpha(size_t(p.heads_q), 0.0);
 
     zero_rows(p, p.dq, p.dq_rows, true, p.heads_q, p.head_dim_qk);
-    std::vector<double> dq_row(size_t(p.head_dim_qk));
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t h = 0; h < p.heads_q; ++h)
-        for (int64_t i = 0; i < p.seqlen_q[b]; ++i) {
-          RowSoftmax row = row_softmax(p, b, h, i);
-          if (p.cp.use_given_lse) {
-            // A CP tile: P from the final (merged, sink-included) LSE of the whole row.
-            row.lse = load(p.lse, p.lse_offset(b, h, i));
-            row.probs.assign(row.keys.size(), 0.0);
-            for (size_t n = 0; n < row.keys.size(); ++n)
-              row.probs[n] = row.lse == kNegInf ? 0.0 : std::exp(row.logits[n] - row.lse);
-          }
-          const int64_t g = p.kv_head(h);
-          const int64_t do_offset = p.do_rows.offset(b, i, h);
-          const int64_t q_offset = p.q_rows.offset(b, i, h);
-          const double d_row = dot(p.d_o, do_offset, p.o, p.o_rows.offset(b, i, h), p.head_dim_v);
-          if (p.softmax_type == SoftmaxType::kLearnable && row.lse != kNegInf)
-            dalpha[size_t(h)] -= std::exp(sink_logit(p, h) - row.lse) * d_row;
-          std::fill(dq_row.begin(), dq_row.end(), 0.0);
-          for (size_t n = 0; n < row.keys.size(); ++n) {
-            const int64_t j = row.keys[n];
-            const double keep_scale = dropout_scale(p, b, h, i, j);
-            const int64_t k_offset = p.k_rows.offset(b, j, g);
-            const int64_t v_offset = p.v_rows.offset(b, j, g);
-            const double dp = dot(p.d_o, do_offset, p.v, v_offset, p.head_dim_v) * keep_scale;
-            const double ds = row.probs[n] * (dp - d_row);
-            const double du = p.softcap > 0 ? ds * (1.0 - row.tanh_t[n] * row.tanh_t[n]) : ds;
-            double* dk_row = &dk[size_t((kv_index(b, j) * p.heads_kv + g) * p.head_dim_qk)];
-            double* dv_row = &dv[size_t((kv_index(b, j) * p.heads_kv + g) * p.head_dim_v)];
-            for (int64_t c = 0; c < p.head_dim_qk; ++c) {
-              dq_row[size_t(c)] += p.scale * du * load(p.k, k_offset + c);
-              dk_row[c] += p.scale * du * load(p.q, q_offset + c);
-            }
-            const double pd = row.probs[n] * keep_scale;
-            for (int64_t c = 0; c < p.head_dim_v; ++c) dv_row[c] += pd * load(p.d_o, do_offset + c);
-            if (p.wants_dbias) {
-              double grad = p.bias_type == BiasType::kPreScale ? p.scale * du : ds;
-              dbias[size_t(p.aux_offset(p.dbias_layout, b, h, i, j))] += grad;
-            }
-          }
-          const int64_t dq_offset = p.dq_rows.offset(b, i, h);
-          for (int64_t c = 0; c < p.head_dim_qk; ++c) store(p.dq, dq_offset + c, dq_row[size_t(c)]);
+    // Query row i of head h: its dq, and its shares of dk, dv, dbias and dalpha.
+    auto backward_row = [&](int64_t b, int64_t h, int64_t i, std::vector<double>& dq_row) {
+      RowSoftmax row = row_softmax(p, b, h, i);
+      if (p.cp.use_given_lse) {
+        // A CP tile: P from the final (merged, sink-included) LSE of the whole row.
+        row.lse = load(p.lse, p.lse_offset(b, h, i));
+        row.probs.assign(row.keys.size(), 0.0);
+        for (size_t n = 0; n < row.keys.size(); ++n)
+          row.probs[n] = row.lse == kNegInf ? 0.0 : std::exp(row.logits[n] - row.lse);
+      }
+      const int64_t g = p.kv_head(h);
+      const int64_t do_offset = p.do_rows.offset(b, i, h);
+      const int64_t q_offset = p.q_rows.offset(b, i, h);
+      const double d_row = dot(p.d_o, do_offset, p.o, p.o_rows.offset(b, i, h), p.head_dim_v);
+      if (p.softmax_type == SoftmaxType::kLearnable && row.lse != kNegInf)
+        dalpha[size_t(h)] -= std::exp(sink_logit(p, h) - row.lse) * d_row;
+      std::fill(dq_row.begin(), dq_row.end(), 0.0);
+      for (size_t n = 0; n < row.keys.size(); ++n) {
+        const int64_t j = row.keys[n];
+        const double keep_scale = dropout_scale(p, b, h, i, j);
+        const int64_t k_offset = p.k_rows.offset(b, j, g);
+        const int64_t v_offset = p.v_rows.offset(b, j, g);
+        const double dp = dot(p.d_o, do_offset, p.v, v_offset, p.head_dim_v) * keep_scale;
+        const double ds = row.probs[n] * (dp - d_row);
+        const double du = p.softcap > 0 ? ds * (1.0 - row.tanh_t[n] * row.tanh_t[n]) : ds;
+        double* dk_row = &dk[size_t((kv_index(b, j) * p.heads_kv + g) * p.head_dim_qk)];
+        double* dv_row = &dv[size_t((kv_index(b, j) * p.heads_kv + g) * p.head_dim_v)];
+        for (int64_t c = 0; c < p.head_dim_qk; ++c) {
+          dq_row[size_t(c)] += p.scale * du * load(p.k, k_offset + c);
+          dk_row[c] += p.scale * du * load(p.q, q_offset + c);
         }
+        const double pd = row.probs[n] * keep_scale;
+        for (int64_t c = 0; c < p.head_dim_v; ++c) dv_row[c] += pd * load(p.d_o, do_offset + c);
+        if (p.wants_dbias) {
+          double grad = p.bias_type == BiasType::kPreScale ? p.scale * du : ds;
+          dbias[size_t(p.aux_offset(p.dbias_layout, b, h, i, j))] += grad;
+        }
+      }
+      const int64_t dq_offset = p.dq_rows.offset(b, i, h);
+      for (int64_t c = 0; c < p.head_dim_qk; ++c) store(p.dq, dq_offset + c, dq_row[size_t(c)]);
+    };
+    const int64_t tasks = p.wants_dbias ? 1 : p.heads_kv;
+    cpu::parallel_for(tasks, [&](int64_t task) {
+      std::vector<double> dq_row(size_t(p.head_dim_qk));
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t h = 0; h < p.heads_q; ++h)
+          if (tasks == 1 || p.kv_head(h) == task)
+            for (int64_t i = 0; i < p.seqlen_q[b]; ++i) backward_row(b, h, i, dq_row);
+    });
 
     zero_rows(p, p.dk, p.dk_rows, false, p.heads_kv, p.head_dim_qk);
     zero_rows(p, p.dv, p.dv_rows, false, p.heads_kv, p.head_dim_v);

@@ -572,19 +572,6 @@ TEST(CpuTiled, MinusInfinitySinkOffset) {
   EXPECT_EQ(tiled.dsoftmax_offset.get(1), 0.0);
 }
 
-// Every output as raw bytes, for bit-exact comparisons.
-std::vector<unsigned char> bytes_of(const CaseOutputs& out) {
-  std::vector<unsigned char> bytes;
-  for (const HostTensor* t :
-       {&out.o, &out.lse, &out.dq, &out.dk, &out.dv, &out.dbias, &out.dsoftmax_offset}) {
-    if (!t->defined()) continue;
-    const size_t size = size_t(t->numel()) * dtype_size(t->dtype());
-    const unsigned char* data = static_cast<const unsigned char*>(t->view().data);
-    bytes.insert(bytes.end(), data, data + size);
-  }
-  return bytes;
-}
-
 // q, k and v as strided views into one packed [b, s, H + 2G, d] qkv tensor (the layout of a
 // fused QKV projection): row strides differ from the contiguous ones, the head dim does not.
 TEST(CpuTiled, StridedViewsOfAPackedQkvTensor) {

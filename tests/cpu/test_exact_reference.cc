@@ -6,11 +6,44 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <vector>
 
+#include "cpu/thread_pool.h"
 #include "support/attention_case.h"
 
 namespace dpa::test {
 namespace {
+
+// The oracle runs its heads as thread-pool tasks: the same bits for any thread count, with
+// the backward's tasks per KV head (GQA 6 / 3) and with dbias (one task).
+TEST(ExactReference, BitIdenticalForAnyThreadCount) {
+  for (const bool with_dbias : {false, true}) {
+    CaseSpec spec;
+    spec.batch = 2;
+    spec.heads_q = 6;
+    spec.heads_kv = 3;
+    spec.seqlen_q = 37;
+    spec.seqlen_kv = 45;
+    spec.config.mask_type = MaskType::kCausalBottomRight;
+    spec.config.softcap = 3.0;
+    spec.config.softmax_type = SoftmaxType::kLearnable;
+    spec.config.dropout = 0.1;
+    if (with_dbias) {
+      spec.config.bias_type = BiasType::kPostScale;
+      spec.bias_shape = {1, 1, 37, 45};  // dbias sums over b and h
+    }
+    const CaseTensors tensors = make_case(spec);
+    cpu::set_num_threads(1);
+    const std::vector<unsigned char> serial =
+        bytes_of(run_case(spec, tensors, BackendKind::kCpuExact));
+    for (const int threads : {2, 5}) {
+      cpu::set_num_threads(threads);
+      EXPECT_EQ(bytes_of(run_case(spec, tensors, BackendKind::kCpuExact)), serial)
+          << threads << " threads, dbias " << with_dbias;
+    }
+    cpu::set_num_threads(0);
+  }
+}
 
 // b = 1, H = G = 1, d = 1, sq = skv = 2, scale 1, cap 1, learnable sink 0.5.
 // Row i: u = q_i * k_j; s = tanh(u); P_j = e^{s_j} / (e^{s_0} + e^{s_1} + e^{0.5}).

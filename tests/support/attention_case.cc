@@ -154,6 +154,18 @@ bool poison_reaches_o_without_the_lengths(const CaseSpec& spec, const CaseTensor
   return has_nan(run_case(every_row, full, BackendKind::kCpuExact, /*backward=*/false).o);
 }
 
+std::vector<unsigned char> bytes_of(const CaseOutputs& out) {
+  std::vector<unsigned char> bytes;
+  for (const HostTensor* t :
+       {&out.o, &out.lse, &out.dq, &out.dk, &out.dv, &out.dbias, &out.dsoftmax_offset}) {
+    if (!t->defined()) continue;
+    const size_t size = size_t(t->numel()) * dtype_size(t->dtype());
+    const unsigned char* data = static_cast<const unsigned char*>(t->view().data);
+    bytes.insert(bytes.end(), data, data + size);
+  }
+  return bytes;
+}
+
 CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& t, BackendKind backend,
                      bool backward) {
   AttentionConfig config = spec.config;

@@ -61,6 +61,9 @@ bool poison_reaches_o_without_the_lengths(const CaseSpec& spec, const CaseTensor
 CaseOutputs run_case(const CaseSpec& spec, const CaseTensors& tensors, BackendKind backend,
                      bool backward = true);
 
+// Every output as raw bytes, for bit-exact comparisons.
+std::vector<unsigned char> bytes_of(const CaseOutputs& out);
+
 // The largest relative error over every output both runs produced.
 struct CaseComparison {
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0, dbias = 0, dsoftmax_offset = 0;
