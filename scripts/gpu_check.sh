@@ -11,7 +11,7 @@
 #   run by default.
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
-# (build.log, gpu_tests.log, gpu_tests.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
+# (build.log, gpu_tests.log, gpu_tests_shardN.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
 # gpu_tests_mma_sync_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
 # bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
@@ -26,6 +26,9 @@
 #   DPA_CHECK_FAMILIES   the kernel families whose cases `test` re-runs after the whole suite
 #                        (default "mma_sync wgmma mma_sync_backward"; "" for none): a change to
 #                        the backward alone needs only mma_sync_backward
+#   DPA_CHECK_SHARDS     gtest shards `test` runs at once (default 4), each with its share of
+#                        the cores for the cpu_exact references that take most of its time; 1
+#                        runs the suite in one process
 #   DPA_BENCH_ARGS       extra arguments for bench/compare.py (e.g. "--quick")
 #
 # .device/ (filled here by scripts/prepare_device.sh, carried to the GPU machine) holds peers.py
@@ -127,6 +130,35 @@ run_step() {
   timeout --signal=TERM --kill-after=10 "$limit" "$@" >>"$log" 2>&1
 }
 
+# run_test_shards LOG TIMEOUT XML_STEM CMD...: runs the gtest binary CMD as DPA_CHECK_SHARDS
+# shards at once (GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX), each with an equal share of the cores
+# for its CPU references (DPA_NUM_THREADS) and, with a stem, its own JUnit file; appends the
+# shards' logs to LOG in order and returns the worst status (a timeout outranks a failure).
+run_test_shards() {
+  local log="$1" limit="$2" xml="$3"
+  shift 3
+  local shards="${DPA_CHECK_SHARDS:-4}" cores threads i rc=0 status
+  cores=$(nproc 2>/dev/null || echo 4)
+  threads=$((cores / shards > 0 ? cores / shards : 1))
+  local -a pids=() output=()
+  for ((i = 0; i < shards; ++i)); do
+    output=()
+    [ -n "$xml" ] && output=("--gtest_output=xml:${xml}_shard$i.xml")
+    : >"$log.$i"
+    run_step "$log.$i" "$limit" env GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$i" \
+      DPA_NUM_THREADS="$threads" "$@" "${output[@]}" &
+    pids+=("$!")
+  done
+  for ((i = 0; i < shards; ++i)); do
+    wait "${pids[$i]}"
+    status=$?
+    [ "$status" -gt "$rc" ] && rc=$status
+    cat "$log.$i" >>"$log"
+    rm -f "$log.$i"
+  done
+  return "$rc"
+}
+
 status_word() {
   case "$1" in
     0) echo ok ;;
@@ -182,7 +214,7 @@ step_test() {
     record test "NOT-RUN" 0 "no dpa_gpu_tests binary"
     return
   fi
-  run_step "$log" "$(remaining)" "$exe" --gtest_output="xml:$out/gpu_tests.xml"
+  run_test_shards "$log" "$(remaining)" "$out/gpu_tests" "$exe"
   rc=$?
   local status
   status="$(status_word "$rc")"
@@ -213,7 +245,7 @@ step_test() {
       environment=("DPA_FLASH_BACKWARD_KERNEL=${kernel%_backward}")
       filter='Cases/FlashForwardBackward.*:Backends/DropoutMask.*:FlashOnGpu.Deterministic*'
     fi
-    run_step "$log" "$(remaining)" env "${environment[@]}" "$exe" \
+    run_test_shards "$log" "$(remaining)" "" env "${environment[@]}" "$exe" \
       --gtest_filter="$filter"
     rc=$?
     record "test-$kernel" "$(status_word "$rc")" $(($(date +%s) - t0)) \
