@@ -11,9 +11,9 @@
 #   run by default.
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
-# (build.log, gpu_tests.log, gpu_tests_shardN.xml (JUnit), gpu_tests_mma_sync.log, gpu_tests_wgmma.log,
-# gpu_tests_mma_sync_backward.log, sanitizer.log, bench.log, bench_bwd.log); bench.md, bench.png,
-# bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
+# (build.log, gpu_tests.log, gpu_tests_shardN.xml (JUnit), gpu_tests_mma_sync.log,
+# gpu_tests_wgmma.log, gpu_tests_mma_sync_backward.log, sanitizer.log, bench.log, bench_bwd.log);
+# bench.md, bench.png, bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
 #   DPA_BUILD_DIR        build directory (default: build-device in the repository)
