@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "cp/calls_in_flight.h"
 #include "cp/comm_requests.h"
 
 #if defined(DPA_WITH_CUDA)
@@ -32,11 +33,11 @@ std::string device_ring_refusal(const AttentionConfig&, const CpConfig&, const A
 }
 
 ForwardResult device_ring_forward(const AttentionConfig&, DeviceCommunicator&, const ForwardArgs&,
-                                  const RngState&, RingWorkspace*) {
+                                  const RngState&, RingWorkspace*, CallsInFlight*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
 BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, DeviceCommunicator&,
-                                 const BackwardArgs&, RingWorkspace*) {
+                                 const BackwardArgs&, RingWorkspace*, CallsInFlight*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
 
@@ -134,6 +135,9 @@ Shard shard_of(const AttentionConfig& config, const AttentionInputs& in) {
           "k", "k and v must match q's batch and local length and each other's heads");
   return s;
 }
+
+// Where the call's work runs: the shard's device, the caller's stream.
+Placement placement_of(const Shard& s, void* stream) { return {Device::kCUDA, s.device, stream}; }
 
 // Rows [first, first + count) of a shard-shaped view.
 TensorView rows_of(const TensorView& t, const Shard& s, int64_t first, int64_t count) {
@@ -280,12 +284,13 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
 
 ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunicator& comm,
                                   const ForwardArgs& args, const RngState& rng,
-                                  RingWorkspace* workspace) {
+                                  RingWorkspace* workspace, CallsInFlight* in_flight) {
   const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
+  if (in_flight != nullptr) in_flight->begin(stream);  // the workspace is this call's
   const Ring ring{comm.rank(), comm.size()};
   const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
@@ -306,7 +311,8 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
       full_tiles(tile_config(config, false));
   BackendKind used = BackendKind::kAuto;
   TensorView k = args.in.k, v = args.in.v;
-  // Each step's transfers: `stream` is ordered after them, the host waits at the end.
+  // Each step's transfers: `stream` is ordered after them; the host waits for them later
+  // (CallsInFlight) or at the end (end_call).
   Transfers transfers(comm, true, stream);
   for (int step = 0; step < ring.size; ++step) {
     KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
@@ -324,18 +330,17 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
     k = next.k;
     v = next.v;
   }
-  transfers.finish();
   cuda::finalize_forward_rows(block_of(args.o, s), s.dtype, static_cast<float*>(args.lse.data),
                               block_of(o_acc_view, s), lse_acc_data, s.heads_q,
                               int(config.softmax_type),
                               static_cast<const float*>(args.in.softmax_offset.data), stream);
-  cuda::synchronize(stream, s.device);  // the workspace is free for the next call
+  end_call(transfers, in_flight, placement_of(s, stream));
   return {used, rng};
 }
 
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
                                  DeviceCommunicator& comm, const BackwardArgs& args,
-                                 RingWorkspace* workspace) {
+                                 RingWorkspace* workspace, CallsInFlight* in_flight) {
   const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.d_o, "d_o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
@@ -352,6 +357,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   require(args.dbias.ndim == 0, "dbias", "is requested but there is no bias");
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
+  if (in_flight != nullptr) in_flight->begin(stream);  // the workspace is this call's
   const Ring ring{comm.rank(), comm.size()};
   const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
@@ -388,7 +394,8 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   TensorView k = args.in.k, v = args.in.v;
   int held = 0;  // dkv_memory[held]: the gradient of the KV this rank holds
   std::vector<CommHandle> pending_dkv;
-  // Each step's transfers: `stream` is ordered after them, the host waits at the end.
+  // Each step's transfers: `stream` is ordered after them; the host waits for them later
+  // (CallsInFlight) or at the end (end_call).
   Transfers transfers(comm, true, stream);
   for (int step = 0; step < ring.size; ++step) {
     KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
@@ -426,7 +433,6 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
     v = next.v;
   }
   transfers.settle(pending_dkv);
-  transfers.finish();
   cuda::convert_rows(block_of(args.dq, s), s.dtype, block_of(dq_acc_view, s), stream);
   cuda::convert_rows(block_of(args.dk, s), s.dtype, block_of(dk_acc(held), s), stream);
   cuda::convert_rows(block_of(args.dv, s), s.dtype, block_of(dv_acc(held), s), stream);
@@ -437,10 +443,12 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
                         static_cast<const float*>(args.in.softmax_offset.data), stream);
     if (cp.reduce_dalpha) {
       cuda::order_after(comm.stream(), stream);
-      comm.all_reduce(dalpha, s.heads_q, DType::kFloat32)->wait();
+      std::vector<CommHandle> reduction;
+      reduction.push_back(comm.all_reduce(dalpha, s.heads_q, DType::kFloat32));
+      transfers.settle(reduction);
     }
   }
-  cuda::synchronize(stream, s.device);  // the workspace is free for the next call
+  end_call(transfers, in_flight, placement_of(s, stream));
   return used;
 }
 
