@@ -234,10 +234,12 @@ class ContextParallelAttention {
   // there), not yet for the host. The host waits for a call's transfers at a later call of this
   // object, once the device has finished them, or at synchronize(); a failed or timed-out
   // transfer throws there, naming the operation, before the later call has written anything
-  // (a peer that never completes leaves the stream waiting until then). One exception: device
-  // sequence tables (cu_seqlens*) are read on the host, after the caller's stream has been
-  // waited for; tables in host memory avoid that. Other calls (host tensors, a host
-  // communicator) return with their outputs complete.
+  // (a peer that never completes leaves the stream waiting until then, at most about 10 s after
+  // the call returned, or 8 calls later). The host still waits where a call needs the device:
+  // device sequence tables (cu_seqlens*) are read on the host after the caller's stream (tables
+  // in host memory avoid that), and the first calls on an object, or a larger shape, grow its
+  // device buffers. Calls with host tensors or over a host communicator return with their
+  // outputs complete.
   ForwardResult forward(const ForwardArgs& args);
   BackendKind backward(const BackwardArgs& args);
   // Waits on the host until every call made through this object is complete, transfers

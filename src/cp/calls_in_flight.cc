@@ -51,12 +51,14 @@ void CallsInFlight::begin(void* stream) {
   if (calls_.empty()) return;
   // The previous call's end covers every earlier one: each call began after its predecessor.
   calls_.back().end->order(stream);
-  while (!calls_.empty() && (calls_.size() >= kMaxCalls || calls_.front().end->reached()))
+  while (!calls_.empty() &&
+         (calls_.size() >= kMaxCalls || Clock::now() - calls_.front().retired >= stale_after_ ||
+          calls_.front().end->reached()))
     wait_oldest(false);
 }
 
 void CallsInFlight::retire(std::unique_ptr<CallEnd> end, std::vector<CommHandle> transfers) {
-  calls_.push_back({std::move(end), std::move(transfers)});
+  calls_.push_back({std::move(end), std::move(transfers), Clock::now()});
 }
 
 void CallsInFlight::wait() {
@@ -79,13 +81,30 @@ void CallsInFlight::wait_oldest(bool to_end) {
   if (to_end) call.end->wait();
 }
 
-void end_call(Transfers& transfers, CallsInFlight* in_flight, const Placement& sets) {
-  if (in_flight != nullptr && transfers.on_stream()) {
-    in_flight->retire(end_of_stream(sets), transfers.take_settled());
+CallScope::CallScope(CallsInFlight* in_flight, const Placement& sets)
+    : in_flight_(in_flight), sets_(sets) {
+  if (in_flight_ != nullptr) in_flight_->begin(sets_.stream);
+}
+
+CallScope::~CallScope() {
+  if (finished_ || in_flight_ == nullptr) return;
+  try {
+    in_flight_->retire(end_of_stream(sets_), {});
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the call's own error is on its way out
+  }
+}
+
+void CallScope::finish(Transfers& transfers) {
+  if (in_flight_ != nullptr && transfers.on_stream()) {
+    // The end first: if recording it throws, the transfers are still Transfers' to handle.
+    std::unique_ptr<CallEnd> end = end_of_stream(sets_);
+    in_flight_->retire(std::move(end), transfers.take_settled());
+    finished_ = true;
     return;
   }
+  finished_ = true;
   transfers.finish();
-  if (sets.on_device()) synchronize(sets);  // the outputs are in place, for any stream
+  if (sets_.on_device()) synchronize(sets_);  // the outputs are in place, for any stream
 }
 
 }  // namespace dpa::cp

@@ -192,6 +192,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
                              Communicator& comm, const ForwardArgs& args, double dropout,
                              const RngState& rng, const std::vector<const Backend*>& tile_backends,
                              const Placement& sets, CallsInFlight* in_flight) {
+  CallScope scope(in_flight, sets);
   Setup s = setup(config, cp_config, comm, args.in);
   Transfers transfers(comm, sets.on_device(), sets.stream);
   const Geometry& g = s.geometry;
@@ -312,7 +313,7 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     unpack_local(g, g.q, final_rows.o, args.o);
     unpack_lse(g, final_rows.lse, args.lse);
   }
-  end_call(transfers, in_flight, sets);
+  scope.finish(transfers);
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;  // no visible tile on this rank
   return {used, rng};
 }
@@ -321,6 +322,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
                             Communicator& comm, const BackwardArgs& args, double dropout,
                             const std::vector<const Backend*>& tile_backends, const Placement& sets,
                             CallsInFlight* in_flight) {
+  CallScope scope(in_flight, sets);
   Setup s = setup(config, cp_config, comm, args.in);
   Transfers transfers(comm, sets.on_device(), sets.stream);
   const Geometry& g = s.geometry;
@@ -607,7 +609,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       comm.all_reduce(dbias_acc.data(), int64_t(dbias_acc.size()), DType::kFloat32)->wait();
     for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
   }
-  end_call(transfers, in_flight, sets);
+  scope.finish(transfers);
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;
   return used;
 }
@@ -659,10 +661,9 @@ ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, 
   if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
     return device_ring_forward(config, *device_comm, args, rng, state.workspace, state.in_flight);
   if (device_resident(*device_comm, args.in)) {
-    if (state.in_flight != nullptr) state.in_flight->begin(args.stream);
     ForwardArgs resident = args;
     SequenceTables tables;
-    tables.to_host(resident.in, args.stream);
+    tables.to_host(resident.in, args.stream, state.in_flight);
     return forward_staged(config, cp_config, *device_comm, resident, dropout, rng, tile_backends,
                           resident_placement(args.in.q, args.stream), state.in_flight);
   }
@@ -687,10 +688,9 @@ BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, C
     return device_ring_backward(config, cp_config, *device_comm, args, state.workspace,
                                 state.in_flight);
   if (device_resident(*device_comm, args.in)) {
-    if (state.in_flight != nullptr) state.in_flight->begin(args.stream);
     BackwardArgs resident = args;
     SequenceTables tables;
-    tables.to_host(resident.in, args.stream);
+    tables.to_host(resident.in, args.stream, state.in_flight);
     return backward_staged(config, cp_config, *device_comm, resident, dropout, tile_backends,
                            resident_placement(args.in.q, args.stream), state.in_flight);
   }

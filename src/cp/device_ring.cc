@@ -45,11 +45,15 @@ BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, Device
 
 class RingWorkspace {
  public:
-  // `bytes` of device memory on `device` for buffer `slot`, valid until the next call.
-  void* get(int slot, size_t bytes, int device) {
+  // `bytes` of device memory on `device` for buffer `slot`, valid until the next call. A buffer
+  // that must grow (the first calls, a larger shape) is freed first, which waits for the whole
+  // device (cudaFree): the calls in flight (`in_flight`, may be null) are waited for before, so
+  // that a failed peer throws at its deadline there and the wait is the documented one.
+  void* get(int slot, size_t bytes, int device, CallsInFlight* in_flight) {
     if (size_t(slot) >= buffers_.size()) buffers_.resize(size_t(slot) + 1);
     Buffer& b = buffers_[size_t(slot)];
     if (b.bytes < bytes || b.device != device) {
+      if (in_flight != nullptr && b.memory.get() != nullptr) in_flight->wait();
       b.memory = cuda::DeviceMemory();  // free first: the old and new may not fit together
       b.bytes = 0;                      // stays empty if the allocation throws
       b.memory = cuda::DeviceMemory(bytes, device);
@@ -290,7 +294,7 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
   require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
-  if (in_flight != nullptr) in_flight->begin(stream);  // the workspace is this call's
+  CallScope scope(in_flight, placement_of(s, stream));  // the workspace is this call's
   const Ring ring{comm.rank(), comm.size()};
   const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
@@ -298,12 +302,12 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
   RingWorkspace own;
   RingWorkspace& w = workspace != nullptr ? *workspace : own;
   const size_t lse_bytes = size_t(s.batch * s.heads_q * s.rows) * 4;
-  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device),
-                              w.get(kKvB, k_bytes + v_bytes, s.device)};
-  void* const o_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dv, 4), s.device);
-  void* const o_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dv), s.device);
-  float* const lse_acc_data = static_cast<float*>(w.get(kLseA, lse_bytes, s.device));
-  float* const lse_tile = static_cast<float*>(w.get(kLseB, lse_bytes, s.device));
+  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device, in_flight),
+                              w.get(kKvB, k_bytes + v_bytes, s.device, in_flight)};
+  void* const o_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dv, 4), s.device, in_flight);
+  void* const o_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dv), s.device, in_flight);
+  float* const lse_acc_data = static_cast<float*>(w.get(kLseA, lse_bytes, s.device, in_flight));
+  float* const lse_tile = static_cast<float*>(w.get(kLseB, lse_bytes, s.device, in_flight));
   cuda::fill_f32(lse_acc_data, -INFINITY, s.batch * s.heads_q * s.rows, stream);
   const TensorView o_acc_view = s.view(o_acc, DType::kFloat32, s.rows, s.heads_q, s.dv);
 
@@ -334,7 +338,7 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
                               block_of(o_acc_view, s), lse_acc_data, s.heads_q,
                               int(config.softmax_type),
                               static_cast<const float*>(args.in.softmax_offset.data), stream);
-  end_call(transfers, in_flight, placement_of(s, stream));
+  scope.finish(transfers);
   return {used, rng};
 }
 
@@ -357,7 +361,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   require(args.dbias.ndim == 0, "dbias", "is requested but there is no bias");
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
-  if (in_flight != nullptr) in_flight->begin(stream);  // the workspace is this call's
+  CallScope scope(in_flight, placement_of(s, stream));  // the workspace is this call's
   const Ring ring{comm.rank(), comm.size()};
   const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
@@ -365,17 +369,17 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   const size_t dk_bytes = s.bytes(s.heads_kv, s.dqk, 4), dv_bytes = s.bytes(s.heads_kv, s.dv, 4);
   RingWorkspace own;
   RingWorkspace& w = workspace != nullptr ? *workspace : own;
-  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device),
-                              w.get(kKvB, k_bytes + v_bytes, s.device)};
+  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device, in_flight),
+                              w.get(kKvB, k_bytes + v_bytes, s.device, in_flight)};
   // dKV travels with fp32 accumulators: the gradient of the KV a rank holds now.
-  void* const dkv_memory[2] = {w.get(kDkvA, dk_bytes + dv_bytes, s.device),
-                               w.get(kDkvB, dk_bytes + dv_bytes, s.device)};
-  void* const dq_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dqk, 4), s.device);
-  void* const dq_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dqk), s.device);
-  void* const dk_tile = w.get(kDkTile, k_bytes, s.device);
-  void* const dv_tile = w.get(kDvTile, v_bytes, s.device);
-  float* const lse_tile =
-      static_cast<float*>(w.get(kLseA, size_t(s.batch * s.heads_q * s.rows) * 4, s.device));
+  void* const dkv_memory[2] = {w.get(kDkvA, dk_bytes + dv_bytes, s.device, in_flight),
+                               w.get(kDkvB, dk_bytes + dv_bytes, s.device, in_flight)};
+  void* const dq_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dqk, 4), s.device, in_flight);
+  void* const dq_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dqk), s.device, in_flight);
+  void* const dk_tile = w.get(kDkTile, k_bytes, s.device, in_flight);
+  void* const dv_tile = w.get(kDvTile, v_bytes, s.device, in_flight);
+  float* const lse_tile = static_cast<float*>(
+      w.get(kLseA, size_t(s.batch * s.heads_q * s.rows) * 4, s.device, in_flight));
   const TensorView dq_acc_view = s.view(dq_acc, DType::kFloat32, s.rows, s.heads_q, s.dqk);
   auto dk_acc = [&](int i) {
     return s.view(dkv_memory[i], DType::kFloat32, s.rows, s.heads_kv, s.dqk);
@@ -448,7 +452,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
       transfers.settle(reduction);
     }
   }
-  end_call(transfers, in_flight, placement_of(s, stream));
+  scope.finish(transfers);
   return used;
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "cp/calls_in_flight.h"
 #include "dpa/arguments.h"
 #include "dpa/error.h"
 
@@ -22,8 +23,11 @@ class SequenceTables {
   // Points every device table of `in` at a host copy (a host table stays as it is). The copies
   // live as long as this object. Only a device table makes the host wait: each is copied after
   // the caller's `stream` (its kernels may still be writing the table), and the host waits for
-  // the copy.
-  void to_host(AttentionInputs& in, void* stream) {
+  // the copy. That stream may be ordered after earlier calls of the same object, so their
+  // transfers are waited for first (`in_flight`, may be null), where a failed peer throws at its
+  // deadline instead of the copy waiting for ever.
+  void to_host(AttentionInputs& in, void* stream, CallsInFlight* in_flight) {
+    bool waited = false;
     for (auto [t, name] : {std::pair{&in.cu_seqlens_q, "cu_seqlens_q"},
                            {&in.cu_seqlens_kv, "cu_seqlens_kv"},
                            {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
@@ -31,6 +35,8 @@ class SequenceTables {
       if (!t->defined() || t->device == Device::kCPU) continue;
       require(t->device_index == in.q.device_index, name, "must be on q's device");
       require(t->is_contiguous(), name, "must be contiguous");
+      if (in_flight != nullptr && !waited) in_flight->wait();
+      waited = true;
       *t = copy(*t, name, stream);
     }
   }

@@ -3,6 +3,7 @@
 // thing (GpuCpAsync in tests/gpu/test_gpu_cp_async.cc).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -108,6 +109,14 @@ TEST_F(CallsInFlightTest, BeginBlocksOnTheOldestBeyondTheBound) {
   order += std::to_string(CallsInFlight::kMaxCalls - 1);
   EXPECT_EQ(log_, (Log{order, "wait 0.0"}));
   EXPECT_EQ(calls.size(), CallsInFlight::kMaxCalls - 1);
+}
+
+TEST_F(CallsInFlightTest, BeginWaitsForACallStillUnfinishedLongAfterItReturned) {
+  CallsInFlight calls(std::chrono::milliseconds(0));  // every unfinished call is stale at once
+  retire(calls, "a");
+  calls.begin(stream_);  // a has not ended, but it is stale: its transfers' deadlines apply
+  EXPECT_EQ(log_, (Log{"order s after a", "wait a.0"}));
+  EXPECT_EQ(calls.size(), 0u);
 }
 
 TEST_F(CallsInFlightTest, AFailedTransferThrowsAtTheNextCallAfterItsCallsOtherTransfers) {

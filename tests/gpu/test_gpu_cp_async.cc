@@ -3,8 +3,10 @@
 // stream held by a host function until every rank's forward and backward have returned, the
 // calls must return (a host wait anywhere in them would hold them until the hold times out),
 // and once released the outputs must equal, bit for bit, those of the same calls run with the
-// stream free (deterministic mode). The device ring (p2p) and the general algorithms
-// (all_gather, a2a) each.
+// stream free (deterministic mode), although the held run's inputs arrive on its stream after
+// the hold, its workspace was last written from other inputs, and its backward runs on a second
+// stream that only the object orders after the forward. The device ring (p2p) and the general
+// algorithms (all_gather, a2a) each.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -92,10 +94,23 @@ class GpuCpAsync : public ::testing::TestWithParam<AsyncCase> {
   }
 };
 
+// dst <- src on `stream` (device to device: never a host wait).
+void copy_on_stream(const DeviceTensor& dst, const DeviceTensor& src, cudaStream_t stream) {
+  const TensorView& d = dst.view();
+  ASSERT_EQ(cudaMemcpyAsync(d.data, src.view().data, size_t(d.numel()) * dtype_size(d.dtype),
+                            cudaMemcpyDeviceToDevice, stream),
+            cudaSuccess);
+}
+
 TEST_P(GpuCpAsync, ReturnsBeforeItsStreamRunsAndMatchesTheSynchronousRun) {
   const AsyncCase& c = GetParam();
   const CaseSpec& spec = c.spec;
-  const CaseTensors t = make_case(spec);
+  CaseSpec other_spec = spec;
+  other_spec.seed += 1;
+  // The held run computes on inputs B that reach its tensors only when its stream runs, after
+  // its workspace was last written from inputs A, so that work not ordered after the copies
+  // (a transfer reading the inputs early, a workspace read too soon) shows up as A's bits.
+  const CaseTensors a = make_case(spec), b = make_case(other_spec);
   const Format format = spec.config.format;
   CpConfig cp_config;
   cp_config.comm_type = c.type;
@@ -111,19 +126,35 @@ TEST_P(GpuCpAsync, ReturnsBeforeItsStreamRunsAndMatchesTheSynchronousRun) {
           shard_sequence(full.view(), local.view(), format, kRanks, rank);
           return DeviceTensor(local, 0);
         };
-        const DeviceTensor q = shard(t.q), k = shard(t.k), v = shard(t.v), d_o = shard(t.d_o);
-        const DeviceTensor offsets(t.softmax_offset, 0);
-        DeviceTensor o(spec.dtype, cp_local_shape(t.d_o.shape(), format, kRanks, {}), 0);
+        const DeviceTensor a_q = shard(a.q), a_k = shard(a.k), a_v = shard(a.v),
+                           a_do = shard(a.d_o);
+        const DeviceTensor b_q = shard(b.q), b_k = shard(b.k), b_v = shard(b.v),
+                           b_do = shard(b.d_o);
+        const DeviceTensor offsets(b.softmax_offset, 0);
+        auto local = [&](const HostTensor& full) {
+          return DeviceTensor(spec.dtype, cp_local_shape(full.shape(), format, kRanks, {}), 0);
+        };
+        DeviceTensor q = local(a.q), k = local(a.k), v = local(a.v), d_o = local(a.d_o);
+        DeviceTensor o = local(a.d_o), dq = local(a.q), dk = local(a.k), dv = local(a.v);
         DeviceTensor lse(DType::kFloat32, {spec.batch, spec.heads_q, spec.seqlen_q / kRanks}, 0);
-        DeviceTensor dq(spec.dtype, cp_local_shape(t.q.shape(), format, kRanks, {}), 0);
-        DeviceTensor dk(spec.dtype, cp_local_shape(t.k.shape(), format, kRanks, {}), 0);
-        DeviceTensor dv(spec.dtype, cp_local_shape(t.v.shape(), format, kRanks, {}), 0);
         DeviceTensor dalpha(DType::kFloat32, {spec.heads_q}, 0);
-        cudaStream_t stream = nullptr;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-
-        ContextParallelAttention attention(spec.config, cp_config, comm);
-        auto run_calls = [&] {
+        cudaStream_t forward_stream = nullptr, backward_stream = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&forward_stream, cudaStreamNonBlocking), cudaSuccess);
+        ASSERT_EQ(cudaStreamCreateWithFlags(&backward_stream, cudaStreamNonBlocking), cudaSuccess);
+        auto inputs_from = [&](const DeviceTensor& sq, const DeviceTensor& sk,
+                               const DeviceTensor& sv, const DeviceTensor& sdo,
+                               cudaStream_t stream) {
+          copy_on_stream(q, sq, stream);
+          copy_on_stream(k, sk, stream);
+          copy_on_stream(v, sv, stream);
+          copy_on_stream(d_o, sdo, stream);
+        };
+        auto settle = [&] {
+          ASSERT_EQ(cudaStreamSynchronize(forward_stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(backward_stream), cudaSuccess);
+        };
+        // The backward on `backward_stream`: the object orders it after the forward's end.
+        auto run_calls = [&](ContextParallelAttention& attention, cudaStream_t backward_on) {
           ForwardArgs fwd;
           fwd.in.q = q.view();
           fwd.in.k = k.view();
@@ -131,7 +162,7 @@ TEST_P(GpuCpAsync, ReturnsBeforeItsStreamRunsAndMatchesTheSynchronousRun) {
           fwd.in.softmax_offset = offsets.view();
           fwd.o = o.view();
           fwd.lse = lse.view();
-          fwd.stream = stream;
+          fwd.stream = forward_stream;
           attention.forward(fwd);
           BackwardArgs bwd;
           bwd.in = fwd.in;
@@ -142,29 +173,46 @@ TEST_P(GpuCpAsync, ReturnsBeforeItsStreamRunsAndMatchesTheSynchronousRun) {
           bwd.dk = dk.view();
           bwd.dv = dv.view();
           bwd.dsoftmax_offset = dalpha.view();
-          bwd.stream = stream;
+          bwd.stream = backward_on;
           attention.backward(bwd);
         };
         auto outputs = [&] {
           RankOutputs r;
           for (const DeviceTensor* out : {&o, &lse, &dq, &dk, &dv, &dalpha})
-            r.tensors.push_back(out->download(stream));
+            r.tensors.push_back(out->download(backward_stream));
           return r;
         };
 
-        // Free: the kernels load and the outputs to compare with are made.
-        run_calls();
-        attention.synchronize();
-        free_run[size_t(rank)] = outputs();
+        // Free: inputs B, one stream; the outputs to compare with.
+        {
+          ContextParallelAttention attention(spec.config, cp_config, comm);
+          inputs_from(b_q, b_k, b_v, b_do, forward_stream);
+          run_calls(attention, forward_stream);
+          attention.synchronize();
+          settle();
+          free_run[size_t(rank)] = outputs();
+        }
 
-        // Held: nothing on the stream runs until every rank has returned from both calls.
-        for (DeviceTensor* out : {&o, &lse, &dq, &dk, &dv, &dalpha}) out->poison(stream);
-        ASSERT_EQ(cudaLaunchHostFunc(stream, &Hold::run, &hold), cudaSuccess);
-        run_calls();
+        ContextParallelAttention attention(spec.config, cp_config, comm);
+        // Warm: inputs A, the backward on its own stream; its workspace is sized and written.
+        inputs_from(a_q, a_k, a_v, a_do, forward_stream);
+        run_calls(attention, backward_stream);
+        attention.synchronize();
+        settle();
+
+        // Held: nothing on the forward's stream runs (and so nothing on the backward's, ordered
+        // after it) until every rank has returned from both calls; inputs B arrive on it first.
+        for (DeviceTensor* out : {&o, &lse, &dq, &dk, &dv, &dalpha}) out->poison(forward_stream);
+        settle();
+        ASSERT_EQ(cudaLaunchHostFunc(forward_stream, &Hold::run, &hold), cudaSuccess);
+        inputs_from(b_q, b_k, b_v, b_do, forward_stream);
+        run_calls(attention, backward_stream);
         ++hold.returned;
         attention.synchronize();
+        settle();
         held_run[size_t(rank)] = outputs();
-        ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamDestroy(forward_stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamDestroy(backward_stream), cudaSuccess);
       },
       std::chrono::milliseconds(30000));
 
