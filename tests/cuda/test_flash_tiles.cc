@@ -130,7 +130,7 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
   using F = FlashBackwardFamily;
   struct Expected {
     int arch, dqk, dv;
-    bool deterministic;
+    bool dropout;
     F family;
     int bytes;
   };
@@ -147,12 +147,12 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
   };
   for (const Expected& e : cases) {
     const FlashBackwardPlan plan =
-        flash_backward_plan(e.arch, e.dqk, e.dv, e.deterministic, false, F::kAutomatic);
+        flash_backward_plan(e.arch, e.dqk, e.dv, e.dropout, F::kAutomatic);
     EXPECT_EQ(plan.family, e.family) << e.arch << " " << e.dqk;
     EXPECT_EQ(plan.shared_bytes, e.bytes) << e.arch << " " << e.dqk;
     EXPECT_LE(plan.shared_bytes, 227 * 1024);
   }
-  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, false, F::kMmaSync).shared_bytes,
+  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, F::kMmaSync).shared_bytes,
             flash_backward_shared_bytes(128, 128));
   // The families' sizes differ: a rule that checked one family's bytes for another would be
   // checking the wrong number.
@@ -160,35 +160,40 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
             flash_backward_shared_bytes(128, 128));
 }
 
-// The one-kernel backward takes dropout and deterministic mode (its dq reductions in key-block
-// order) at head dims 64 and 128; its wide form (head dims 256, 192 and 192 / 128) takes neither,
-// whatever config.flash_backward_kernel asks. Off sm_90 or at head dim 96 every request gets
-// mma.sync.
-TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
+// The one-kernel backward takes dropout at head dims 64 and 128 only (its wide form, at 256, 192
+// and 192 / 128, has no keep bits), whatever config.flash_backward_kernel asks; every form takes
+// deterministic mode, so it does not enter the choice. Off sm_90 or at head dim 96 every request
+// gets mma.sync.
+TEST(FlashTiles, BackwardFamilyHonoursDropout) {
   using F = FlashBackwardFamily;
   for (F requested : {F::kAutomatic, F::kOneKernel}) {
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 64, 64, false, true, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), F::kOneKernel);
-    // The wide head dims: the one-kernel backward's wide form, never against determinism or
-    // dropout.
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, false, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, true, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, true, requested), F::kOneKernel);
     for (const auto& [dqk, dv] : {std::pair{256, 256}, {192, 192}, {192, 128}}) {
-      EXPECT_EQ(flash_backward_family(90, dqk, dv, false, false, requested), F::kOneKernel) << dqk;
-      EXPECT_EQ(flash_backward_family(90, dqk, dv, true, false, requested), F::kMmaSync) << dqk;
-      EXPECT_EQ(flash_backward_family(90, dqk, dv, false, true, requested), F::kMmaSync) << dqk;
-      EXPECT_EQ(flash_backward_family(80, dqk, dv, false, false, requested), F::kMmaSync) << dqk;
+      EXPECT_EQ(flash_backward_family(90, dqk, dv, false, requested), F::kOneKernel) << dqk;
+      EXPECT_EQ(flash_backward_family(90, dqk, dv, true, requested), F::kMmaSync) << dqk;
+      EXPECT_EQ(flash_backward_family(80, dqk, dv, false, requested), F::kMmaSync) << dqk;
     }
-    EXPECT_EQ(flash_backward_family(90, 96, 96, false, false, requested), F::kMmaSync);
-    EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(90, 96, 96, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(80, 128, 128, false, requested), F::kMmaSync);
   }
   // The mma.sync pair when asked, on any device and head dim, with every feature.
-  EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, F::kMmaSync), F::kMmaSync);
-  EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, F::kMmaSync), F::kMmaSync);
-  EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, F::kMmaSync), F::kMmaSync);
-  EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 128, 128, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 128, 128, true, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(80, 128, 128, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 256, 256, false, F::kMmaSync), F::kMmaSync);
+}
+
+// Deterministic mode's order flags count key blocks of the form that runs: 128 keys in the
+// narrow form, 64 in the wide one.
+TEST(FlashTiles, OneKernelKeyBlockFollowsTheForm) {
+  EXPECT_EQ(flash_backward_one_kernel_block_n(64, 64), 128);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(128, 128), 128);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(256, 256), 64);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(192, 192), 64);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(192, 128), 64);
 }
 
 // The wide form's consumers split the head dims in whole 64-column blocks, each keeping some of

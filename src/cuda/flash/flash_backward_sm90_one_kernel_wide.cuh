@@ -21,10 +21,13 @@
 //     columns of one row).
 // At 256 the shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
 // buffers), so dq is not staged there as the narrow one-kernel backward stages it.
-// launch_flash_backward_sm90 then converts the workspace to dq (times scale). Deterministic mode
-// and dropout keep the mma.sync pair at these head dims (flash_backward_family): the narrow form's
-// keep words (2 x 512 bytes here) do not fit beside 256's full shared memory, and its dq order
-// needs the staged tile.
+// launch_flash_backward_sm90 then converts the workspace to dq (times scale). kDeterministic:
+// each dq tile is added in key-block order, as the narrow form's producer adds it (the grid in
+// key-block chains; a flag per query tile, bp.dq_order), but by the consumers themselves: one
+// thread waits until the tile's flag names this key block, both consumers add their columns,
+// and after a barrier of both that thread hands the tile on. Dropout keeps the mma.sync pair at
+// these head dims (flash_backward_family): the narrow form's keep words (2 x 512 bytes here) do
+// not fit beside 256's full shared memory.
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
@@ -39,6 +42,9 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kBlockN = 64, kBlockM = 64;
+  static_assert(kBlockN == flash_backward_one_kernel_block_n(kHeadDimQK, kHeadDimV) &&
+                    kBlockM == kOneKernelBackwardBlockM,
+                "the host sizes deterministic mode's flags and chains by these blocks");
   // Consumer 0's 64-column blocks of dk (and dq) and of dv; consumer 1 keeps the rest.
   static constexpr FlashBackwardWideSplit kSplit = flash_backward_wide_split(kHeadDimQK, kHeadDimV);
   static constexpr int kQueryColumns = kBlockM / 2;                // S^T columns per consumer
@@ -150,7 +156,8 @@ __device__ __forceinline__ void wgmma_keys_by_queries(float (&acc)[kN / 8][4], u
 // A consumer of a wide block: its 32 query columns of every tile's S^T and dP^T, and kQkColumns
 // columns of dk (and of each dq tile) from qk_column0 and kVColumns of dv from v_column0 (none:
 // kVColumns 0), all whole 64-column blocks. Runs its whole key block, then stores dk and dv.
-template <typename Traits, int kQkColumns, int kVColumns>
+// kDeterministic: each dq tile is added in key-block order (the kernel's comment).
+template <typename Traits, int kQkColumns, int kVColumns, bool kDeterministic>
 __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams& bp,
                                                        const KeyBlock& kb,
                                                        const OneKernelWideBackwardLayout<Traits>& l,
@@ -171,6 +178,16 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
   const int key_row = warp_in_group * 16 + quad_row;  // in the block (both consumers)
   const int key0 = kb.j0 + key_row;
   const int query_column0 = consumer * kQueryColumns;  // this consumer's S^T columns
+  // Deterministic mode: the query tiles the previous key block adds to (empty for the first),
+  // the thread that waits for and hands on each tile (consumer 0's first), and the barrier both
+  // consumers meet at around the adds (named barrier 1 is the operands').
+  constexpr int kDqOrderBarrier = 2, kHandOffThread = 128;
+  const int key_block = kb.j0 / kBlockN;
+  const QueryTileSpan previous =
+      kDeterministic
+          ? key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
+                                  kb.diagonal, p.window_left, p.window_right)
+          : QueryTileSpan{0, -1};
   // Its columns of a tile of 64 rows: whole 64-column blocks of 64 x 128 bytes.
   const uint32_t qk_offset = uint32_t(qk_column0 / 64) * 64 * 128;
   const uint32_t v_offset = uint32_t(v_column0 / 64) * 64 * 128;
@@ -245,8 +262,22 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
 
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dq_tile);
+      int* order = nullptr;
+      if constexpr (kDeterministic) {
+        const int tile = kb.first_query(it) / kBlockM;
+        order =
+            bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(it)) * bp.dq_order_tiles + tile;
+        if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
+          while (ptx::load_acquire_gpu(order) != key_block) {
+          }
+        ptx::named_barrier_sync(kDqOrderBarrier, kConsumerThreads);
+      }
       add_dq_tile<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
                                       qk_column0);
+      if constexpr (kDeterministic) {
+        ptx::named_barrier_sync(kDqOrderBarrier, kConsumerThreads);  // both consumers' adds issued
+        if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
+      }
     }
   }
 
@@ -259,7 +290,9 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
                                        bp.dv_row_stride, bp.dv_head_stride);
 }
 
-template <typename Traits>
+// kDeterministic: dq reductions in key-block order, the grid in key-block chains (bp.dq_order,
+// bp.key_chain), as the narrow form's.
+template <typename Traits, bool kDeterministic>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_backward_one_kernel_wide_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -269,7 +302,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const OneKernelWideBackwardLayout<Traits> l(shared_storage);
 
   KeyBlock kb;
-  if (!make_key_block(bp.fwd, Traits::kBlockN, Traits::kBlockM, kb)) return;
+  if constexpr (kDeterministic) {
+    const KeyBlockCoordinates c =
+        deterministic_key_block(int(blockIdx.x), int(blockIdx.z), bp.fwd.batch, bp.key_chain);
+    if (!make_key_block(bp.fwd, Traits::kBlockN, Traits::kBlockM, kb, c.batch, int(blockIdx.y),
+                        c.key_block))
+      return;
+    // Last tile first, as the narrow form walks (its kernel says why).
+    kb.descending = true;
+  } else if (!make_key_block(bp.fwd, Traits::kBlockN, Traits::kBlockM, kb)) {
+    return;
+  }
   init_key_block_barriers<Traits>(bp, l);
   __syncthreads();
 
@@ -286,13 +329,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int consumer = warpgroup - 1;
   if constexpr (2 * kQkFirst == kDimQK && 2 * kVFirst == kDimV) {
     // An even split (256): one body, the columns by consumer.
-    consume_wide_key_block<Traits, kQkFirst, kVFirst>(bp, kb, l, consumer, consumer * kQkFirst,
-                                                      consumer * kVFirst);
+    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic>(
+        bp, kb, l, consumer, consumer * kQkFirst, consumer * kVFirst);
   } else if (consumer == 0) {
-    consume_wide_key_block<Traits, kQkFirst, kVFirst>(bp, kb, l, 0, 0, 0);
+    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic>(bp, kb, l, 0, 0, 0);
   } else {
-    consume_wide_key_block<Traits, kDimQK - kQkFirst, kDimV - kVFirst>(bp, kb, l, 1, kQkFirst,
-                                                                       kVFirst);
+    consume_wide_key_block<Traits, kDimQK - kQkFirst, kDimV - kVFirst, kDeterministic>(
+        bp, kb, l, 1, kQkFirst, kVFirst);
   }
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere

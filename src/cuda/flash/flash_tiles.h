@@ -276,21 +276,21 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
 
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward
 // with every feature (deterministic mode orders its dq reductions: kDeterministicKeyChain);
-// head dims 256, 192 and 192 / 128 its wide form, or mma.sync with dropout (the wide form has no
-// keep bits) or in deterministic mode (its consumers reduce dq themselves, unordered);
-// everything else (head dim 96, other GPUs) takes mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks
-// another family where the hardware has it, never the one-kernel one against a feature it
-// cannot honour.
+// head dims 256, 192 and 192 / 128 its wide form, deterministic mode included (its consumers
+// order their own reductions), or mma.sync with dropout (the wide form has no keep bits);
+// everything else (head dim 96, other GPUs) takes mma.sync. Deterministic mode does not change
+// the family: every form takes it. `requested` (config.flash_backward_kernel, for tests and
+// benches) picks another family where the hardware has it, never the one-kernel one against a
+// feature it cannot honour.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
-                                                    bool deterministic, bool dropout,
-                                                    FlashBackwardFamily requested) {
+                                                    bool dropout, FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
   if (!flash_backward_one_kernel_narrow_eligible(head_dim_qk, head_dim_v)) {
     // The wide head dims have the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
-    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && !deterministic &&
-                   !dropout && one_kernel_requested
+    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && !dropout &&
+                   one_kernel_requested
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
   }
@@ -302,8 +302,15 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
 // layouts, so the selector's rule (through flash_backward_plan) checks the bytes the launch asks
 // for.
 // The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
-// asserts them): the host sizes its deterministic-mode flags by them.
+// asserts them): the host sizes its deterministic-mode flags by them. The wide form's key block
+// is 64 keys and its query tile the same 64 rows (FlashBackwardSm90OneKernelWideTraits asserts
+// them).
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
+constexpr int flash_backward_one_kernel_block_n(int head_dim_qk, int head_dim_v) {
+  return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)
+             ? 64
+             : kOneKernelBackwardBlockN;
+}
 // The one-kernel backward's fp32 dq tile rows are padded by 8 floats: a warp's 8-byte stores
 // of its 8 rows (2q + 8t in row g) then put each half-warp's 4 rows on 32 distinct banks (row
 // g starts on bank 8g); a padding of 4 put rows g and g + 1 on 4 common banks, 4 wavefronts
@@ -331,10 +338,9 @@ struct FlashBackwardPlan {
   int shared_bytes;
 };
 constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int head_dim_v,
-                                                bool deterministic, bool dropout,
-                                                FlashBackwardFamily requested) {
+                                                bool dropout, FlashBackwardFamily requested) {
   const FlashBackwardFamily family =
-      flash_backward_family(arch, head_dim_qk, head_dim_v, deterministic, dropout, requested);
+      flash_backward_family(arch, head_dim_qk, head_dim_v, dropout, requested);
   switch (family) {
     case FlashBackwardFamily::kOneKernel:
       return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v)};
