@@ -143,6 +143,7 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
       {90, 96, 96, false, F::kMmaSync, flash_backward_shared_bytes(96, 96)},
       {90, 128, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128)},
       {90, 256, 256, true, F::kMmaSync, flash_backward_shared_bytes(256, 256)},
+      {90, 192, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128)},
       {80, 128, 128, false, F::kMmaSync, flash_backward_shared_bytes(128, 128)},
   };
   for (const Expected& e : cases) {
@@ -160,10 +161,10 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
             flash_backward_shared_bytes(128, 128));
 }
 
-// The one-kernel backward takes dropout at head dims 64 and 128 only (its wide form, at 256, 192
-// and 192 / 128, has no keep bits), whatever config.flash_backward_kernel asks; every form takes
-// deterministic mode, so it does not enter the choice. Off sm_90 or at head dim 96 every request
-// gets mma.sync.
+// The one-kernel backward takes dropout at head dims 64, 128, 192 and 192 / 128, not at 256 (its
+// wide form's keep words do not fit there), whatever config.flash_backward_kernel asks; every
+// form takes deterministic mode, so it does not enter the choice. Off sm_90 or at head dim 96
+// every request gets mma.sync.
 TEST(FlashTiles, BackwardFamilyHonoursDropout) {
   using F = FlashBackwardFamily;
   for (F requested : {F::kAutomatic, F::kOneKernel}) {
@@ -173,9 +174,15 @@ TEST(FlashTiles, BackwardFamilyHonoursDropout) {
     EXPECT_EQ(flash_backward_family(90, 64, 64, true, requested), F::kOneKernel);
     for (const auto& [dqk, dv] : {std::pair{256, 256}, {192, 192}, {192, 128}}) {
       EXPECT_EQ(flash_backward_family(90, dqk, dv, false, requested), F::kOneKernel) << dqk;
-      EXPECT_EQ(flash_backward_family(90, dqk, dv, true, requested), F::kMmaSync) << dqk;
+      EXPECT_EQ(flash_backward_family(90, dqk, dv, true, requested),
+                dqk == 256 ? F::kMmaSync : F::kOneKernel)
+          << dqk;
       EXPECT_EQ(flash_backward_family(80, dqk, dv, false, requested), F::kMmaSync) << dqk;
     }
+    EXPECT_FALSE(flash_backward_wide_takes_dropout(256, 256));
+    EXPECT_TRUE(flash_backward_wide_takes_dropout(192, 192));
+    EXPECT_TRUE(flash_backward_wide_takes_dropout(192, 128));
+    EXPECT_FALSE(flash_backward_wide_takes_dropout(128, 128));  // the narrow form's
     EXPECT_EQ(flash_backward_family(90, 96, 96, false, requested), F::kMmaSync);
     EXPECT_EQ(flash_backward_family(80, 128, 128, false, requested), F::kMmaSync);
   }

@@ -334,6 +334,15 @@ std::vector<GpuCase> gpu_cases() {
       // beside fully visible ones; head dim 256 takes the mma.sync pair with dropout.
       make("dropout_gqa_window",
            all({sizes(2, 300, 333, 8, 2, 128), window(70, 20), dropout(0.1, 5)}), dropout(0, 5)),
+      // The wide one-kernel backward's keep bits (192 and MLA's 192 / 128), key blocks of 64.
+      make("dropout_hdim192_sink_softcap_causal",
+           all({sizes(2, 130, 200, 4, 2, 192), dropout(0.15, 21), mask(MaskType::kCausal),
+                softmax(SoftmaxType::kLearnable), softcap(20)}),
+           dropout(0, 21)),
+      make("dropout_mla192x128_gqa_window",
+           all({sizes(1, 200, 260, 8, 2, 192), head_dims(192, 128, fp16), window(70, 20),
+                dropout(0.1, 6)}),
+           dropout(0, 6)),
       make("dropout_hdim256",
            all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
            dropout(0, 11)),

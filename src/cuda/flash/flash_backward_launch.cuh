@@ -40,8 +40,17 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
   };
   if constexpr (flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV)) {
     using Wide = FlashBackwardSm90OneKernelWideTraits<Element, kHeadDimQK, kHeadDimV>;
-    auto kernel = deterministic ? flash_backward_one_kernel_wide_sm90_kernel<Wide, true>
-                                : flash_backward_one_kernel_wide_sm90_kernel<Wide, false>;
+    auto kernel = deterministic ? flash_backward_one_kernel_wide_sm90_kernel<Wide, true, false>
+                                : flash_backward_one_kernel_wide_sm90_kernel<Wide, false, false>;
+    if constexpr (Wide::kTakesDropout) {
+      if (f.dropout_threshold != 0)
+        kernel = deterministic ? flash_backward_one_kernel_wide_sm90_kernel<Wide, true, true>
+                               : flash_backward_one_kernel_wide_sm90_kernel<Wide, false, true>;
+    } else if (f.dropout_threshold != 0) {
+      // flash_backward_family keeps dropout off this form here; never drop it silently.
+      throw Error(ErrorCode::kInternal, "dropout",
+                  "the wide one-kernel backward at this head dim has no keep bits");
+    }
     if (f.max_seqlen_kv > 0)
       launch_backward_kernel(kernel, grid_of(Wide::kBlockN), Wide::kThreads, Wide::kSharedBytes, p,
                              stream);

@@ -25,9 +25,13 @@
 // each dq tile is added in key-block order, as the narrow form's producer adds it (the grid in
 // key-block chains; a flag per query tile, bp.dq_order), but by the consumers themselves: one
 // thread waits until the tile's flag names this key block, both consumers add their columns,
-// and after a barrier of both that thread hands the tile on. Dropout keeps the mma.sync pair at
-// these head dims (flash_backward_family): the narrow form's keep words (2 x 512 bytes here) do
-// not fit beside 256's full shared memory.
+// and after a barrier of both that thread hands the tile on. kDropout (192 and 192 / 128): the
+// producer, otherwise idle between its copies, draws each query tile's keep bits into the stage
+// in the narrow form's layout (draw_query_tile_keep_words for 64 keys: a word per (key group,
+// quad row, quad column) with a bit per query of the tile), and each consumer reads its key
+// group's word and its half of the bits. At 256 dropout keeps the mma.sync pair
+// (flash_backward_family): two stages of keep words (1 KB) would overflow the shared memory by 64
+// bytes.
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
@@ -50,11 +54,15 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static constexpr int kQueryColumns = kBlockM / 2;                // S^T columns per consumer
   static constexpr int kOperandTileBytes = kBlockN * kBlockM * 2;  // one P^T or dU^T tile
   static constexpr int kBarrierBytes = 64;
+  // Dropout keep words per stage where they fit (192 and 192 / 128): one per thread of one
+  // consumer, its key group's (draw_query_tile_keep_words); none at 256.
+  static constexpr bool kTakesDropout = flash_backward_wide_takes_dropout(kHeadDimQK, kHeadDimV);
+  static constexpr int kKeepWords = kTakesDropout ? kBlockN / 16 * 32 : 0;
   // K and V, kStages of Q and dO and of the rows' LSE and D, two buffers each of P^T and dU^T,
-  // barriers, 1 KB of alignment.
+  // kStages of keep words, barriers, 1 KB of alignment.
   static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
                                       kStages * 2 * kBlockM * 4 + 4 * kOperandTileBytes +
-                                      kBarrierBytes + 1024;
+                                      kStages * kKeepWords * 4 + kBarrierBytes + 1024;
   static_assert(flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV),
                 "head dims 256, 192 or 192 / 128");
   static_assert(kHeadDimQK % 64 == 0 && kHeadDimV % 64 == 0,
@@ -66,6 +74,9 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
   static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
+  static_assert(!kTakesDropout || kKeepWords == kConsumerThreads / 2,
+                "one keep word per thread of a consumer: both read their key group's words");
+  static_assert(2 * kBlockM == 128, "every producer thread arrives after its keep-word stores");
 };
 
 // Shared-memory addresses of a wide one-kernel backward block.
@@ -76,6 +87,7 @@ struct OneKernelWideBackwardLayout {
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, operands, barriers;
   float *lse, *delta;  // kStages x kBlockM each
+  uint32_t* keep;      // kStages x Traits::kKeepWords
 
   __device__ explicit OneKernelWideBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
@@ -86,7 +98,8 @@ struct OneKernelWideBackwardLayout {
     const uint32_t statistics = operands + 4 * Traits::kOperandTileBytes;
     lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
     delta = lse + kStages * kBlockM;
-    barriers = statistics + kStages * 2 * kBlockM * 4;
+    keep = reinterpret_cast<uint32_t*>(delta + kStages * kBlockM);
+    barriers = statistics + kStages * 2 * kBlockM * 4 + kStages * Traits::kKeepWords * 4;
   }
   __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
   __device__ uint32_t d_o(int stage) const {
@@ -156,8 +169,10 @@ __device__ __forceinline__ void wgmma_keys_by_queries(float (&acc)[kN / 8][4], u
 // A consumer of a wide block: its 32 query columns of every tile's S^T and dP^T, and kQkColumns
 // columns of dk (and of each dq tile) from qk_column0 and kVColumns of dv from v_column0 (none:
 // kVColumns 0), all whole 64-column blocks. Runs its whole key block, then stores dk and dv.
-// kDeterministic: each dq tile is added in key-block order (the kernel's comment).
-template <typename Traits, int kQkColumns, int kVColumns, bool kDeterministic>
+// kDeterministic: each dq tile is added in key-block order (the kernel's comment). kDropout: the
+// keep bits of its query columns, from its key group's words (bits 16 consumer + 4 t + e), drop
+// P^T's elements and dU^T's dP^T terms; dv is scaled by 1 / keep_prob at the end.
+template <typename Traits, int kQkColumns, int kVColumns, bool kDeterministic, bool kDropout>
 __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams& bp,
                                                        const KeyBlock& kb,
                                                        const OneKernelWideBackwardLayout<Traits>& l,
@@ -227,7 +242,15 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
                                         l.lse + stage * kBlockM + query_column0, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM + query_column0);
+      // This thread's keep bits: its key group's word (warp in group x 32 + lane), shifted to
+      // this consumer's query tiles.
+      const uint32_t keep =
+          kDropout
+              ? l.keep[stage * Traits::kKeepWords + warp_in_group * 32 + lane] >> (16 * consumer)
+              : 0u;
+      key_tile_gradients<kDropout>(p, s, dp, derivative, quad_col,
+                                   l.delta + stage * kBlockM + query_column0, keep,
+                                   kDropout ? p.dropout_scale : 1.f);
       {
         uint32_t operand[kQueryColumns / 16][4];
         pack_operands<Element>(s, operand);
@@ -281,6 +304,12 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
     }
   }
 
+  if constexpr (kDropout && kVColumns > 0) {  // dv = Pd^T dO, Pd = P keep / keep_prob
+#pragma unroll
+    for (int t = 0; t < kVTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv_acc[t][e] *= p.dropout_scale;
+  }
   store_key_rows<Element, kQkColumns>(kb, dk_acc, bp.scale, key0, quad_col,
                                       static_cast<Element*>(bp.dk) + qk_column0, bp.dk_batch_stride,
                                       bp.dk_row_stride, bp.dk_head_stride);
@@ -291,8 +320,9 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
 }
 
 // kDeterministic: dq reductions in key-block order, the grid in key-block chains (bp.dq_order,
-// bp.key_chain), as the narrow form's.
-template <typename Traits, bool kDeterministic>
+// bp.key_chain), as the narrow form's. kDropout (Traits::kTakesDropout: 192 and 192 / 128): the
+// producer draws each query tile's keep bits into the stage as the narrow form's does.
+template <typename Traits, bool kDeterministic, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     flash_backward_one_kernel_wide_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -319,9 +349,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0)
-      produce_key_block_iterations<Traits, true>(
-          bp, kb, l, [](int, int) {}, [](int) {});
+    if (kb.iterations > 0) {
+      if constexpr (kDropout) {
+        static_assert(Traits::kTakesDropout, "keep words fit this layout");
+        produce_key_block_iterations<Traits, true>(
+            bp, kb, l,
+            [&](int it, int stage) {
+              draw_query_tile_keep_words<Traits::kBlockN>(bp.fwd, kb, it,
+                                                          l.keep + stage * Traits::kKeepWords);
+            },
+            [](int) {});
+      } else {
+        produce_key_block_iterations<Traits, true>(
+            bp, kb, l, [](int, int) {}, [](int) {});
+      }
+    }
     return;
   }
 
@@ -329,12 +371,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int consumer = warpgroup - 1;
   if constexpr (2 * kQkFirst == kDimQK && 2 * kVFirst == kDimV) {
     // An even split (256): one body, the columns by consumer.
-    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic>(
+    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic, kDropout>(
         bp, kb, l, consumer, consumer * kQkFirst, consumer * kVFirst);
   } else if (consumer == 0) {
-    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic>(bp, kb, l, 0, 0, 0);
+    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic, kDropout>(bp, kb, l, 0, 0, 0);
   } else {
-    consume_wide_key_block<Traits, kDimQK - kQkFirst, kDimV - kVFirst, kDeterministic>(
+    consume_wide_key_block<Traits, kDimQK - kQkFirst, kDimV - kVFirst, kDeterministic, kDropout>(
         bp, kb, l, 1, kQkFirst, kVFirst);
   }
 #else

@@ -257,6 +257,25 @@ constexpr FlashBackwardWideSplit flash_backward_wide_split(int head_dim_qk, int 
   return {first, best};
 }
 
+// The wide form's shared memory: K and V of its 64 keys, two stages of 64-row Q and dO tiles and
+// of their rows' LSE and D, two buffers each of the P^T and dU^T tiles (64 x 64), the dropout
+// keep words of two stages where they fit (`with_keep_words`: 128 words per stage, the narrow
+// form's layout for 64 keys, draw_query_tile_keep_words), 64 bytes of barriers and 1 KB of
+// alignment.
+constexpr int flash_backward_wide_shared_bytes(int head_dim_qk, int head_dim_v,
+                                               bool with_keep_words) {
+  const int block_n = 64, block_m = 64, stages = 2, operand_tile = block_n * block_m * 2;
+  const int keep_words = with_keep_words ? block_n / 16 * 32 : 0;
+  return 2 * (block_n + stages * block_m) * (head_dim_qk + head_dim_v) + stages * 2 * block_m * 4 +
+         4 * operand_tile + stages * keep_words * 4 + 64 + 1024;
+}
+// Whether the wide form takes dropout: its keep words fit at 192 and 192 / 128, not at 256
+// (226 KB of tiles, 64 bytes short).
+constexpr bool flash_backward_wide_takes_dropout(int head_dim_qk, int head_dim_v) {
+  return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) &&
+         flash_backward_wide_shared_bytes(head_dim_qk, head_dim_v, true) <= 227 * 1024;
+}
+
 // The backward's kernel families (docs/cuda_flash.md): the atomic-free pair on mma.sync, and the
 // single wgmma kernel whose dq goes through fp32 reductions (flash_backward_sm90_one_kernel.cuh).
 enum class FlashBackwardFamily { kAutomatic, kMmaSync, kOneKernel };
@@ -277,8 +296,8 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward
 // with every feature (deterministic mode orders its dq reductions: kDeterministicKeyChain);
 // head dims 256, 192 and 192 / 128 its wide form, deterministic mode included (its consumers
-// order their own reductions), or mma.sync with dropout (the wide form has no keep bits);
-// everything else (head dim 96, other GPUs) takes mma.sync. Deterministic mode does not change
+// order their own reductions) and, at 192 and 192 / 128, dropout; 256 with dropout, and
+// everything else (head dim 96, other GPUs), takes mma.sync. Deterministic mode does not change
 // the family: every form takes it. `requested` (config.flash_backward_kernel, for tests and
 // benches) picks another family where the hardware has it, never the one-kernel one against a
 // feature it cannot honour.
@@ -289,7 +308,8 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
     // The wide head dims have the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
-    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && !dropout &&
+    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) &&
+                   (!dropout || flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v)) &&
                    one_kernel_requested
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
@@ -319,11 +339,9 @@ constexpr int kOneKernelBackwardDqPadding = 8;
 constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
   const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
             block_m = kOneKernelBackwardBlockM;
-  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)) {
-    const int block_n = 64, operand_tile = block_n * block_m * 2;
-    return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
-           barriers + 1024;
-  }
+  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v))
+    return flash_backward_wide_shared_bytes(
+        head_dim_qk, head_dim_v, flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v));
   const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
             keep_words = block_n / 16 * 32;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
