@@ -74,6 +74,8 @@ memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/window_bottom_right' \
     'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
     'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
+    'Cases/FlashForwardBackward.MatchesExact/mla192x128_window_gqa_fp16' \
+    'Cases/FlashForwardBackward.MatchesExact/dropout_mla192x128_gqa_window' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_decode_splits_bfloat16_d128' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_window_sink_softcap_bfloat16_d128' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/chunked_prefill_mixed_batch_float16_d64' \
@@ -98,6 +100,8 @@ racecheck_filter="${DPA_RACECHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/thd_sink_causal_bottom_right' \
     'Cases/FlashForwardBackward.MatchesExact/softcap_50' \
     'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
+    'Cases/FlashForwardBackward.MatchesExact/hdim192_sink_softcap_causal' \
+    'Cases/FlashForwardBackward.MatchesExact/dropout_hdim192_sink_softcap_causal' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_decode_splits_bfloat16_d128' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/prefill_chunk_across_pages_float16_d64'
 )}"
