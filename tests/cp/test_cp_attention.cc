@@ -18,6 +18,7 @@
 #include "dpa/cp.h"
 #include "support/attention_case.h"
 #include "support/cp_case.h"
+#include "support/drawn_case.h"
 #include "support/dropout_probe.h"
 #include "support/forwarding_communicator.h"
 
@@ -836,25 +837,22 @@ TEST(CpFeatures, RefusesWhatItCannotShard) {
   EXPECT_THROW(run_cp(forced, tensors, config, 2), Error);
 }
 
-// Drawn configurations (a fixed seed): the matrix above crosses a dozen feature cases with every
-// layout at one shape; these draw the shape too (cp 2 or 4, every comm type; bshd or sbhd
-// sequences of 2 cp to 12 cp rows, query and key lengths apart, with or without per-sequence
-// lengths; thd batches of 1-40-row sequences; GQA ratios, MLA head dims), with masks (arbitrary
-// ones too), windows of either alignment, softcap, sinks, ALiBi, biases and dropout drawn
-// independently, so that combinations no hand-written case names meet the same oracle and
-// tolerance. A draw the unsharded call refuses is drawn again; CP must take every draw the
-// unsharded call takes. (Session 30 ran this generator for 3000 draws on each of seeds 5, 6 and
-// 7, and narrower versions of it on five more seeds: all passed, once the gradients of rows that
-// see a single key were compared as below.)
+// Drawn configurations (a fixed seed, support/drawn_case.h): the matrix above crosses a dozen
+// feature cases with every layout at one shape; these draw the shape too (cp 2 or 4, every comm
+// type; bshd or sbhd sequences of 2 cp to 12 cp rows, cross attention, with or without
+// per-sequence lengths; thd batches of 1-40-row sequences; GQA ratios, MLA head dims) and every
+// feature independently, so that combinations no hand-written case names meet the same oracle
+// and tolerance. Sequences and windows may be a single row or key wide. A draw the unsharded
+// call refuses is drawn again; CP must take every draw the unsharded call takes. (Session 30 ran
+// an earlier version of this draw for 3000 draws on each of seeds 5, 6 and 7, and narrower ones
+// on five more seeds: all passed, once the gradients of rows that see a single key were
+// compared as below.)
 TEST(CpRandomized, MatchesExactOnDrawnConfigurations) {
   constexpr int kDraws = 400;
   std::mt19937 rng(20261204);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   int ran = 0, refused = 0;
   for (int draw = 0; ran < kDraws && draw < 4 * kDraws; ++draw) {
-    CaseSpec s;
-    s.dtype = DType::kFloat64;
-    s.seed = uint64_t(1000 + draw);
     const int cp = pick(0, 1) ? 2 : 4;
     CpConfig config;
     const int type = pick(0, cp == 4 ? 3 : 2);
@@ -863,74 +861,18 @@ TEST(CpRandomized, MatchesExactOnDrawnConfigurations) {
                        : type == 2 ? CpCommType::kA2A
                                    : CpCommType::kA2AP2P;
     if (config.comm_type == CpCommType::kA2AP2P) config.a2a_group_size = 2;
-    s.heads_kv = 1 << pick(0, 2);
-    s.heads_q = 8;  // a multiple of every a2a group (cp 2 or 4) and of every heads_kv
-    s.head_dim_qk = 8 * pick(1, 2);
-    s.head_dim_v = pick(0, 3) == 0 ? 8 : s.head_dim_qk;
-    const bool thd = pick(0, 3) == 0;
-    const bool causal = pick(0, 1) == 1;
-    if (thd) {
-      s.config.format = Format::kTHD;
-      const int sequences = pick(1, 3);
-      for (int b = 0; b < sequences; ++b) s.lengths_q.push_back(pick(1, 40));
-      s.lengths_kv = s.lengths_q;
-      s.config.mask_type =
-          causal ? (pick(0, 1) ? MaskType::kPaddingCausalBottomRight : MaskType::kPaddingCausal)
-                 : MaskType::kPadding;
-    } else {
-      if (pick(0, 3) == 0) s.config.format = Format::kSBHD;
-      s.batch = pick(1, 2);
-      s.seqlen_q = s.seqlen_kv = 2 * cp * pick(1, 6);
-      if (pick(0, 2) == 0) s.seqlen_kv = 2 * cp * pick(1, 6);  // cross attention
-      const bool lengths = pick(0, 2) == 0;
-      if (lengths) {
-        for (int64_t b = 0; b < s.batch; ++b) {
-          s.lengths_q.push_back(pick(1, int(s.seqlen_q)));
-          s.lengths_kv.push_back(pick(1, int(s.seqlen_kv)));
-        }
-      }
-      s.config.mask_type =
-          lengths ? (causal ? MaskType::kPaddingCausalBottomRight : MaskType::kPadding)
-                  : (causal ? (pick(0, 1) ? MaskType::kCausal : MaskType::kCausalBottomRight)
-                            : MaskType::kNoMask);
-    }
-    if (pick(0, 2) > 0) {  // a window: its left edge always, its right edge without a causal mask
-      s.config.window_left = pick(0, 30);
-      s.config.window_right = causal ? 0 : (pick(0, 3) == 0 ? -1 : pick(0, 12));
-      if (!causal && pick(0, 1)) s.config.bottom_right_diagonal = false;
-    }
-    if (pick(0, 2) == 0) {  // logits of a few units, so that a cap of 2 bends them
-      s.config.softcap = 2.0;
-      s.config.scale = 1.0;
-    }
-    const int softmax = pick(0, 2);
-    s.config.softmax_type = softmax == 0   ? SoftmaxType::kVanilla
-                            : softmax == 1 ? SoftmaxType::kOffByOne
-                                           : SoftmaxType::kLearnable;
-    s.alibi = pick(0, 4) == 0;
-    s.alibi_per_batch = s.alibi && pick(0, 1) == 1;
-    if (pick(0, 4) == 0) {
-      s.config.dropout = 0.15;
-      s.config.seed = uint64_t(77 + draw);
-    }
-    if (!thd && pick(0, 4) == 0) {  // a bias, broadcast over any of its leading dims
-      s.config.bias_type = pick(0, 1) ? BiasType::kPostScale : BiasType::kPreScale;
-      s.bias_shape = {pick(0, 1) ? s.batch : 1, pick(0, 1) ? s.heads_q : 1, s.seqlen_q,
-                      s.seqlen_kv};
-    }
-    if (!thd && s.config.mask_type == MaskType::kNoMask && pick(0, 4) == 0)
-      s.config.mask_type = MaskType::kArbitrary;
-    std::string what =
-        std::string(to_string(config.comm_type)) + " cp " + std::to_string(cp) +
-        (thd ? " thd" : " bshd s " + std::to_string(s.seqlen_q)) + " mask " +
-        std::string(to_string(s.config.mask_type)) + " window (" +
-        std::to_string(s.config.window_left) + ", " + std::to_string(s.config.window_right) +
-        ") heads " + std::to_string(s.heads_q) + "/" + std::to_string(s.heads_kv) + " dims " +
-        std::to_string(s.head_dim_qk) + "/" + std::to_string(s.head_dim_v) + " softcap " +
-        std::to_string(s.config.softcap) + " softmax " + std::to_string(softmax) +
-        (s.alibi ? " alibi" : "") + (s.config.dropout > 0 ? " dropout" : "") +
-        (s.config.bias_type != BiasType::kNoBias ? " bias" : "") +
-        (s.config.format == Format::kSBHD ? " sbhd" : "") + " (draw " + std::to_string(draw) + ")";
+    test::DrawRanges ranges;
+    ranges.heads_q = 8;  // a multiple of every a2a group (cp 2 or 4) and of every heads_kv
+    ranges.min_rows = 1;
+    ranges.row_multiple = 2 * cp;
+    ranges.max_rows = 12 * cp;
+    ranges.max_thd_rows = 40;
+    ranges.thd_gaps = false;  // pad_thd_for_cp lays the sequences out
+    ranges.thd_cross = false;
+    test::DrawnCase d = test::draw_case(rng, ranges, draw);
+    CaseSpec& s = d.spec;
+    const std::string what =
+        std::string(to_string(config.comm_type)) + " cp " + std::to_string(cp) + ", " + d.what;
     test::pad_thd_for_cp(s, cp);
     const CaseTensors tensors = test::make_case(s);
     CaseOutputs reference;
