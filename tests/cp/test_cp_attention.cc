@@ -894,18 +894,13 @@ TEST(CpRandomized, MatchesExactOnDrawnConfigurations) {
     // sees a single key (a window of (0, 0), sequences of one row), the exact dq, dk and dbias
     // are zero (dS = P (dP' - D) cancels) and fp32's residue would read as an unbounded relative
     // error.
-    auto norm = [](const HostTensor& t) {
-      double sum = 0;
-      for (int64_t i = 0; i < t.numel(); ++i) sum += t.get(i) * t.get(i);
-      return std::sqrt(sum);
-    };
     auto gradient_error = [&](const HostTensor& got, const HostTensor& want) {
       double diff = 0;
       for (int64_t i = 0; i < want.numel(); ++i) {
         const double d = got.get(i) - want.get(i);
         diff += d * d;
       }
-      return std::sqrt(diff) / std::max(norm(want), 0.1 * norm(reference.dv));
+      return std::sqrt(diff) / std::max(test::norm(want), 0.1 * test::norm(reference.dv));
     };
     const test::CaseComparison c = test::compare_outputs(run.out, reference);
     const double dq = gradient_error(run.out.dq, reference.dq);
