@@ -193,6 +193,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     const int lane = int(threadIdx.x);
     if (lane >= (p.tma_tails ? 32 : 1)) return;
+    const unsigned producer_lanes = p.tma_tails ? 0xffffffffu : 1u;
     if (lane == 0) {
       ptx::prefetch_tensor_map(&p.q_map);
       ptx::prefetch_tensor_map(&p.k_map);
@@ -257,39 +258,46 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           // Fires once all of this thread's copies have landed, V's and K's.
           ptx::cp_async_mbarrier_arrive_noinc(v_full(stage));
         } else {
-          // The boxes of one key tile: its rows by pages (or all at once), 64 columns each.
+          // The boxes of one key tile, 64 columns each: its rows all at once (lane 0), or one
+          // page per lane (paged caches always have tails, so the whole warp is here). Each lane
+          // loads its page once for K and V, before the wait for the stage, so a tile waits for
+          // one block-table load, not one per box in turn (lane 0 alone made them one after
+          // another: 0.29 ms of the 1.35 ms of a prefill over 16-key pages, docs/perf.md,
+          // session 29). ptxas issues the lanes' copies one after another (an elect loop).
+          const int box_row = lane * box_rows;
+          const bool has_box = box_row < kBlockN;
+          const int box_key = n0 + box_row;
+          const int box_batch = pages ? (has_box ? pages[box_key >> p.page_shift] : 0) : kv_batch;
+          const int box_source_row = pages ? box_key & page_mask : kv_row0 + box_key;
           auto load_boxes = [&](uint32_t tile, const void* map, auto dim, uint32_t full) {
-#pragma unroll 1
-            for (int r = 0; r < kBlockN; r += box_rows) {
-              const int key = n0 + r;
-              const int row = pages ? key & page_mask : kv_row0 + key;
-              const int batch = pages ? pages[key >> p.page_shift] : kv_batch;
+            if (!has_box) return;
 #pragma unroll
-              for (int c = 0; c < dim / 64; ++c)
-                ptx::tma_load_4d(tile + c * (kBlockN * 128) + r * 128, map, 64 * c, row, kv_head,
-                                 batch, full);
-            }
+            for (int c = 0; c < dim / 64; ++c)
+              ptx::tma_load_4d(tile + c * (kBlockN * 128) + box_row * 128, map, 64 * c,
+                               box_source_row, kv_head, box_batch, full);
           };
           // One arrival per barrier phase: with shared barriers K's expects both tiles' bytes.
+          // The warp's arrivals all come before its copies, so every copy's bytes count against
+          // a phase that expects them.
           if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
-          if (lane == 0) {
+          if (lane == 0)
             ptx::mbarrier_arrive_expect_tx(
                 k_full(stage), kSeparateKv ? Traits::kKBytes : Traits::kKBytes + Traits::kVBytes);
-            load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
-                       k_full(stage));
-          } else {
+          else
             ptx::mbarrier_arrive(k_full(stage));
-          }
+          __syncwarp(producer_lanes);
+          load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
+                     k_full(stage));
           if constexpr (kSeparateKv) {
             if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
             if (lane == 0)
               ptx::mbarrier_arrive_expect_tx(v_full(stage), Traits::kVBytes);
             else
               ptx::mbarrier_arrive(v_full(stage));
+            __syncwarp(producer_lanes);
           }
-          if (lane == 0)
-            load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
-                       v_full(stage));
+          load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
+                     v_full(stage));
         }
       }
     }
