@@ -158,13 +158,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // A stage's K or V is full after one expect-tx arrival and its bytes (TMA), or after the
   // cp.async arrivals of the threads that copy it: warp 0 with TMA where some key tiles cross a
   // sequence's end inside the tensor (p.tma_tails), the warpgroup without TMA.
+  // With pages (whose TMA tiles take a box per page, and always tails) warp 1 of the producer
+  // issues V's boxes and adds one arrival to V's barrier: a tile of 16-key pages is 8 boxes per
+  // tensor, and one warp issuing all 16 in turn is the suspect in the 16-key-page prefill's
+  // last 12% against a contiguous cache (docs/perf.md, session 29).
   const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : 128;
+  const bool v_by_warp1 = p.tma && p.block_table != nullptr;
+  const uint32_t v_arrivals = producer_arrivals + (v_by_warp1 ? 1 : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(k_full(s), producer_arrivals);
+      ptx::mbarrier_init(k_full(s), kSeparateKv ? producer_arrivals : v_arrivals);
       ptx::mbarrier_init(k_empty(s), kConsumerThreads);
       if constexpr (kSeparateKv) {
-        ptx::mbarrier_init(v_full(s), producer_arrivals);
+        ptx::mbarrier_init(v_full(s), v_arrivals);
         ptx::mbarrier_init(v_empty(s), kConsumerThreads);
       }
     }
@@ -186,15 +192,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // consumer's Q descriptors) then lives in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (warpgroup == 0 && p.tma) {
-    // Producer with TMA: one thread issues every copy (64-column boxes), the copy engine
-    // writes the swizzled tiles and counts their bytes on the stage's barrier. With tails, the
-    // rest of warp 0 stays to copy the tiles that cross a sequence's end with cp.async, and
-    // arrives on the other tiles' barriers.
+    // Producer with TMA: lane 0 of warp 0 issues Q's copies and K's and V's boxes (64 columns
+    // each; with pages, one box per page, see below), the copy engine writes the swizzled tiles
+    // and counts their bytes on the stage's barrier. With tails, the rest of warp 0 stays to
+    // copy the tiles that cross a sequence's end with cp.async, and arrives on the other tiles'
+    // barriers. With pages, warp 1 issues V's boxes while warp 0 issues K's (v_by_warp1).
     ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
-    const int lane = int(threadIdx.x);
-    if (lane >= (p.tma_tails ? 32 : 1)) return;
+    const int thread = int(threadIdx.x), lane = thread % 32;
+    // Broadcast so that ptxas knows the role is warp-uniform (a per-thread test moved the
+    // producer's uniform values into its 24 registers: 168 bytes of spills).
+    const bool v_warp = __shfl_sync(0xffffffffu, v_by_warp1 && thread / 32 == 1, 0);
+    if (thread >= (p.tma_tails ? 32 : 1) && !v_warp) return;
     const unsigned producer_lanes = p.tma_tails ? 0xffffffffu : 1u;
-    if (lane == 0) {
+    if (thread == 0) {
       ptx::prefetch_tensor_map(&p.q_map);
       ptx::prefetch_tensor_map(&p.k_map);
       ptx::prefetch_tensor_map(&p.v_map);
@@ -203,33 +213,78 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // batch per page, whose boxes are min(page size, kBlockN) rows.
     const int page_mask = (1 << p.page_shift) - 1;
     const int box_rows = p.block_table ? min(page_mask + 1, kBlockN) : kBlockN;
+    // The boxes of the key tile at n0, 64 columns each: its rows all at once (lane 0), or one
+    // page per lane (paged caches always have tails, so the whole warp is here). Each lane
+    // loads its page once, before the wait for the stage, so a tile waits for one block-table
+    // load, not one per box in turn (lane 0 alone made them one after another: 0.29 ms of the
+    // 1.35 ms of a prefill over 16-key pages, docs/perf.md, session 29). ptxas issues the lanes'
+    // copies one after another (an elect loop).
+    struct TileBox {
+      bool here;
+      int row, batch;
+    };
+    auto tile_box = [&](int n0, int kv_row0, int kv_batch, const int* pages) {
+      const int box_row = lane * box_rows, key = n0 + box_row;
+      TileBox box;
+      box.here = box_row < kBlockN;
+      box.row = pages ? key & page_mask : kv_row0 + key;
+      box.batch = pages ? (box.here ? pages[key >> p.page_shift] : 0) : kv_batch;
+      return box;
+    };
+    auto load_boxes = [&](const TileBox& box, int kv_head, uint32_t tile, const void* map, auto dim,
+                          uint32_t full) {
+      if (!box.here) return;
+#pragma unroll
+      for (int c = 0; c < dim / 64; ++c)
+        ptx::tma_load_4d(tile + c * (kBlockN * 128) + lane * box_rows * 128, map, 64 * c, box.row,
+                         kv_head, box.batch, full);
+    };
     int round = 0, issued = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
       FlashBlock<Element> b;
       if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
-      if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
-      ++round;
       const int kv_head = b.head / p.group_size;
-      const int q_row = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
-      const int q_batch = p.start_q ? 0 : b.batch;
       const int kv_row0 = p.start_kv ? p.start_kv[b.batch] : 0;
       const int kv_batch = p.start_kv ? 0 : b.batch;
       const int* pages = p.block_table ? p.block_table + b.batch * p.block_table_stride : nullptr;
-      if (lane == 0) {
-        ptx::mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
+      if (!v_warp) {
+        if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
+        ++round;
+        const int q_row = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
+        const int q_batch = p.start_q ? 0 : b.batch;
+        if (lane == 0) {
+          ptx::mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
 #pragma unroll
-        for (int c = 0; c < kDimQK / 64; ++c)
-          ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, q_row, b.head, q_batch,
-                           q_full);
-      } else {
-        ptx::mbarrier_arrive(q_full);
+          for (int c = 0; c < kDimQK / 64; ++c)
+            ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, q_row, b.head,
+                             q_batch, q_full);
+        } else {
+          ptx::mbarrier_arrive(q_full);
+        }
       }
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
         const int stage = issued % kStages;
         const uint32_t freed = (issued / kStages - 1) & 1;  // the parity of the slot's release
         const int n0 = n_block * kBlockN;
+        if (v_warp) {
+          // V's boxes, one arrival per tile (lane 0's): with its bytes for a TMA tile, plain
+          // for a tile that warp 0 copies with cp.async. The wait for the stage's release also
+          // orders the arrival after the barrier's previous phase.
+          if (copied_by_threads(n0, b.seqlen_kv)) {
+            if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+            if (lane == 0) ptx::mbarrier_arrive(v_full(stage));
+          } else {
+            const TileBox box = tile_box(n0, kv_row0, kv_batch, pages);
+            if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
+            if (lane == 0) ptx::mbarrier_arrive_expect_tx(v_full(stage), Traits::kVBytes);
+            __syncwarp();
+            load_boxes(box, kv_head, v_shared(stage), &p.v_map,
+                       std::integral_constant<int, kDimV>{}, v_full(stage));
+          }
+          continue;
+        }
         // K first, then V. With separate barriers each waits for its own slot (the consumers
         // release K(n) an iteration before V(n)); with one pair, the stage's one release.
         if (copied_by_threads(n0, b.seqlen_kv)) {
@@ -258,46 +313,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           // Fires once all of this thread's copies have landed, V's and K's.
           ptx::cp_async_mbarrier_arrive_noinc(v_full(stage));
         } else {
-          // The boxes of one key tile, 64 columns each: its rows all at once (lane 0), or one
-          // page per lane (paged caches always have tails, so the whole warp is here). Each lane
-          // loads its page once for K and V, before the wait for the stage, so a tile waits for
-          // one block-table load, not one per box in turn (lane 0 alone made them one after
-          // another: 0.29 ms of the 1.35 ms of a prefill over 16-key pages, docs/perf.md,
-          // session 29). ptxas issues the lanes' copies one after another (an elect loop).
-          const int box_row = lane * box_rows;
-          const bool has_box = box_row < kBlockN;
-          const int box_key = n0 + box_row;
-          const int box_batch = pages ? (has_box ? pages[box_key >> p.page_shift] : 0) : kv_batch;
-          const int box_source_row = pages ? box_key & page_mask : kv_row0 + box_key;
-          auto load_boxes = [&](uint32_t tile, const void* map, auto dim, uint32_t full) {
-            if (!has_box) return;
-#pragma unroll
-            for (int c = 0; c < dim / 64; ++c)
-              ptx::tma_load_4d(tile + c * (kBlockN * 128) + box_row * 128, map, 64 * c,
-                               box_source_row, kv_head, box_batch, full);
-          };
-          // One arrival per barrier phase: with shared barriers K's expects both tiles' bytes.
-          // The warp's arrivals all come before its copies, so every copy's bytes count against
-          // a phase that expects them.
+          const TileBox box = tile_box(n0, kv_row0, kv_batch, pages);
+          // One arrival per barrier phase and thread; lane 0's expects the bytes of the boxes
+          // this warp issues (with shared barriers and V here, both tiles'). The warp's
+          // arrivals all come before its copies, so every copy's bytes count against a phase
+          // that expects them.
+          constexpr uint32_t kKAndVBytes = Traits::kKBytes + Traits::kVBytes;
           if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
           if (lane == 0)
             ptx::mbarrier_arrive_expect_tx(
-                k_full(stage), kSeparateKv ? Traits::kKBytes : Traits::kKBytes + Traits::kVBytes);
+                k_full(stage), kSeparateKv || v_by_warp1 ? Traits::kKBytes : kKAndVBytes);
           else
             ptx::mbarrier_arrive(k_full(stage));
           __syncwarp(producer_lanes);
-          load_boxes(k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
+          load_boxes(box, kv_head, k_shared(stage), &p.k_map, std::integral_constant<int, kDimQK>{},
                      k_full(stage));
           if constexpr (kSeparateKv) {
             if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
-            if (lane == 0)
+            if (lane == 0 && !v_by_warp1)
               ptx::mbarrier_arrive_expect_tx(v_full(stage), Traits::kVBytes);
             else
               ptx::mbarrier_arrive(v_full(stage));
             __syncwarp(producer_lanes);
           }
-          load_boxes(v_shared(stage), &p.v_map, std::integral_constant<int, kDimV>{},
-                     v_full(stage));
+          if (!v_by_warp1)
+            load_boxes(box, kv_head, v_shared(stage), &p.v_map,
+                       std::integral_constant<int, kDimV>{}, v_full(stage));
         }
       }
     }
