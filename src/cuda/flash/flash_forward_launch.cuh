@@ -44,6 +44,11 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
   if (!kPowerOfTwoTile && p.dropout_threshold != 0)
     throw Error(ErrorCode::kInternal, "dropout",
                 "dropout on a tile of a key count that is not a power of two");
+  // The TMA producer gives each lane of a warp one page's box of a paged key tile.
+  if (p.block_table && p.tma &&
+      (!p.tma_tails || Traits::kBlockN / std::min(1 << p.page_shift, Traits::kBlockN) > 32))
+    throw Error(ErrorCode::kInternal, "block_table",
+                "paged TMA tiles without the producer's whole warp or of more than 32 pages");
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Traits::kSharedBytes));
   const int64_t work = int64_t((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *

@@ -192,11 +192,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // consumer's Q descriptors) then lives in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (warpgroup == 0 && p.tma) {
-    // Producer with TMA: lane 0 of warp 0 issues Q's copies and K's and V's boxes (64 columns
-    // each; with pages, one box per page, see below), the copy engine writes the swizzled tiles
-    // and counts their bytes on the stage's barrier. With tails, the rest of warp 0 stays to
-    // copy the tiles that cross a sequence's end with cp.async, and arrives on the other tiles'
-    // barriers. With pages, warp 1 issues V's boxes while warp 0 issues K's (v_by_warp1).
+    // Producer with TMA: lane 0 of warp 0 issues Q's copies, and K's and V's boxes of 64
+    // columns (with pages, lane i of the issuing warp the box of page i of the tile, see
+    // below); the copy engine writes the swizzled tiles and counts their bytes on the stage's
+    // barrier. With tails, the rest of warp 0 stays to copy the tiles that cross a sequence's
+    // end with cp.async, and arrives on the other tiles' barriers. With pages (always with
+    // tails, and at most 32 boxes a tile: launch_flash_forward_ws_kernel checks both), warp 1
+    // issues V's boxes while warp 0 issues K's (v_by_warp1).
     ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     const int thread = int(threadIdx.x), lane = thread % 32;
     // Broadcast so that ptxas knows the role is warp-uniform (a per-thread test moved the
