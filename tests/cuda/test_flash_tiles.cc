@@ -92,6 +92,28 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).block_m, 128);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).warps, 12);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 1024).block_m, 192);
+  // GQA packing: head dim 64 under a narrow window, 4 or 8 query heads per KV head, on 64-key
+  // tiles with two consumers; not with dropout, a wide window, no window, other groups or head
+  // dims.
+  const FlashTileShape packed = flash_forward_wgmma_ws_tile_shape(64, 64, 128, false, 8);
+  EXPECT_EQ(packed.packed_heads, 8);
+  EXPECT_EQ(packed.block_n, kFlashPackedBlockN);
+  EXPECT_EQ(packed.block_m, 128);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 1024, false, 4).packed_heads, 1);
+  EXPECT_EQ(
+      flash_forward_wgmma_ws_tile_shape(64, 64, kFlashNarrowWindowKeys, false, 4).packed_heads, 4);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, true, 8).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, true, 8).block_n, 128);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, -1, false, 8).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, false, 16).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, false, 2).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(128, 128, 128, false, 8).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).block_n, 128);  // no GQA
+  EXPECT_EQ(flash_forward_packable_group(64, 8, false, true), 8);
+  EXPECT_EQ(flash_forward_packable_group(64, 8, true, true), 1);    // thd
+  EXPECT_EQ(flash_forward_packable_group(64, 8, false, false), 1);  // keys end inside the tensor
+  // Every packed block divides into 16-row slabs of one head each.
+  EXPECT_EQ(packed.block_m % (16 * packed.packed_heads), 0);
   // Q's rows count: 256 rows of d = 128 (64 KB) leave room for two 64 KB stages only.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 256, 128), 2);
   // Where Hopper runs it by default: every square head dim it was measured faster at (d = 256

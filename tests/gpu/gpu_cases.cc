@@ -196,6 +196,26 @@ std::vector<GpuCase> gpu_cases() {
            all({sizes(2, 300, 97, 4, 2, 64), mask(MaskType::kCausalBottomRight)}),
            mask(MaskType::kNoMask)),
       make("gqa_8_2", sizes(2, 97, 300, 8, 2, 64)),
+      // GQA packing (flash_forward_packs_gqa: d 64, a narrow window, 4 or 8 query heads per KV
+      // head): at least 132 blocks of work, so that no split-KV turns it off; query counts that
+      // leave a partial block; each logit form (plain, the fixed-max softcap, the general
+      // kernel with fp16 or ALiBi); two batches, and sbhd.
+      make("gqa_packed_8_window_sink",
+           all({sizes(2, 1100, 1100, 16, 2, 64), mask(MaskType::kCausal), window(127, 0),
+                softmax(SoftmaxType::kLearnable)}),
+           no_window()),
+      make("gqa_packed_8_softcap_bottom_right",
+           all({sizes(1, 1100, 1160, 16, 2, 64), mask(MaskType::kCausalBottomRight),
+                window(127, 0), softcap(50), scale_one()}),
+           no_window()),
+      make("gqa_packed_4_softcap_fp16",
+           all({sizes(1, 1030, 1100, 16, 4, 64), head_dims(64, 64, fp16),
+                mask(MaskType::kCausalBottomRight), window(200, 0), softcap(30), scale_one()}),
+           no_window()),
+      make("gqa_packed_8_alibi_two_sided_window_sbhd",
+           all({sizes(1, 1100, 1100, 16, 2, 64), window(100, 20), alibi(false),
+                [](CaseSpec& s) { s.config.format = Format::kSBHD; }}),
+           no_alibi()),
       make("mqa_8_1", all({sizes(2, 97, 300, 8, 1, 64), mask(MaskType::kCausalBottomRight)})),
       make("sbhd_causal", all({head_dims(64, 64),
                                [](CaseSpec& s) { s.config.format = Format::kSBHD; },

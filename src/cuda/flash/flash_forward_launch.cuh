@@ -51,8 +51,14 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
                 "paged TMA tiles without the producer's whole warp or of more than 32 pages");
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Traits::kSharedBytes));
-  const int64_t work = int64_t((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
-                       p.heads_q * p.batch * p.num_splits;
+  if (p.packed_heads > 1 && (!p.tma || Traits::kBlockM % (16 * p.packed_heads) != 0))
+    throw Error(ErrorCode::kInternal, "packed_heads",
+                "GQA packing planned without TMA or for a block it does not divide into slabs");
+  // The kernel's blocks of work (flash_forward_sm90_ws.cuh): query blocks x head groups x
+  // batch x splits.
+  const int block_positions = Traits::kBlockM / p.packed_heads;
+  const int64_t work = int64_t((p.max_seqlen_q + block_positions - 1) / block_positions) *
+                       (p.heads_q / p.packed_heads) * p.batch * p.num_splits;
   const int64_t blocks =
       p.persistent_blocks > 0 ? std::min<int64_t>(work, p.persistent_blocks) : work;
   kernel<<<unsigned(blocks), Traits::kThreads, Traits::kSharedBytes, stream>>>(p);
@@ -99,6 +105,14 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
+      // GQA packing's tile (flash_forward_packs_gqa): two consumers on 64-key tiles at head
+      // dim 64.
+      if constexpr (kHeadDimQK == 64 && kHeadDimV == 64) {
+        if (p.block_n == kFlashPackedBlockN && p.consumer_warpgroups == 2)
+          return launch_flash_forward_ws<
+              FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, kFlashPackedBlockN, 0, 2>>(p,
+                                                                                           stream);
+      }
       // Head dims whose key tile is not the two-warpgroup form's also have that one, for windows
       // and dropout (flash_forward_wgmma_ws_block_n).
       constexpr int kPlainBlockN = flash_forward_wgmma_tile_shape(kHeadDimQK, kHeadDimV).block_n;

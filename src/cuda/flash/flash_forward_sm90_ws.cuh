@@ -146,13 +146,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t q_full = barriers + 8u * (4 * kStages);
   const uint32_t q_empty = barriers + 8u * (4 * kStages + 1);
 
-  // Blocks of work: query blocks (fastest, last first), heads, batch * splits.
-  const int m_blocks = (p.max_seqlen_q + kBlockM - 1) / kBlockM;
-  const int work_count = m_blocks * p.heads_q * p.batch * p.num_splits;
+  // Blocks of work: query blocks (fastest, last first), heads, batch * splits. With GQA
+  // packing a block is block_positions positions of the packed heads, named by the first.
+  const int block_positions = kBlockM / p.packed_heads;
+  const int head_groups = p.heads_q / p.packed_heads;
+  const int m_blocks = (p.max_seqlen_q + block_positions - 1) / block_positions;
+  const int work_count = m_blocks * head_groups * p.batch * p.num_splits;
   auto block_of = [&](int w, FlashBlock<Element>& b) {
     const int rest = w / m_blocks;
-    return make_flash_block(p, kBlockM, kBlockN, m_blocks - 1 - w % m_blocks, rest % p.heads_q,
-                            rest / p.heads_q, b);
+    return make_flash_block(p, block_positions, kBlockN, m_blocks - 1 - w % m_blocks,
+                            rest % head_groups * p.packed_heads, rest / head_groups, b);
   };
 
   // A stage's K or V is full after one expect-tx arrival and its bytes (TMA), or after the
@@ -428,7 +431,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FlashBlock<Element> b;
     if (!block_of(w, b)) continue;
     const int tiles = b.n_block_end - b.n_block_begin;
-    const int row0 = b.m0 + consumer * 64 + warp_in_group * 16 + quad_row;
+    // This warp's 16-row slab: rows of one head (with GQA packing, the slab's head of the
+    // group, and the row its position), so the per-row code below stays per head.
+    const int slab = consumer * 4 + warp_in_group;
+    int row0 = b.m0 + slab * 16 + quad_row;
+    if (p.packed_heads > 1) {
+      const int slabs_per_head = block_positions / 16;
+      b.head += slab / slabs_per_head;
+      row0 = b.m0 + slab % slabs_per_head * 16 + quad_row;
+      if (p.alibi_slopes)
+        b.alibi_slope = p.alibi_slopes[b.batch * p.alibi_batch_stride + b.head] * kLog2e;
+    }
     const float sink_log2 = block_sink_log2(p, b.head);
     // shift.fixed and scale_in_exp2 are constants in the plain and softcap kernels.
     const SoftmaxShift shift = kPlain             ? plain_softmax_shift(p)

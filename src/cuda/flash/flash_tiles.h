@@ -18,6 +18,8 @@ struct FlashTileShape {
   int blocks_per_sm = 0;          // expected resident blocks per SM (for split-KV sizing)
   bool wgmma = false;             // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
+  // Query heads of one KV head packed into a block (flash_forward_packs_gqa); 1: none.
+  int packed_heads = 1;
 };
 
 // Decode-like problems (at most this many query rows) use one-warp blocks of 16 rows so that
@@ -129,6 +131,30 @@ constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
   return head_dim_qk == 64 && head_dim_v == 64 && !narrow_window ? 3 : 2;
 }
 
+// GQA packing in the warp-specialised form (FlashForwardParams::packed_heads,
+// docs/cuda_flash.md): a block's 128 rows are 128 / G positions of all G query heads of one KV
+// head, one head per 16-row slab, so a narrow window's block spans 128 / G positions instead
+// of 128 and takes fewer keys. That pays on 64-key tiles only (on 128-key tiles a window of 128
+// still crosses one tile boundary per block), so the packed form is the two-consumer kernel on
+// 64-key tiles at head dim 64 (gpt-oss), for G of 4 or 8 (128 / G a multiple of 16; 2 would
+// divide too, but gains little). Dropout keeps one head per block. `group_size` is 1 where the
+// rows cannot pack (flash_forward_packable_group: keys past a sequence inside the tensor, thd);
+// the plan still checks TMA and one split and runs the tile unpacked without them.
+constexpr int kFlashPackedBlockN = 64;
+constexpr bool flash_forward_packs_gqa(int head_dim_qk, int head_dim_v, int64_t window_span,
+                                       int64_t group_size) {
+  const bool narrow_window = window_span >= 0 && window_span <= kFlashNarrowWindowKeys;
+  return head_dim_qk == 64 && head_dim_v == 64 && narrow_window &&
+         (group_size == 4 || group_size == 8);
+}
+
+// The group size flash_forward_packs_gqa may pack: query heads per KV head where TMA copies
+// every key tile (bshd or sbhd whose key sequences fill their rows: no cp.async tails), else 1.
+constexpr int64_t flash_forward_packable_group(int64_t heads_q, int64_t heads_kv, bool thd,
+                                               bool keys_fill_rows) {
+  return heads_kv > 0 && !thd && keys_fill_rows ? heads_q / heads_kv : 1;
+}
+
 // Keys per tile of the warp-specialised form: the two-warpgroup form's, except 80 at head dim 256
 // without a bounded window or dropout (FlashAttention-3's tile there: with two stages whose K
 // and V have barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md,
@@ -139,17 +165,24 @@ constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
 // head dims 64 and 128, kvcache_prefill_on_flash). A window bounded on one side only sees as
 // many keys per row as no window does, and takes 80.
 constexpr int flash_forward_wgmma_ws_block_n(int head_dim_qk, int head_dim_v,
-                                             int64_t window_span = -1, bool dropout = false) {
+                                             int64_t window_span = -1, bool dropout = false,
+                                             int64_t group_size = 1) {
   if (head_dim_qk == 256 && head_dim_v == 256 && window_span < 0 && !dropout) return 80;
+  if (!dropout && flash_forward_packs_gqa(head_dim_qk, head_dim_v, window_span, group_size))
+    return kFlashPackedBlockN;
   return flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v).block_n;
 }
 
 constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v,
                                                            int64_t window_span = -1,
-                                                           bool dropout = false) {
+                                                           bool dropout = false,
+                                                           int64_t group_size = 1) {
   FlashTileShape shape = flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
   shape.warp_specialized = true;
-  shape.block_n = flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v, window_span, dropout);
+  shape.block_n =
+      flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v, window_span, dropout, group_size);
+  if (!dropout && flash_forward_packs_gqa(head_dim_qk, head_dim_v, window_span, group_size))
+    shape.packed_heads = int(group_size);
   const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v, window_span);
   shape.block_m = 64 * consumers;
   shape.warps = 4 * (1 + consumers);
