@@ -185,6 +185,22 @@ std::vector<GpuCase> gpu_cases() {
            no_alibi()),
       make("mla192x128_bf16", head_dims(192, 128)),
       make("mla192x128_causal_fp16", all({head_dims(192, 128, fp16), mask(MaskType::kCausal)})),
+      // The wide form's uneven splits (192: consumer 0 two blocks of dk and one of dv; 192 / 128:
+      // consumer 1 one of dk and all of dv) with its features.
+      with_means(make("hdim192_sink_softcap_causal",
+                      all({sizes(2, 97, 160, 4, 2, 192), softmax(SoftmaxType::kLearnable),
+                           softcap(5), qk(2.0), mask(MaskType::kCausal)}),
+                      softcap(0)),
+                 0, 4.0),
+      make("mla192x128_window_gqa_fp16",
+           all({sizes(1, 200, 260, 8, 2, 192), head_dims(192, 128, fp16), window(40, 8)}),
+           no_window()),
+      make("hdim192_thd_fp16",
+           all({thd(true), head_dims(192, 192, fp16), mask(MaskType::kPaddingCausal)}),
+           mask(MaskType::kNoMask)),
+      make("mla192x128_thd_alibi",
+           all({thd(true), head_dims(192, 128), mask(MaskType::kPaddingCausal), alibi(false)}),
+           no_alibi()),
 
       // Sizes that break tiling.
       make("sq1", sizes(2, 1, 333, 4, 2, 128)),
@@ -338,6 +354,15 @@ std::vector<GpuCase> gpu_cases() {
       // beside fully visible ones; head dim 256 takes the mma.sync pair with dropout.
       make("dropout_gqa_window",
            all({sizes(2, 300, 333, 8, 2, 128), window(70, 20), dropout(0.1, 5)}), dropout(0, 5)),
+      // The wide one-kernel backward's keep bits (192 and MLA's 192 / 128), key blocks of 64.
+      make("dropout_hdim192_sink_softcap_causal",
+           all({sizes(2, 130, 200, 4, 2, 192), dropout(0.15, 21), mask(MaskType::kCausal),
+                softmax(SoftmaxType::kLearnable), softcap(20)}),
+           dropout(0, 21)),
+      make("dropout_mla192x128_gqa_window",
+           all({sizes(1, 200, 260, 8, 2, 192), head_dims(192, 128, fp16), window(70, 20),
+                dropout(0.1, 6)}),
+           dropout(0, 6)),
       make("dropout_hdim256",
            all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
            dropout(0, 11)),

@@ -32,8 +32,7 @@ int64_t packable_group(const FeatureRequest& r) {
 
 // The backward a request would run (the launch takes the same plan: flash_backward.cc).
 cuda::FlashBackwardPlan backward_plan(const FeatureRequest& r) {
-  return cuda::flash_backward_plan(r.device_arch, int(r.head_dim_qk), int(r.head_dim_v),
-                                   r.deterministic, r.dropout,
+  return cuda::flash_backward_plan(r.device_arch, int(r.head_dim_qk), int(r.head_dim_v), r.dropout,
                                    cuda::requested_backward_family(r.flash_backward_kernel));
 }
 

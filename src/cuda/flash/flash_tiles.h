@@ -257,10 +257,56 @@ constexpr bool flash_backward_one_kernel_narrow_eligible(int head_dim_qk, int he
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
-// The wide form of the one-kernel backward (flash_backward_sm90_one_kernel_wide.cuh) takes head dim
-// 256: its two consumers split the head dim between them.
+// The wide form of the one-kernel backward (flash_backward_sm90_one_kernel_wide.cuh) takes the
+// compiled head dims above 128, all whole 64-column blocks: 256, 192 and MLA's 192 / 128. Its two
+// consumers split the head dims between them (flash_backward_wide_split).
 constexpr bool flash_backward_one_kernel_wide_eligible(int head_dim_qk, int head_dim_v) {
-  return head_dim_qk == 256 && head_dim_v == 256;
+  return (head_dim_qk == 256 && head_dim_v == 256) ||
+         (head_dim_qk == 192 && (head_dim_v == 192 || head_dim_v == 128));
+}
+
+// How the wide form's two consumers split the head dims, in 64-column blocks: consumer 0 keeps
+// the first `qk_blocks` blocks of dk (and of each dq tile) and the first `v_blocks` of dv,
+// consumer 1 the rest. Consumer 0 takes half of dk's blocks, rounded up; dv's blocks then go where
+// they even out the two consumers' products (a block of dk is two products' columns, dk += dU^T Q
+// and dq = dU K, a block of dv one), the most to consumer 0 among equally even splits. 256: two
+// and two each; 192: consumer 0 two of dk and one of dv; 192 / 128: consumer 0 two of dk, consumer
+// 1 one of dk and both of dv.
+struct FlashBackwardWideSplit {
+  int qk_blocks, v_blocks;
+};
+constexpr FlashBackwardWideSplit flash_backward_wide_split(int head_dim_qk, int head_dim_v) {
+  const int qk_blocks = head_dim_qk / 64, v_blocks = head_dim_v / 64;
+  const int first = (qk_blocks + 1) / 2;
+  int best = v_blocks, best_gap = -1;
+  for (int v_first = v_blocks; v_first >= 0; --v_first) {
+    const int gap = (2 * first + v_first) - (2 * (qk_blocks - first) + v_blocks - v_first);
+    const int magnitude = gap < 0 ? -gap : gap;
+    if (best_gap < 0 || magnitude < best_gap) {
+      best = v_first;
+      best_gap = magnitude;
+    }
+  }
+  return {first, best};
+}
+
+// The wide form's shared memory: K and V of its 64 keys, two stages of 64-row Q and dO tiles and
+// of their rows' LSE and D, two buffers each of the P^T and dU^T tiles (64 x 64), the dropout
+// keep words of two stages where they fit (`with_keep_words`: 128 words per stage, the narrow
+// form's layout for 64 keys, draw_query_tile_keep_words), 64 bytes of barriers and 1 KB of
+// alignment.
+constexpr int flash_backward_wide_shared_bytes(int head_dim_qk, int head_dim_v,
+                                               bool with_keep_words) {
+  const int block_n = 64, block_m = 64, stages = 2, operand_tile = block_n * block_m * 2;
+  const int keep_words = with_keep_words ? block_n / 16 * 32 : 0;
+  return 2 * (block_n + stages * block_m) * (head_dim_qk + head_dim_v) + stages * 2 * block_m * 4 +
+         4 * operand_tile + stages * keep_words * 4 + 64 + 1024;
+}
+// Whether the wide form takes dropout: its keep words fit at 192 and 192 / 128, not at 256
+// (226 KB of tiles, 64 bytes short).
+constexpr bool flash_backward_wide_takes_dropout(int head_dim_qk, int head_dim_v) {
+  return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) &&
+         flash_backward_wide_shared_bytes(head_dim_qk, head_dim_v, true) <= 227 * 1024;
 }
 
 // The backward's kernel families (docs/cuda_flash.md): the atomic-free pair on mma.sync, and the
@@ -282,21 +328,22 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
 
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward
 // with every feature (deterministic mode orders its dq reductions: kDeterministicKeyChain);
-// head dim 256 its wide form, or mma.sync with dropout (no room for keep bits) or in
-// deterministic mode (the wide form's consumers reduce dq themselves, unordered); everything
-// else takes mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks
-// another family where the hardware has it, never the one-kernel one against a feature it
-// cannot honour.
+// head dims 256, 192 and 192 / 128 its wide form, deterministic mode included (its consumers
+// order their own reductions) and, at 192 and 192 / 128, dropout; 256 with dropout, and
+// everything else (head dim 96, other GPUs), takes mma.sync. Deterministic mode does not change
+// the family: every form takes it. `requested` (config.flash_backward_kernel, for tests and
+// benches) picks another family where the hardware has it, never the one-kernel one against a
+// feature it cannot honour.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
-                                                    bool deterministic, bool dropout,
-                                                    FlashBackwardFamily requested) {
+                                                    bool dropout, FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
   if (!flash_backward_one_kernel_narrow_eligible(head_dim_qk, head_dim_v)) {
-    // Head dim 256 has the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
+    // The wide head dims have the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
-    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && !deterministic &&
-                   !dropout && one_kernel_requested
+    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) &&
+                   (!dropout || flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v)) &&
+                   one_kernel_requested
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
   }
@@ -308,8 +355,15 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
 // layouts, so the selector's rule (through flash_backward_plan) checks the bytes the launch asks
 // for.
 // The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
-// asserts them): the host sizes its deterministic-mode flags by them.
+// asserts them): the host sizes its deterministic-mode flags by them. The wide form's key block
+// is 64 keys and its query tile the same 64 rows (FlashBackwardSm90OneKernelWideTraits asserts
+// them).
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
+constexpr int flash_backward_one_kernel_block_n(int head_dim_qk, int head_dim_v) {
+  return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)
+             ? 64
+             : kOneKernelBackwardBlockN;
+}
 // The one-kernel backward's fp32 dq tile rows are padded by 8 floats: a warp's 8-byte stores
 // of its 8 rows (2q + 8t in row g) then put each half-warp's 4 rows on 32 distinct banks (row
 // g starts on bank 8g); a padding of 4 put rows g and g + 1 on 4 common banks, 4 wavefronts
@@ -318,11 +372,9 @@ constexpr int kOneKernelBackwardDqPadding = 8;
 constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
   const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
             block_m = kOneKernelBackwardBlockM;
-  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)) {
-    const int block_n = 64, operand_tile = block_n * block_m * 2;
-    return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
-           barriers + 1024;
-  }
+  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v))
+    return flash_backward_wide_shared_bytes(
+        head_dim_qk, head_dim_v, flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v));
   const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
             keep_words = block_n / 16 * 32;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
@@ -337,10 +389,9 @@ struct FlashBackwardPlan {
   int shared_bytes;
 };
 constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int head_dim_v,
-                                                bool deterministic, bool dropout,
-                                                FlashBackwardFamily requested) {
+                                                bool dropout, FlashBackwardFamily requested) {
   const FlashBackwardFamily family =
-      flash_backward_family(arch, head_dim_qk, head_dim_v, deterministic, dropout, requested);
+      flash_backward_family(arch, head_dim_qk, head_dim_v, dropout, requested);
   switch (family) {
     case FlashBackwardFamily::kOneKernel:
       return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v)};
