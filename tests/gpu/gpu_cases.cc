@@ -366,6 +366,16 @@ std::vector<GpuCase> gpu_cases() {
       make("dropout_hdim256",
            all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
            dropout(0, 11)),
+      // The warp-specialised forward's dropout kernels at head dim 64 (keep bits drawn by the
+      // producer): three consumer warpgroups (rows 128-191 of a block are the third's) over
+      // several blocks of rows, and two under a narrow window, with a sink and GQA.
+      make("dropout_hdim64_three_warpgroups_causal",
+           all({sizes(2, 400, 300, 4, 2, 64), mask(MaskType::kCausal), dropout(0.1, 17)}),
+           dropout(0, 17)),
+      make("dropout_hdim64_narrow_window_sink",
+           all({sizes(2, 300, 300, 8, 2, 64), window(100, 0), softmax(SoftmaxType::kLearnable),
+                dropout(0.15, 19)}),
+           dropout(0, 19)),
 
       // Bias tensors (cuda_unfused only), with their gradients.
       unfused_only(make("bias_post_scale",
