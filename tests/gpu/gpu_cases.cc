@@ -376,6 +376,11 @@ std::vector<GpuCase> gpu_cases() {
            all({sizes(2, 300, 300, 8, 2, 64), window(100, 0), softmax(SoftmaxType::kLearnable),
                 dropout(0.15, 19)}),
            dropout(0, 19)),
+      // 140 blocks of work (one split on 132 SMs) on the persistent grid, so some blocks loop
+      // over two and the three-stage ring of K, V and keep words wraps (smaller grids split
+      // their keys: two or three tiles per split never reuse a stage).
+      make("dropout_hdim64_ring_wraps",
+           all({sizes(5, 192, 130, 28, 7, 64), dropout(0.1, 23)}), dropout(0, 23)),
 
       // Bias tensors (cuda_unfused only), with their gradients.
       unfused_only(make("bias_post_scale",
