@@ -62,6 +62,7 @@ memcheck_filter="${DPA_MEMCHECK_FILTER:-$(
     'Cases/FlashForward.MatchesExact/thd_sink_causal_bottom_right' \
     'Cases/FlashForward.MatchesExact/padding_causal_bottom_right' \
     'Cases/FlashForward.MatchesExact/dropout_causal_sink_softcap' \
+    'Cases/FlashForward.MatchesExact/dropout_hdim64_ring_wraps' \
     'Cases/FlashForward.MatchesExact/decode_thd_window' \
     'Cases/UnfusedForwardBackward.MatchesExact/thd_padded_offsets_causal' \
     'Cases/UnfusedForwardBackward.MatchesExact/arbitrary' \
@@ -102,6 +103,7 @@ racecheck_filter="${DPA_RACECHECK_FILTER:-$(
     'Cases/FlashForwardBackward.MatchesExact/sink_learnable_softcap_causal' \
     'Cases/FlashForwardBackward.MatchesExact/hdim192_sink_softcap_causal' \
     'Cases/FlashForwardBackward.MatchesExact/dropout_hdim192_sink_softcap_causal' \
+    'Cases/FlashForward.MatchesExact/dropout_hdim64_ring_wraps' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/long_decode_splits_bfloat16_d128' \
     'Cases/GpuKvCache.MatchesExactWithTheCacheAppended/prefill_chunk_across_pages_float16_d64'
 )}"
