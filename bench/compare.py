@@ -15,10 +15,13 @@ peers; GB/s for decode) and OUT/bench.json (everything).
 FLOPs (DESIGN.md §10): forward 4*b*H*sq*skv*d, half for causal; windows count the visible
 (query, key) pairs exactly, for us and for the peers alike, so every ratio is a time ratio.
 
---pass bwd (or fwdbwd) compares the backward (or forward+backward) instead: ours through
-`dpa bench --pass`, the peers from peers.py's fwd/bwd times (it measures both; backward FLOPs
-are 2.5x the forward's, forward+backward 3.5x), and the gpt-oss row against Flex's backward
-(timed here as peers.py does: forward+backward minus forward). The decode row is forward only.
+--pass bwd (or fwdbwd) compares the backward (or forward+backward) instead, the peers from
+peers.py's fwd/bwd times (it measures both; backward FLOPs are 2.5x the forward's,
+forward+backward 3.5x) and the gpt-oss row against Flex's and FA4's backward, all timed as
+peers.py does: forward+backward minus forward. Ours by the same method (issue 18: time both
+sides alike): `dpa bench --pass fwdbwd` minus `--pass fwd`, with our backward timed alone
+(`--pass bwd`) printed beside it. fwdbwd runs `dpa bench --pass fwdbwd`. The decode row is
+forward only.
 
 usage: python3 bench/compare.py --out DIR [--dpa build/tools/dpa] [--peers .device/peers.py]
                                 [--pass fwd|bwd|fwdbwd]
@@ -97,14 +100,39 @@ def io_bytes(cfg):
 
 
 def run_ours(args, cfg, causal, work, index):
-    out = os.path.join(work, "ours_%d.json" % index)
+    """Our row for the pass compared. The backward is timed as the peers' is (peers.py:
+    forward+backward minus forward, each a median of CUDA-event timings), from `dpa bench
+    --pass fwdbwd` and `--pass fwd`; our backward timed alone (`--pass bwd`) is kept beside it
+    (tflops_alone, median_ms_alone)."""
+    if args.bench_pass != "bwd":
+        return run_ours_pass(args, cfg, causal, work, str(index), args.bench_pass)
+    both = run_ours_pass(args, cfg, causal, work, "%d_fwdbwd" % index, "fwdbwd")
+    forward = run_ours_pass(args, cfg, causal, work, "%d_fwd" % index, "fwd")
+    alone = run_ours_pass(args, cfg, causal, work, "%d_bwd" % index, "bwd")
+    row = dict(alone)
+    row["command"] = "; ".join(r["command"] for r in (both, forward, alone))
+    row["seconds"] = round(both["seconds"] + forward["seconds"] + alone["seconds"], 1)
+    row["tflops_alone"], row["median_ms_alone"] = alone.get("tflops"), alone.get("median_ms")
+    failed = [r for r in (both, forward) if "error" in r or r.get("median_ms") is None]
+    if failed:
+        row["error"] = failed[0].get("error", "no median_ms")
+        return row
+    ms = both["median_ms"] - forward["median_ms"]
+    row.pop("error", None)
+    row["median_ms"] = ms
+    row["tflops"] = 2.5 * forward_flops(cfg, causal) / ms / 1e9 if ms > 0 else None
+    return row
+
+
+def run_ours_pass(args, cfg, causal, work, tag, bench_pass):
+    out = os.path.join(work, "ours_%s.json" % tag)
     flags = list(cfg["flags"])
     if causal and "--causal" not in flags:
         flags.append("--causal")
     cmd = [args.dpa, "bench", "--shapes", shape_text(cfg["shape"]), "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--label", cfg["name"], "--json", out] + flags
-    if args.bench_pass != "fwd":
-        cmd += ["--pass", args.bench_pass]
+    if bench_pass != "fwd":
+        cmd += ["--pass", bench_pass]
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
     started = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -336,6 +364,8 @@ def build_table(ours, peer_rows, extra_rows, bench_pass="fwd"):
         if "error" not in row:
             entry["ours"] = row.get("gbps") if decode else row.get("tflops")
             entry["median_ms"] = row.get("median_ms")
+            if "tflops_alone" in row:
+                entry["ours_alone"] = row["tflops_alone"]
         for column in PEER_COLUMNS:
             cell = peer_value(peer_rows, extra_rows, cfg, row["causal"], column, bench_pass)
             if cell is None:
@@ -380,8 +410,11 @@ def table_markdown(table):
         ours = fmt(e["ours"], 0 if e["unit"] == "GB/s" else 1)
         if e["ours"] is None and e.get("ours_error"):
             ours = "error"
+        backend = e.get("backend") or "-"
+        if e.get("ours_alone") is not None:
+            backend += "; backward alone %s" % fmt(e["ours_alone"])
         line = "| %s | %s | %s | %s (%s) |" % (e["config"], "yes" if e["causal"] else "no",
-                                               e["unit"], ours, e.get("backend") or "-")
+                                               e["unit"], ours, backend)
         for column in PEER_COLUMNS:
             cell = e.get(column)
             if not cell:
