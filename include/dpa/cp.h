@@ -18,7 +18,8 @@ namespace dpa {
 
 namespace cp {
 class RingWorkspace;
-}
+class CallsInFlight;
+}  // namespace cp
 
 // How KV (and dKV) reach the queries that need them.
 //   p2p:        KV travels a ring of the cp ranks; dKV travels it in the backward.
@@ -226,8 +227,24 @@ class ContextParallelAttention {
   // Both return the backend of this rank's tiles; where tiles took different backends, the
   // one furthest from the fast path (cuda_flash, cuda_unfused, cpu, cpu_exact). cpu_exact when
   // no tile of this rank sees a key.
+  //
+  // With CUDA tensors over a DeviceCommunicator (NCCL, an in-process group's device
+  // communicators) a call returns once its work is enqueued on args.stream, as a single-GPU
+  // call does: its outputs are ready for work enqueued there later (or after an event recorded
+  // there), not yet for the host. The host waits for a call's transfers at a later call of this
+  // object, once the device has finished them, or at synchronize(); a failed or timed-out
+  // transfer throws there, naming the operation, before the later call has written anything
+  // (a peer that never completes leaves the stream waiting until then, at most about 10 s after
+  // the call returned, or 8 calls later). The host still waits where a call needs the device:
+  // device sequence tables (cu_seqlens*) are read on the host after the caller's stream (tables
+  // in host memory avoid that), and the first calls on an object, or a larger shape, grow its
+  // device buffers. Calls with host tensors or over a host communicator return with their
+  // outputs complete.
   ForwardResult forward(const ForwardArgs& args);
   BackendKind backward(const BackwardArgs& args);
+  // Waits on the host until every call made through this object is complete, transfers
+  // included; the first failure among them throws. The destructor waits too, silently.
+  void synchronize();
 
   const AttentionConfig& config() const { return config_; }
   const CpConfig& cp_config() const { return cp_; }
@@ -240,6 +257,9 @@ class ContextParallelAttention {
   // Device buffers of the device ring (an NcclCommunicator), kept between calls; copies of the
   // object share them (use one object per thread).
   std::shared_ptr<cp::RingWorkspace> ring_workspace_;
+  // Device calls whose transfers the host has not waited for (cp/calls_in_flight.h). Declared
+  // after the workspace, so destroyed (waiting for them) before it.
+  std::shared_ptr<cp::CallsInFlight> calls_in_flight_;
 };
 
 }  // namespace dpa

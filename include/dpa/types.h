@@ -57,8 +57,7 @@ enum class FlashForwardKernel : int {
 enum class FlashBackwardKernel : int {
   kAuto = 0,
   kMmaSync = 1,    // the atomic-free mma.sync pair
-  kOneKernel = 4,  // the single-kernel family (sm_90; at head dim 256 never against
-                   // deterministic mode or dropout)
+  kOneKernel = 4,  // the single-kernel family (sm_90; at head dim 256 never against dropout)
 };
 
 std::size_t dtype_size(DType dtype);

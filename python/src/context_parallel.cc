@@ -158,6 +158,13 @@ class ContextParallel : public Calls<ContextParallelAttention> {
   }
   ~ContextParallel() { reset(nullptr); }  // the engine goes before its communicator
 
+  // Waits for every call of the engine, transfers included (ContextParallelAttention's calls
+  // over NCCL return once enqueued); a failed or timed-out transfer raises here.
+  void synchronize() {
+    nb::gil_scoped_release release;
+    engine().synchronize();
+  }
+
  private:
   nb::object keep_;  // the NcclCommunicator object, when that is the communicator
   std::unique_ptr<PythonCommunicator> python_comm_;
@@ -181,6 +188,7 @@ void bind_context_parallel(nb::module_& m) {
       nb::arg("config"), nb::arg("comm_type"), nb::arg("a2a_group_size"), nb::arg("reduce_dalpha"),
       nb::arg("reduce_dbias"), nb::arg("communicator"), nb::arg("rank"), nb::arg("size"));
   add_call_methods(cp);
+  cp.def("synchronize", &ContextParallel::synchronize);
 }
 
 }  // namespace dpa::python

@@ -64,6 +64,7 @@ def _worker(rank, size, init_file, comm_types, device, dtype, dropout, communica
                                              else 0, communicator=communicator)
             torch.manual_seed(7)
             got = _run(layer, shard(q), shard(k), shard(v), shard(weight))
+            dpa.torch.synchronize_context_parallel()  # host calls: complete already
             layer.set_context_parallel_group(None, None)
             dsinks = got[4].clone()
             dist.all_reduce(dsinks)
@@ -133,6 +134,7 @@ def _nccl_worker(rank, size, init_file, results):
             deterministic=False, backend=None, padded=False)
         inputs = (q, q, q, None, None, None, None, None, None, sinks, None, None, *config)
         o, _ = cp_attention(group, inputs)
+        group.synchronize()  # the call returned once enqueued; its transfers are waited for here
         expected = dpa.attention(q, q, q, mask_type="causal", softcap=30.0, sinks=sinks)
         results.put(float((o.float() - expected.float()).norm() / expected.float().norm()))
         dist.destroy_process_group()

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "dpa/cp.h"
@@ -23,6 +24,10 @@ class Transfers {
   Transfers(Communicator& comm, bool device_buffers, void* stream);
   void settle(std::vector<CommHandle>& handles);
   void finish();
+  // Whether settle() orders the stream (device buffers over a device communicator).
+  bool on_stream() const { return on_stream_; }
+  // The settled transfers, for a caller that waits for them later (CallsInFlight).
+  std::vector<CommHandle> take_settled() { return std::move(settled_); }
 
  private:
   void* stream_ = nullptr;

@@ -19,6 +19,7 @@
 #include "core/element_access.h"
 #include "core/environment.h"
 #include "core/problem_builder.h"
+#include "cp/calls_in_flight.h"
 #include "cp/comm_requests.h"
 #include "cp/cp_exchange.h"
 #include "cp/cp_internal.h"
@@ -190,7 +191,8 @@ void finish_rows(const AttentionConfig& config, const TensorView& offsets, int64
 ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_config,
                              Communicator& comm, const ForwardArgs& args, double dropout,
                              const RngState& rng, const std::vector<const Backend*>& tile_backends,
-                             const Placement& sets) {
+                             const Placement& sets, CallsInFlight* in_flight) {
+  CallScope scope(in_flight, sets);
   Setup s = setup(config, cp_config, comm, args.in);
   Transfers transfers(comm, sets.on_device(), sets.stream);
   const Geometry& g = s.geometry;
@@ -311,16 +313,16 @@ ForwardResult forward_staged(const AttentionConfig& config, const CpConfig& cp_c
     unpack_local(g, g.q, final_rows.o, args.o);
     unpack_lse(g, final_rows.lse, args.lse);
   }
-  transfers.finish();
-  if (sets.on_device()) synchronize(sets);  // the outputs are in place, for any stream
+  scope.finish(transfers);
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;  // no visible tile on this rank
   return {used, rng};
 }
 
 BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_config,
                             Communicator& comm, const BackwardArgs& args, double dropout,
-                            const std::vector<const Backend*>& tile_backends,
-                            const Placement& sets) {
+                            const std::vector<const Backend*>& tile_backends, const Placement& sets,
+                            CallsInFlight* in_flight) {
+  CallScope scope(in_flight, sets);
   Setup s = setup(config, cp_config, comm, args.in);
   Transfers transfers(comm, sets.on_device(), sets.stream);
   const Geometry& g = s.geometry;
@@ -582,11 +584,15 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
   }
   unpack_local(g, g.kv, dk_local, args.dk);
   unpack_local(g, g.kv, dv_local, args.dv);
+  // A device reduction is settled onto the stream as the exchanges are; a host one is waited for.
+  auto reduce_on_device = [&](Packed& sum, int64_t count) {
+    order_for_comm(comm, sum);
+    std::vector<CommHandle> reduction;
+    reduction.push_back(comm.all_reduce(sum.data(), count, DType::kFloat32));
+    transfers.settle(reduction);
+  };
   if (wants_dalpha && sets.on_device()) {
-    if (cp_config.reduce_dalpha) {
-      order_for_comm(comm, device_dalpha);
-      comm.all_reduce(device_dalpha.data(), plan.heads_q, DType::kFloat32)->wait();
-    }
+    if (cp_config.reduce_dalpha) reduce_on_device(device_dalpha, plan.heads_q);
     copy_bytes(args.dsoftmax_offset.data, device_dalpha.data(), device_dalpha.size_bytes(), sets);
   } else if (wants_dalpha) {
     if (cp_config.reduce_dalpha)
@@ -594,10 +600,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
     for (int64_t h = 0; h < plan.heads_q; ++h) store(args.dsoftmax_offset, h, dalpha[size_t(h)]);
   }
   if (wants_dbias && sets.on_device()) {
-    if (cp_config.reduce_dbias) {
-      order_for_comm(comm, device_dbias);
-      comm.all_reduce(device_dbias.data(), args.dbias.numel(), DType::kFloat32)->wait();
-    }
+    if (cp_config.reduce_dbias) reduce_on_device(device_dbias, args.dbias.numel());
     // dbias is contiguous: its elements are the accumulator's, in order.
     const Packed out = convert(device_dbias, args.dbias.dtype);
     copy_bytes(args.dbias.data, out.data(), out.size_bytes(), sets);
@@ -606,8 +609,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
       comm.all_reduce(dbias_acc.data(), int64_t(dbias_acc.size()), DType::kFloat32)->wait();
     for (int64_t n = 0; n < args.dbias.numel(); ++n) store(args.dbias, n, dbias_acc[size_t(n)]);
   }
-  transfers.finish();
-  if (sets.on_device()) synchronize(sets);  // the gradients are in place, for any stream
+  scope.finish(transfers);
   if (used == BackendKind::kAuto) used = BackendKind::kCpuExact;
   return used;
 }
@@ -641,55 +643,59 @@ bool needs_bounce(Communicator& comm, const AttentionInputs& in) {
 
 ForwardResult forward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
                       const ForwardArgs& args, double dropout, const RngState& rng,
-                      RingWorkspace* workspace, const std::vector<const Backend*>& tile_backends) {
+                      const CallState& state, const std::vector<const Backend*>& tile_backends) {
   if (needs_bounce(comm, args.in)) {
+    // Synchronous: the bounced view, and so its handles, go with this call.
     const std::unique_ptr<DeviceCommunicator> bounced =
         make_host_bounced_communicator(comm, args.in.q.device_index);
-    return forward(config, cp_config, *bounced, args, dropout, rng, workspace, tile_backends);
+    return forward(config, cp_config, *bounced, args, dropout, rng, {state.workspace, nullptr},
+                   tile_backends);
   }
   DeviceCommunicator* device_comm = comm.device_communicator();
   if (device_comm == nullptr)  // host tensors over a host communicator
-    return forward_staged(config, cp_config, comm, args, dropout, rng, tile_backends, {});
+    return forward_staged(config, cp_config, comm, args, dropout, rng, tile_backends, {}, nullptr);
   // Device buffers: the device ring where it applies, else the general algorithms with their
   // chunk sets on the device, else (host tensors) through a host-staged view of the same
   // communicator.
   const bool registry = &tile_backends == &registered_backends();
   if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
-    return device_ring_forward(config, *device_comm, args, rng, workspace);
+    return device_ring_forward(config, *device_comm, args, rng, state.workspace, state.in_flight);
   if (device_resident(*device_comm, args.in)) {
-    SequenceTables tables(args.in.q, args.stream);
     ForwardArgs resident = args;
-    tables.to_host(resident.in);
+    SequenceTables tables;
+    tables.to_host(resident.in, args.stream, state.in_flight);
     return forward_staged(config, cp_config, *device_comm, resident, dropout, rng, tile_backends,
-                          resident_placement(args.in.q, args.stream));
+                          resident_placement(args.in.q, args.stream), state.in_flight);
   }
   const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
-  return forward_staged(config, cp_config, *staged, args, dropout, rng, tile_backends, {});
+  return forward_staged(config, cp_config, *staged, args, dropout, rng, tile_backends, {}, nullptr);
 }
 
 BackendKind backward(const AttentionConfig& config, const CpConfig& cp_config, Communicator& comm,
-                     const BackwardArgs& args, double dropout, RingWorkspace* workspace,
+                     const BackwardArgs& args, double dropout, const CallState& state,
                      const std::vector<const Backend*>& tile_backends) {
   if (needs_bounce(comm, args.in)) {
     const std::unique_ptr<DeviceCommunicator> bounced =
         make_host_bounced_communicator(comm, args.in.q.device_index);
-    return backward(config, cp_config, *bounced, args, dropout, workspace, tile_backends);
+    return backward(config, cp_config, *bounced, args, dropout, {state.workspace, nullptr},
+                    tile_backends);
   }
   DeviceCommunicator* device_comm = comm.device_communicator();
   if (device_comm == nullptr)
-    return backward_staged(config, cp_config, comm, args, dropout, tile_backends, {});
+    return backward_staged(config, cp_config, comm, args, dropout, tile_backends, {}, nullptr);
   const bool registry = &tile_backends == &registered_backends();
   if (registry && device_ring_refusal(config, cp_config, args.in, dropout).empty())
-    return device_ring_backward(config, cp_config, *device_comm, args, workspace);
+    return device_ring_backward(config, cp_config, *device_comm, args, state.workspace,
+                                state.in_flight);
   if (device_resident(*device_comm, args.in)) {
-    SequenceTables tables(args.in.q, args.stream);
     BackwardArgs resident = args;
-    tables.to_host(resident.in);
+    SequenceTables tables;
+    tables.to_host(resident.in, args.stream, state.in_flight);
     return backward_staged(config, cp_config, *device_comm, resident, dropout, tile_backends,
-                           resident_placement(args.in.q, args.stream));
+                           resident_placement(args.in.q, args.stream), state.in_flight);
   }
   const std::unique_ptr<Communicator> staged = make_host_staged_communicator(*device_comm);
-  return backward_staged(config, cp_config, *staged, args, dropout, tile_backends, {});
+  return backward_staged(config, cp_config, *staged, args, dropout, tile_backends, {}, nullptr);
 }
 
 }  // namespace dpa::cp
@@ -701,22 +707,25 @@ ContextParallelAttention::ContextParallelAttention(const AttentionConfig& config
     : config_(config_with_environment(config, process_environment())),
       cp_(cp),
       comm_(communicator),
-      ring_workspace_(cp::make_ring_workspace()) {
+      ring_workspace_(cp::make_ring_workspace()),
+      calls_in_flight_(std::make_shared<cp::CallsInFlight>()) {
   validate_config(config_);
 }
 
 ForwardResult ContextParallelAttention::forward(const ForwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
-  ForwardResult result =
-      cp::forward(config_, cp_, comm_, args, dropout, rng, ring_workspace_.get());
+  ForwardResult result = cp::forward(config_, cp_, comm_, args, dropout, rng,
+                                     {ring_workspace_.get(), calls_in_flight_.get()});
   if (call_advances_offset(args.rng, dropout)) ++next_offset_;
   return result;
 }
 
 BackendKind ContextParallelAttention::backward(const BackwardArgs& args) {
   return cp::backward(config_, cp_, comm_, args, args.dropout.value_or(config_.dropout),
-                      ring_workspace_.get());
+                      {ring_workspace_.get(), calls_in_flight_.get()});
 }
+
+void ContextParallelAttention::synchronize() { calls_in_flight_->wait(); }
 
 }  // namespace dpa

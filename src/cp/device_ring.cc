@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "cp/calls_in_flight.h"
 #include "cp/comm_requests.h"
 
 #if defined(DPA_WITH_CUDA)
@@ -32,11 +33,11 @@ std::string device_ring_refusal(const AttentionConfig&, const CpConfig&, const A
 }
 
 ForwardResult device_ring_forward(const AttentionConfig&, DeviceCommunicator&, const ForwardArgs&,
-                                  const RngState&, RingWorkspace*) {
+                                  const RngState&, RingWorkspace*, CallsInFlight*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
 BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, DeviceCommunicator&,
-                                 const BackwardArgs&, RingWorkspace*) {
+                                 const BackwardArgs&, RingWorkspace*, CallsInFlight*) {
   throw Error(ErrorCode::kNotSupported, "communicator", "the device ring needs a build with CUDA");
 }
 
@@ -44,11 +45,15 @@ BackendKind device_ring_backward(const AttentionConfig&, const CpConfig&, Device
 
 class RingWorkspace {
  public:
-  // `bytes` of device memory on `device` for buffer `slot`, valid until the next call.
-  void* get(int slot, size_t bytes, int device) {
+  // `bytes` of device memory on `device` for buffer `slot`, valid until the next call. A buffer
+  // that must grow (the first calls, a larger shape) is freed first, which waits for the whole
+  // device (cudaFree): the calls in flight (`in_flight`, may be null) are waited for before, so
+  // that a failed peer throws at its deadline there and the wait is the documented one.
+  void* get(int slot, size_t bytes, int device, CallsInFlight* in_flight) {
     if (size_t(slot) >= buffers_.size()) buffers_.resize(size_t(slot) + 1);
     Buffer& b = buffers_[size_t(slot)];
     if (b.bytes < bytes || b.device != device) {
+      if (in_flight != nullptr && b.memory.get() != nullptr) in_flight->wait();
       b.memory = cuda::DeviceMemory();  // free first: the old and new may not fit together
       b.bytes = 0;                      // stays empty if the allocation throws
       b.memory = cuda::DeviceMemory(bytes, device);
@@ -134,6 +139,9 @@ Shard shard_of(const AttentionConfig& config, const AttentionInputs& in) {
           "k", "k and v must match q's batch and local length and each other's heads");
   return s;
 }
+
+// Where the call's work runs: the shard's device, the caller's stream.
+Placement placement_of(const Shard& s, void* stream) { return {Device::kCUDA, s.device, stream}; }
 
 // Rows [first, first + count) of a shard-shaped view.
 TensorView rows_of(const TensorView& t, const Shard& s, int64_t first, int64_t count) {
@@ -280,12 +288,13 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
 
 ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunicator& comm,
                                   const ForwardArgs& args, const RngState& rng,
-                                  RingWorkspace* workspace) {
+                                  RingWorkspace* workspace, CallsInFlight* in_flight) {
   const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.lse, "lse", s, DType::kFloat32, {s.batch, s.heads_q, s.rows});
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
+  CallScope scope(in_flight, placement_of(s, stream));  // the workspace is this call's
   const Ring ring{comm.rank(), comm.size()};
   const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
@@ -293,12 +302,12 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
   RingWorkspace own;
   RingWorkspace& w = workspace != nullptr ? *workspace : own;
   const size_t lse_bytes = size_t(s.batch * s.heads_q * s.rows) * 4;
-  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device),
-                              w.get(kKvB, k_bytes + v_bytes, s.device)};
-  void* const o_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dv, 4), s.device);
-  void* const o_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dv), s.device);
-  float* const lse_acc_data = static_cast<float*>(w.get(kLseA, lse_bytes, s.device));
-  float* const lse_tile = static_cast<float*>(w.get(kLseB, lse_bytes, s.device));
+  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device, in_flight),
+                              w.get(kKvB, k_bytes + v_bytes, s.device, in_flight)};
+  void* const o_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dv, 4), s.device, in_flight);
+  void* const o_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dv), s.device, in_flight);
+  float* const lse_acc_data = static_cast<float*>(w.get(kLseA, lse_bytes, s.device, in_flight));
+  float* const lse_tile = static_cast<float*>(w.get(kLseB, lse_bytes, s.device, in_flight));
   cuda::fill_f32(lse_acc_data, -INFINITY, s.batch * s.heads_q * s.rows, stream);
   const TensorView o_acc_view = s.view(o_acc, DType::kFloat32, s.rows, s.heads_q, s.dv);
 
@@ -306,7 +315,8 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
       full_tiles(tile_config(config, false));
   BackendKind used = BackendKind::kAuto;
   TensorView k = args.in.k, v = args.in.v;
-  // Each step's transfers: `stream` is ordered after them, the host waits at the end.
+  // Each step's transfers: `stream` is ordered after them; the host waits for them later
+  // (CallsInFlight) or at the end (end_call).
   Transfers transfers(comm, true, stream);
   for (int step = 0; step < ring.size; ++step) {
     KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
@@ -324,18 +334,17 @@ ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunica
     k = next.k;
     v = next.v;
   }
-  transfers.finish();
   cuda::finalize_forward_rows(block_of(args.o, s), s.dtype, static_cast<float*>(args.lse.data),
                               block_of(o_acc_view, s), lse_acc_data, s.heads_q,
                               int(config.softmax_type),
                               static_cast<const float*>(args.in.softmax_offset.data), stream);
-  cuda::synchronize(stream, s.device);  // the workspace is free for the next call
+  scope.finish(transfers);
   return {used, rng};
 }
 
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
                                  DeviceCommunicator& comm, const BackwardArgs& args,
-                                 RingWorkspace* workspace) {
+                                 RingWorkspace* workspace, CallsInFlight* in_flight) {
   const Shard s = validated_shard(config, comm, args.in);
   require_shard_tensor(args.o, "o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
   require_shard_tensor(args.d_o, "d_o", s, s.dtype, shard_shape(s, s.heads_q, s.dv));
@@ -352,6 +361,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   require(args.dbias.ndim == 0, "dbias", "is requested but there is no bias");
   const cuda::DeviceGuard guard(s.device);
   void* const stream = args.stream;
+  CallScope scope(in_flight, placement_of(s, stream));  // the workspace is this call's
   const Ring ring{comm.rank(), comm.size()};
   const bool causal = mask_is_causal(config.mask_type);  // not padding: refused
 
@@ -359,17 +369,17 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   const size_t dk_bytes = s.bytes(s.heads_kv, s.dqk, 4), dv_bytes = s.bytes(s.heads_kv, s.dv, 4);
   RingWorkspace own;
   RingWorkspace& w = workspace != nullptr ? *workspace : own;
-  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device),
-                              w.get(kKvB, k_bytes + v_bytes, s.device)};
+  void* const kv_memory[2] = {w.get(kKvA, k_bytes + v_bytes, s.device, in_flight),
+                              w.get(kKvB, k_bytes + v_bytes, s.device, in_flight)};
   // dKV travels with fp32 accumulators: the gradient of the KV a rank holds now.
-  void* const dkv_memory[2] = {w.get(kDkvA, dk_bytes + dv_bytes, s.device),
-                               w.get(kDkvB, dk_bytes + dv_bytes, s.device)};
-  void* const dq_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dqk, 4), s.device);
-  void* const dq_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dqk), s.device);
-  void* const dk_tile = w.get(kDkTile, k_bytes, s.device);
-  void* const dv_tile = w.get(kDvTile, v_bytes, s.device);
-  float* const lse_tile =
-      static_cast<float*>(w.get(kLseA, size_t(s.batch * s.heads_q * s.rows) * 4, s.device));
+  void* const dkv_memory[2] = {w.get(kDkvA, dk_bytes + dv_bytes, s.device, in_flight),
+                               w.get(kDkvB, dk_bytes + dv_bytes, s.device, in_flight)};
+  void* const dq_acc = w.get(kAccumulator, s.bytes(s.heads_q, s.dqk, 4), s.device, in_flight);
+  void* const dq_tile = w.get(kQueryTile, s.bytes(s.heads_q, s.dqk), s.device, in_flight);
+  void* const dk_tile = w.get(kDkTile, k_bytes, s.device, in_flight);
+  void* const dv_tile = w.get(kDvTile, v_bytes, s.device, in_flight);
+  float* const lse_tile = static_cast<float*>(
+      w.get(kLseA, size_t(s.batch * s.heads_q * s.rows) * 4, s.device, in_flight));
   const TensorView dq_acc_view = s.view(dq_acc, DType::kFloat32, s.rows, s.heads_q, s.dqk);
   auto dk_acc = [&](int i) {
     return s.view(dkv_memory[i], DType::kFloat32, s.rows, s.heads_kv, s.dqk);
@@ -388,7 +398,8 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   TensorView k = args.in.k, v = args.in.v;
   int held = 0;  // dkv_memory[held]: the gradient of the KV this rank holds
   std::vector<CommHandle> pending_dkv;
-  // Each step's transfers: `stream` is ordered after them, the host waits at the end.
+  // Each step's transfers: `stream` is ordered after them; the host waits for them later
+  // (CallsInFlight) or at the end (end_call).
   Transfers transfers(comm, true, stream);
   for (int step = 0; step < ring.size; ++step) {
     KvTransfer next = post_kv(comm, ring, stream, step, k, v, kv_memory, k_bytes, v_bytes);
@@ -426,7 +437,6 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
     v = next.v;
   }
   transfers.settle(pending_dkv);
-  transfers.finish();
   cuda::convert_rows(block_of(args.dq, s), s.dtype, block_of(dq_acc_view, s), stream);
   cuda::convert_rows(block_of(args.dk, s), s.dtype, block_of(dk_acc(held), s), stream);
   cuda::convert_rows(block_of(args.dv, s), s.dtype, block_of(dv_acc(held), s), stream);
@@ -437,10 +447,12 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
                         static_cast<const float*>(args.in.softmax_offset.data), stream);
     if (cp.reduce_dalpha) {
       cuda::order_after(comm.stream(), stream);
-      comm.all_reduce(dalpha, s.heads_q, DType::kFloat32)->wait();
+      std::vector<CommHandle> reduction;
+      reduction.push_back(comm.all_reduce(dalpha, s.heads_q, DType::kFloat32));
+      transfers.settle(reduction);
     }
   }
-  cuda::synchronize(stream, s.device);  // the workspace is free for the next call
+  scope.finish(transfers);
   return used;
 }
 

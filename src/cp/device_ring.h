@@ -6,9 +6,9 @@
 // dual-chunk split and a causal mask, every step is one of three shapes), and its partial joins
 // fp32 accumulators on the GPU (cuda/cp_ring_ops.h).
 //
-// It covers the common training case. Everything else under a DeviceCommunicator takes the
-// general algorithms through the host-staged communicator (correct, slower); see
-// device_ring_refusal.
+// It covers the common training case. Every other call with CUDA tensors under a
+// DeviceCommunicator takes the general algorithms with their chunk sets on the device
+// (cp_attention.cc); see device_ring_refusal.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,8 @@
 #include "dpa/cp.h"
 
 namespace dpa::cp {
+
+class CallsInFlight;  // cp/calls_in_flight.h
 
 // The ring's schedule (host logic, tested in tests/cp/test_cp_device_ring.cc). At step i rank
 // `rank` holds the KV of rank source(i) = rank - i (mod size) and the fp32 dKV of that KV; both
@@ -54,14 +56,16 @@ std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& c
 class RingWorkspace;
 std::shared_ptr<RingWorkspace> make_ring_workspace();
 
-// Forward and backward over the ring; call only when device_ring_refusal is empty. They return
-// when the outputs are complete (the caller's stream is synchronised). A null workspace uses
-// buffers of the call's own.
+// Forward and backward over the ring; call only when device_ring_refusal is empty. Given
+// `in_flight` (and the workspace, which must then outlive the calls it holds), they return once
+// the work is enqueued on the caller's stream, and hand their transfers to it
+// (cp/calls_in_flight.h). Without, they return when the outputs are complete (the caller's
+// stream is synchronised), and a null workspace uses buffers of the call's own.
 ForwardResult device_ring_forward(const AttentionConfig& config, DeviceCommunicator& comm,
                                   const ForwardArgs& args, const RngState& rng,
-                                  RingWorkspace* workspace);
+                                  RingWorkspace* workspace, CallsInFlight* in_flight);
 BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& cp,
                                  DeviceCommunicator& comm, const BackwardArgs& args,
-                                 RingWorkspace* workspace);
+                                 RingWorkspace* workspace, CallsInFlight* in_flight);
 
 }  // namespace dpa::cp

@@ -141,4 +141,40 @@ void synchronize(void* stream, int device_index) {
   DPA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
+StreamPoint::StreamPoint(void* stream, int device_index) : device_(device_index) {
+  DeviceGuard current(device_index);
+  cudaEvent_t event = nullptr;
+  DPA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+  if (recorded != cudaSuccess) cudaEventDestroy(event);
+  DPA_CUDA_CHECK(recorded);
+  event_ = event;
+}
+
+StreamPoint::~StreamPoint() {
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
+  cudaEventDestroy(static_cast<cudaEvent_t>(event_));  // released once it completes
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+bool StreamPoint::reached() const {
+  DeviceGuard current(device_);
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (status == cudaErrorNotReady) return false;
+  DPA_CUDA_CHECK(status);
+  return true;
+}
+
+void StreamPoint::wait() const {
+  DeviceGuard current(device_);
+  DPA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+}
+
+void StreamPoint::order(void* stream) const {
+  DeviceGuard current(device_);
+  DPA_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0));
+}
+
 }  // namespace dpa::cuda

@@ -85,4 +85,25 @@ void fill_device_bytes(void* device_destination, int value, size_t bytes, int de
 // Waits for `stream` (a cudaStream_t; nullptr: the legacy default stream) on `device_index`.
 void synchronize(void* stream, int device_index);
 
+// A point in a stream's work (a CUDA event recorded there when constructed): the host can ask
+// whether the device has run past it without waiting, and another stream can wait for it.
+class StreamPoint {
+ public:
+  StreamPoint(void* stream, int device_index);
+  ~StreamPoint();
+  StreamPoint(const StreamPoint&) = delete;
+  StreamPoint& operator=(const StreamPoint&) = delete;
+  // Whether every piece of work enqueued on the stream before the point has completed; never
+  // blocks. A failed stream throws.
+  bool reached() const;
+  // Work enqueued on `stream` (of the same device) from now on runs after the point.
+  void order(void* stream) const;
+  // Blocks until the device has run past the point.
+  void wait() const;
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+  int device_ = 0;
+};
+
 }  // namespace dpa::cuda

@@ -45,7 +45,7 @@ bool tensor_map_can_address(const RowTensor& t) {
          (t.dtype == DType::kBFloat16 || t.dtype == DType::kFloat16);
 }
 
-std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& t, int box_rows) {
+std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& t, int box_rows, int box_heads) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return std::nullopt;
   // Dimensions innermost first: columns, rows, heads, batch; strides of dims 1..3 in bytes.
@@ -53,7 +53,8 @@ std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& t, int box_row
                               cuuint64_t(t.batch)};
   const cuuint64_t strides[3] = {cuuint64_t(t.row_stride * 2), cuuint64_t(t.head_stride * 2),
                                  cuuint64_t(t.batch_stride * 2)};
-  const cuuint32_t box[4] = {cuuint32_t(kBoxColumns), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(kBoxColumns), cuuint32_t(box_rows), cuuint32_t(box_heads),
+                             1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map{};
   const CUresult result =

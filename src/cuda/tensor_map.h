@@ -26,9 +26,12 @@ struct RowTensor {
 // extents and strides within the encoder's limits.
 bool tensor_map_can_address(const RowTensor& tensor);
 
-// Encodes the map (2-byte elements; `box_rows` at most 256), or nullopt when the driver has no
-// encoder or refuses this layout: the caller then copies with cp.async, so a layout TMA cannot
-// take never fails a call the selector accepted. Call tensor_map_can_address first.
-std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& tensor, int box_rows);
+// Encodes the map (2-byte elements; a box of 64 columns by `box_rows` rows, at most 256, by
+// `box_heads` heads: shared memory receives the heads one after another), or nullopt when the
+// driver has no encoder or refuses this layout: the caller then copies with cp.async, so a
+// layout TMA cannot take never fails a call the selector accepted. Call tensor_map_can_address
+// first.
+std::optional<CUtensorMap> encode_row_tensor_map(const RowTensor& tensor, int box_rows,
+                                                 int box_heads = 1);
 
 }  // namespace dpa::cuda

@@ -100,8 +100,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
     fwd.o = o.view();
     fwd.lse = lse.view();
     const RngState rng{spec.config.seed, 7};
-    const ForwardResult forward_result = cp::forward(
-        spec.config, cp_config, comm, fwd, spec.config.dropout, rng, nullptr, tile_backends);
+    const ForwardResult forward_result =
+        cp::forward(spec.config, cp_config, comm, fwd, spec.config.dropout, rng, {}, tile_backends);
 
     HostTensor dq(spec.dtype, q.shape()), dk(spec.dtype, k.shape()), dv(spec.dtype, v.shape());
     HostTensor dalpha, dbias;
@@ -122,8 +122,8 @@ CpRun run_cp(const CaseSpec& spec, const CaseTensors& t, CpConfig cp_config, int
       dbias = HostTensor(t.bias.dtype(), t.bias.shape());
       bwd.dbias = dbias.view();
     }
-    const BackendKind backward_backend = cp::backward(spec.config, cp_config, comm, bwd,
-                                                      spec.config.dropout, nullptr, tile_backends);
+    const BackendKind backward_backend =
+        cp::backward(spec.config, cp_config, comm, bwd, spec.config.dropout, {}, tile_backends);
 
     std::lock_guard<std::mutex> lock(mutex);
     unshard_sequence(o.view(), run.out.o.view(), format, cp, rank, cu_padded);

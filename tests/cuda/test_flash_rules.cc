@@ -186,6 +186,24 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   r.window_span = 4096;
   EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 64"), std::string::npos);
   r.window_span = -1;
+  // gpt-oss's local layers (d 64, GQA 64 / 8, a 128-key window): the query heads of a KV head
+  // packed into 64-key-tile blocks; without GQA, one head per block on 128-key tiles.
+  r.head_dim_qk = r.head_dim_v = 64;
+  r.window_span = 128;
+  r.heads_q = 64;
+  r.heads_kv = 8;
+  EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 64"), std::string::npos);
+  EXPECT_NE(caps.describe_plan(r).find("8 query heads per block (GQA packing"), std::string::npos);
+  // Keys that end inside their tensor come partly by cp.async: no packing, 128-key tiles.
+  r.keys_fill_rows = false;
+  EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 128"), std::string::npos);
+  EXPECT_EQ(caps.describe_plan(r).find("GQA packing"), std::string::npos);
+  r.keys_fill_rows = true;
+  r.heads_kv = 64;
+  EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 128"), std::string::npos);
+  EXPECT_EQ(caps.describe_plan(r).find("GQA packing"), std::string::npos);
+  r.heads_q = r.heads_kv = 1;
+  r.window_span = -1;
   r.head_dim_qk = r.head_dim_v = 128;
   r.device_arch = 80;
   r.flash_forward_kernel = FlashForwardKernel::kAuto;

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/flash/flash_tiles.h"
@@ -92,6 +94,28 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).block_m, 128);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).warps, 12);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 1024).block_m, 192);
+  // GQA packing: head dim 64 under a narrow window, 4 or 8 query heads per KV head, on 64-key
+  // tiles with two consumers; not with dropout, a wide window, no window, other groups or head
+  // dims.
+  const FlashTileShape packed = flash_forward_wgmma_ws_tile_shape(64, 64, 128, false, 8);
+  EXPECT_EQ(packed.packed_heads, 8);
+  EXPECT_EQ(packed.block_n, kFlashPackedBlockN);
+  EXPECT_EQ(packed.block_m, 128);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 1024, false, 4).packed_heads, 1);
+  EXPECT_EQ(
+      flash_forward_wgmma_ws_tile_shape(64, 64, kFlashNarrowWindowKeys, false, 4).packed_heads, 4);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, true, 8).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, true, 8).block_n, 128);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, -1, false, 8).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, false, 16).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, false, 2).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(128, 128, 128, false, 8).packed_heads, 1);
+  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128).block_n, 128);  // no GQA
+  EXPECT_EQ(flash_forward_packable_group(64, 8, false, true), 8);
+  EXPECT_EQ(flash_forward_packable_group(64, 8, true, true), 1);    // thd
+  EXPECT_EQ(flash_forward_packable_group(64, 8, false, false), 1);  // keys end inside the tensor
+  // Every packed block divides into 16-row slabs of one head each.
+  EXPECT_EQ(packed.block_m % (16 * packed.packed_heads), 0);
   // Q's rows count: 256 rows of d = 128 (64 KB) leave room for two 64 KB stages only.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 256, 128), 2);
   // Where Hopper runs it by default: every square head dim it was measured faster at (d = 256
@@ -101,6 +125,40 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(192, 192));
   EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(256, 256));
   EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(192, 128));
+}
+
+TEST(FlashTiles, DropoutKernelsHoldEachStagesKeepWords) {
+  // Per stage: 8 bytes per consumer thread and an mbarrier.
+  EXPECT_EQ(flash_forward_ws_keep_words_bytes(128), 2048);
+  EXPECT_EQ(flash_forward_ws_keep_words_bytes(192), 3072);
+  EXPECT_EQ(flash_forward_ws_keep_stage_bytes(128), 2056);
+  // d = 128's three stages leave 1.9 KB, so its dropout kernel has two; the others keep three
+  // (d = 64 and 192) or had two already (d = 256).
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128, true), 2);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 192, 128, true), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 128, 128, true), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(192, 192, 128, 64, true), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(192, 128, 128, 64, true), 3);
+  EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 64, true), 2);
+  const int pairs[][2] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+  for (const auto& pair : pairs)
+    for (int64_t window_span : {int64_t(-1), int64_t(128)}) {
+      const FlashTileShape shape =
+          flash_forward_wgmma_ws_tile_shape(pair[0], pair[1], window_span, true);
+      const FlashTileShape without =
+          flash_forward_wgmma_ws_tile_shape(pair[0], pair[1], window_span, false);
+      const int stages =
+          flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_m, shape.block_n, true);
+      EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
+      EXPECT_EQ(shape.shared_bytes,
+                2 * (shape.block_m * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) +
+                    stages * flash_forward_ws_keep_stage_bytes(shape.block_m) + 1024 +
+                    kFlashWsBarrierBytes);
+      // Whole drawing jobs of 64 keys, the consumers the window asks for, no packing.
+      EXPECT_EQ(shape.block_n % 64, 0);
+      EXPECT_EQ(shape.block_m, without.block_m);
+      EXPECT_EQ(shape.packed_heads, 1);
+    }
 }
 
 TEST(FlashTiles, BackwardTilesFitSharedMemory) {
@@ -128,7 +186,7 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
   using F = FlashBackwardFamily;
   struct Expected {
     int arch, dqk, dv;
-    bool deterministic;
+    bool dropout;
     F family;
     int bytes;
   };
@@ -136,18 +194,22 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
       {90, 128, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128)},
       {90, 64, 64, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(64, 64)},
       {90, 256, 256, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(256, 256)},
+      {90, 192, 192, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 192)},
+      {90, 192, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128)},
+      {90, 96, 96, false, F::kMmaSync, flash_backward_shared_bytes(96, 96)},
       {90, 128, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128)},
       {90, 256, 256, true, F::kMmaSync, flash_backward_shared_bytes(256, 256)},
+      {90, 192, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128)},
       {80, 128, 128, false, F::kMmaSync, flash_backward_shared_bytes(128, 128)},
   };
   for (const Expected& e : cases) {
     const FlashBackwardPlan plan =
-        flash_backward_plan(e.arch, e.dqk, e.dv, e.deterministic, false, F::kAutomatic);
+        flash_backward_plan(e.arch, e.dqk, e.dv, e.dropout, F::kAutomatic);
     EXPECT_EQ(plan.family, e.family) << e.arch << " " << e.dqk;
     EXPECT_EQ(plan.shared_bytes, e.bytes) << e.arch << " " << e.dqk;
     EXPECT_LE(plan.shared_bytes, 227 * 1024);
   }
-  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, false, F::kMmaSync).shared_bytes,
+  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, F::kMmaSync).shared_bytes,
             flash_backward_shared_bytes(128, 128));
   // The families' sizes differ: a rule that checked one family's bytes for another would be
   // checking the wrong number.
@@ -155,33 +217,65 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
             flash_backward_shared_bytes(128, 128));
 }
 
-// The one-kernel backward takes dropout and deterministic mode (its dq reductions in key-block
-// order) at head dims 64 and 128; its wide form (head dim 256) takes neither, whatever
-// config.flash_backward_kernel asks. Off sm_90 or at other head dims every request gets
-// mma.sync.
-TEST(FlashTiles, BackwardFamilyHonoursDeterminismAndDropout) {
+// The one-kernel backward takes dropout at head dims 64, 128, 192 and 192 / 128, not at 256 (its
+// wide form's keep words do not fit there), whatever config.flash_backward_kernel asks; every
+// form takes deterministic mode, so it does not enter the choice. Off sm_90 or at head dim 96
+// every request gets mma.sync.
+TEST(FlashTiles, BackwardFamilyHonoursDropout) {
   using F = FlashBackwardFamily;
   for (F requested : {F::kAutomatic, F::kOneKernel}) {
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 64, 64, false, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, true, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, false, true, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 64, 64, false, true, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, requested), F::kOneKernel);
-    // Head dim 256: the one-kernel backward's wide form, never against determinism or dropout.
-    EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, requested), F::kOneKernel);
-    EXPECT_EQ(flash_backward_family(90, 256, 256, true, false, requested), F::kMmaSync);
-    EXPECT_EQ(flash_backward_family(90, 256, 256, false, true, requested), F::kMmaSync);
-    EXPECT_EQ(flash_backward_family(80, 256, 256, false, false, requested), F::kMmaSync);
-    EXPECT_EQ(flash_backward_family(90, 192, 128, false, false, requested), F::kMmaSync);
-    EXPECT_EQ(flash_backward_family(90, 192, 192, false, false, requested), F::kMmaSync);
-    EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, false, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, false, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 128, 128, true, requested), F::kOneKernel);
+    EXPECT_EQ(flash_backward_family(90, 64, 64, true, requested), F::kOneKernel);
+    for (const auto& [dqk, dv] : {std::pair{256, 256}, {192, 192}, {192, 128}}) {
+      EXPECT_EQ(flash_backward_family(90, dqk, dv, false, requested), F::kOneKernel) << dqk;
+      EXPECT_EQ(flash_backward_family(90, dqk, dv, true, requested),
+                dqk == 256 ? F::kMmaSync : F::kOneKernel)
+          << dqk;
+      EXPECT_EQ(flash_backward_family(80, dqk, dv, false, requested), F::kMmaSync) << dqk;
+    }
+    EXPECT_FALSE(flash_backward_wide_takes_dropout(256, 256));
+    EXPECT_TRUE(flash_backward_wide_takes_dropout(192, 192));
+    EXPECT_TRUE(flash_backward_wide_takes_dropout(192, 128));
+    EXPECT_FALSE(flash_backward_wide_takes_dropout(128, 128));  // the narrow form's
+    EXPECT_EQ(flash_backward_family(90, 96, 96, false, requested), F::kMmaSync);
+    EXPECT_EQ(flash_backward_family(80, 128, 128, false, requested), F::kMmaSync);
   }
   // The mma.sync pair when asked, on any device and head dim, with every feature.
-  EXPECT_EQ(flash_backward_family(90, 128, 128, false, false, F::kMmaSync), F::kMmaSync);
-  EXPECT_EQ(flash_backward_family(90, 128, 128, true, true, F::kMmaSync), F::kMmaSync);
-  EXPECT_EQ(flash_backward_family(80, 128, 128, false, false, F::kMmaSync), F::kMmaSync);
-  EXPECT_EQ(flash_backward_family(90, 256, 256, false, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 128, 128, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 128, 128, true, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(80, 128, 128, false, F::kMmaSync), F::kMmaSync);
+  EXPECT_EQ(flash_backward_family(90, 256, 256, false, F::kMmaSync), F::kMmaSync);
+}
+
+// Deterministic mode's order flags count key blocks of the form that runs: 128 keys in the
+// narrow form, 64 in the wide one.
+TEST(FlashTiles, OneKernelKeyBlockFollowsTheForm) {
+  EXPECT_EQ(flash_backward_one_kernel_block_n(64, 64), 128);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(128, 128), 128);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(256, 256), 64);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(192, 192), 64);
+  EXPECT_EQ(flash_backward_one_kernel_block_n(192, 128), 64);
+}
+
+// The wide form's consumers split the head dims in whole 64-column blocks, each keeping some of
+// dk (and so of dq), and the products' widths as even as whole blocks allow (dk's columns count
+// twice: dk += dU^T Q and dq = dU K).
+TEST(FlashTiles, WideBackwardSplitsTheHeadDimsEvenly) {
+  struct Expected {
+    int dqk, dv, qk_blocks, v_blocks;
+  };
+  for (const Expected& e : {Expected{256, 256, 2, 2}, {192, 192, 2, 1}, {192, 128, 2, 0}}) {
+    const FlashBackwardWideSplit split = flash_backward_wide_split(e.dqk, e.dv);
+    EXPECT_EQ(split.qk_blocks, e.qk_blocks) << e.dqk << "/" << e.dv;
+    EXPECT_EQ(split.v_blocks, e.v_blocks) << e.dqk << "/" << e.dv;
+    const int width0 = 2 * 64 * split.qk_blocks + 64 * split.v_blocks;
+    const int width1 = 2 * (e.dqk - 64 * split.qk_blocks) + (e.dv - 64 * split.v_blocks);
+    EXPECT_LE(std::abs(width0 - width1), 64) << e.dqk << "/" << e.dv;
+    EXPECT_GT(split.qk_blocks, 0);
+    EXPECT_LT(64 * split.qk_blocks, e.dqk);
+  }
 }
 
 // The dk/dv kernels walk only the query rows queries_seeing_keys returns: it must be exactly the

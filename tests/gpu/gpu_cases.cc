@@ -185,6 +185,22 @@ std::vector<GpuCase> gpu_cases() {
            no_alibi()),
       make("mla192x128_bf16", head_dims(192, 128)),
       make("mla192x128_causal_fp16", all({head_dims(192, 128, fp16), mask(MaskType::kCausal)})),
+      // The wide form's uneven splits (192: consumer 0 two blocks of dk and one of dv; 192 / 128:
+      // consumer 1 one of dk and all of dv) with its features.
+      with_means(make("hdim192_sink_softcap_causal",
+                      all({sizes(2, 97, 160, 4, 2, 192), softmax(SoftmaxType::kLearnable),
+                           softcap(5), qk(2.0), mask(MaskType::kCausal)}),
+                      softcap(0)),
+                 0, 4.0),
+      make("mla192x128_window_gqa_fp16",
+           all({sizes(1, 200, 260, 8, 2, 192), head_dims(192, 128, fp16), window(40, 8)}),
+           no_window()),
+      make("hdim192_thd_fp16",
+           all({thd(true), head_dims(192, 192, fp16), mask(MaskType::kPaddingCausal)}),
+           mask(MaskType::kNoMask)),
+      make("mla192x128_thd_alibi",
+           all({thd(true), head_dims(192, 128), mask(MaskType::kPaddingCausal), alibi(false)}),
+           no_alibi()),
 
       // Sizes that break tiling.
       make("sq1", sizes(2, 1, 333, 4, 2, 128)),
@@ -196,6 +212,26 @@ std::vector<GpuCase> gpu_cases() {
            all({sizes(2, 300, 97, 4, 2, 64), mask(MaskType::kCausalBottomRight)}),
            mask(MaskType::kNoMask)),
       make("gqa_8_2", sizes(2, 97, 300, 8, 2, 64)),
+      // GQA packing (flash_forward_packs_gqa: d 64, a narrow window, 4 or 8 query heads per KV
+      // head): at least 132 blocks of work, so that no split-KV turns it off; query counts that
+      // leave a partial block; each logit form (plain, the fixed-max softcap, the general
+      // kernel with fp16 or ALiBi); two batches, and sbhd.
+      make("gqa_packed_8_window_sink",
+           all({sizes(2, 1100, 1100, 16, 2, 64), mask(MaskType::kCausal), window(127, 0),
+                softmax(SoftmaxType::kLearnable)}),
+           no_window()),
+      make("gqa_packed_8_softcap_bottom_right",
+           all({sizes(1, 1100, 1160, 16, 2, 64), mask(MaskType::kCausalBottomRight),
+                window(127, 0), softcap(50), scale_one()}),
+           no_window()),
+      make("gqa_packed_4_softcap_fp16",
+           all({sizes(1, 1030, 1100, 16, 4, 64), head_dims(64, 64, fp16),
+                mask(MaskType::kCausalBottomRight), window(200, 0), softcap(30), scale_one()}),
+           no_window()),
+      make("gqa_packed_8_alibi_two_sided_window_sbhd",
+           all({sizes(1, 1100, 1100, 16, 2, 64), window(100, 20), alibi(false),
+                [](CaseSpec& s) { s.config.format = Format::kSBHD; }}),
+           no_alibi()),
       make("mqa_8_1", all({sizes(2, 97, 300, 8, 1, 64), mask(MaskType::kCausalBottomRight)})),
       make("sbhd_causal", all({head_dims(64, 64),
                                [](CaseSpec& s) { s.config.format = Format::kSBHD; },
@@ -318,9 +354,33 @@ std::vector<GpuCase> gpu_cases() {
       // beside fully visible ones; head dim 256 takes the mma.sync pair with dropout.
       make("dropout_gqa_window",
            all({sizes(2, 300, 333, 8, 2, 128), window(70, 20), dropout(0.1, 5)}), dropout(0, 5)),
+      // The wide one-kernel backward's keep bits (192 and MLA's 192 / 128), key blocks of 64.
+      make("dropout_hdim192_sink_softcap_causal",
+           all({sizes(2, 130, 200, 4, 2, 192), dropout(0.15, 21), mask(MaskType::kCausal),
+                softmax(SoftmaxType::kLearnable), softcap(20)}),
+           dropout(0, 21)),
+      make("dropout_mla192x128_gqa_window",
+           all({sizes(1, 200, 260, 8, 2, 192), head_dims(192, 128, fp16), window(70, 20),
+                dropout(0.1, 6)}),
+           dropout(0, 6)),
       make("dropout_hdim256",
            all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
            dropout(0, 11)),
+      // The warp-specialised forward's dropout kernels at head dim 64 (keep bits drawn by the
+      // producer): three consumer warpgroups (rows 128-191 of a block are the third's) over
+      // several blocks of rows, and two under a narrow window, with a sink and GQA.
+      make("dropout_hdim64_three_warpgroups_causal",
+           all({sizes(2, 400, 300, 4, 2, 64), mask(MaskType::kCausal), dropout(0.1, 17)}),
+           dropout(0, 17)),
+      make("dropout_hdim64_narrow_window_sink",
+           all({sizes(2, 300, 300, 8, 2, 64), window(100, 0), softmax(SoftmaxType::kLearnable),
+                dropout(0.15, 19)}),
+           dropout(0, 19)),
+      // 140 blocks of work (one split on 132 SMs) on the persistent grid, so some blocks loop
+      // over two and the three-stage ring of K, V and keep words wraps (smaller grids split
+      // their keys: two or three tiles per split never reuse a stage).
+      make("dropout_hdim64_ring_wraps",
+           all({sizes(5, 192, 130, 28, 7, 64), dropout(0.1, 23)}), dropout(0, 23)),
 
       // Bias tensors (cuda_unfused only), with their gradients.
       unfused_only(make("bias_post_scale",

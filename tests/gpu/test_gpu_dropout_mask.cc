@@ -16,6 +16,13 @@ struct MaskCase {
   std::string name;
   MaskType mask;
   BackendKind backend;
+  int64_t head_dim = 64;  // 192: the wide one-kernel backward on Hopper
+  // At most the head dim (unit vectors). The defaults are not multiples of 8 and lie inside one
+  // 64-row slab and one key tile; the larger ones reach the warp-specialised forward's second
+  // consumer warpgroup and, at 256, a second block of rows and a second key tile per split (a
+  // grid this small splits its keys, so the keep words' stage ring does not wrap here: the
+  // dropout_hdim64_ring_wraps case of gpu_cases.cc does that).
+  int64_t seqlen_q = 45, seqlen_kv = 61;
 };
 
 class DropoutMask : public ::testing::TestWithParam<MaskCase> {
@@ -28,8 +35,8 @@ class DropoutMask : public ::testing::TestWithParam<MaskCase> {
 
 TEST_P(DropoutMask, KeepsExactlyThePhiloxElements) {
   const MaskCase& c = GetParam();
-  // seqlen_q 45 and seqlen_kv 61: at most the head dim (unit vectors), not multiples of 8.
-  const CaseSpec spec = dropout_probe_spec(DType::kFloat16, 45, 61, 2, 64, c.mask);
+  const CaseSpec spec =
+      dropout_probe_spec(DType::kFloat16, c.seqlen_q, c.seqlen_kv, 2, c.head_dim, c.mask);
   for (DropoutProbe probe : kDropoutProbes) {
     const CaseOutputs got =
         run_device_case(spec, dropout_probe_tensors(spec, probe), c.backend, true);
@@ -45,7 +52,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MaskCase{"flash_no_mask", MaskType::kNoMask, BackendKind::kCudaFlash},
                       MaskCase{"flash_causal_bottom_right", MaskType::kCausalBottomRight,
                                BackendKind::kCudaFlash},
-                      MaskCase{"unfused_no_mask", MaskType::kNoMask, BackendKind::kCudaUnfused}),
+                      MaskCase{"unfused_no_mask", MaskType::kNoMask, BackendKind::kCudaUnfused},
+                      MaskCase{"flash_hdim192_no_mask", MaskType::kNoMask, BackendKind::kCudaFlash,
+                               192},
+                      MaskCase{"flash_hdim192_causal_bottom_right", MaskType::kCausalBottomRight,
+                               BackendKind::kCudaFlash, 192},
+                      MaskCase{"flash_hdim128_no_mask", MaskType::kNoMask, BackendKind::kCudaFlash,
+                               128, 125, 128},
+                      MaskCase{"flash_hdim256_causal_bottom_right", MaskType::kCausalBottomRight,
+                               BackendKind::kCudaFlash, 256, 203, 250}),
     [](const ::testing::TestParamInfo<MaskCase>& info) { return info.param.name; });
 
 }  // namespace

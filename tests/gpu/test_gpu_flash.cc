@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "core/workspace.h"
 #include "gpu/device_case.h"
@@ -204,39 +205,44 @@ TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
   EXPECT_TRUE(same_bytes(first.dsoftmax_offset, second.dsoftmax_offset));
 }
 
-// Many key blocks add to each dq tile (2200 keys: 18 blocks of 128, past one chain of
-// kDeterministicKeyChain = 16), a GQA group and a window that starts the tiles' contributors at
-// different blocks: deterministic runs agree to the bit and match cpu_exact. The default runs'
-// reductions land in any order; whether two of them differed is logged, not asserted (they may
-// agree by chance).
+// Many key blocks add to each dq tile (2200 keys: 18 blocks of 128 in the narrow form, 35 of 64
+// in the wide one at head dims 192 / 128 and 256, past one chain of kDeterministicKeyChain = 16),
+// a GQA group and a window that starts the tiles' contributors at different blocks:
+// deterministic runs agree to the bit and match cpu_exact. The default runs' reductions land in
+// any order; whether two of them differed is logged, not asserted (they may agree by chance).
 TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
-  CaseSpec spec = gpu_case_spec(find_case("gqa_8_2"));
-  spec.batch = 2;
-  spec.seqlen_q = 260;
-  spec.seqlen_kv = 2200;
-  spec.heads_q = 4;
-  spec.heads_kv = 2;
-  spec.head_dim_qk = spec.head_dim_v = 128;
-  spec.config.window_left = 1500;
-  spec.config.window_right = 300;
-  const CaseTensors tensors = make_case(spec);
-  CaseSpec deterministic = spec;
-  deterministic.config.deterministic = true;
-  const CaseOutputs first = run_device_case(deterministic, tensors, BackendKind::kCudaFlash, true);
-  const std::string key = "deterministic_chains";
-  const CaseOutputs& reference = exact_reference(key, deterministic, tensors, true);
-  expect_matches_reference(first, reference, spec.dtype, true, "deterministic one-kernel");
-  for (int run = 0; run < 3; ++run) {
-    const CaseOutputs again =
+  for (const auto& [dqk, dv] : {std::pair{128, 128}, {192, 128}, {256, 256}}) {
+    CaseSpec spec = gpu_case_spec(find_case("gqa_8_2"));
+    spec.batch = 2;
+    spec.seqlen_q = 260;
+    spec.seqlen_kv = 2200;
+    spec.heads_q = 4;
+    spec.heads_kv = 2;
+    spec.head_dim_qk = dqk;
+    spec.head_dim_v = dv;
+    spec.config.window_left = 1500;
+    spec.config.window_right = 300;
+    const std::string dims = std::to_string(dqk) + "x" + std::to_string(dv);
+    const CaseTensors tensors = make_case(spec);
+    CaseSpec deterministic = spec;
+    deterministic.config.deterministic = true;
+    const CaseOutputs first =
         run_device_case(deterministic, tensors, BackendKind::kCudaFlash, true);
-    EXPECT_TRUE(same_bytes(first.dq, again.dq)) << "run " << run;
-    EXPECT_TRUE(same_bytes(first.dk, again.dk)) << "run " << run;
-    EXPECT_TRUE(same_bytes(first.dv, again.dv)) << "run " << run;
+    const CaseOutputs& reference =
+        exact_reference("deterministic_chains_" + dims, deterministic, tensors, true);
+    expect_matches_reference(first, reference, spec.dtype, true, "deterministic " + dims);
+    for (int run = 0; run < 3; ++run) {
+      const CaseOutputs again =
+          run_device_case(deterministic, tensors, BackendKind::kCudaFlash, true);
+      EXPECT_TRUE(same_bytes(first.dq, again.dq)) << dims << ", run " << run;
+      EXPECT_TRUE(same_bytes(first.dk, again.dk)) << dims << ", run " << run;
+      EXPECT_TRUE(same_bytes(first.dv, again.dv)) << dims << ", run " << run;
+    }
+    const CaseOutputs a = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+    const CaseOutputs b = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+    std::printf("[ note     ] %s: two default (unordered) backward runs: dq %s\n", dims.c_str(),
+                same_bytes(a.dq, b.dq) ? "agreed" : "differed");
   }
-  const CaseOutputs a = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
-  const CaseOutputs b = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
-  std::printf("[ note     ] two default (unordered) backward runs: dq %s\n",
-              same_bytes(a.dq, b.dq) ? "agreed" : "differed");
 }
 
 // Softcap with a fixed max (bf16, cap 50: softcap_fixed_max_applies) at the edge of its

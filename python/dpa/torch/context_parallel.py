@@ -160,6 +160,10 @@ class ContextParallelGroup:
             self._engines[config] = engine
         return engine
 
+    def synchronize(self):
+        for engine in self._engines.values():
+            engine.synchronize()
+
 
 class ContextParallelAttention(torch.autograd.Function):
     """Eager autograd over the CP engine: dpa::forward's inputs, then the engine (last, so that
@@ -202,9 +206,22 @@ def context_parallel_group(group, global_ranks, comm_type, stream=None, a2a_grou
     return state
 
 
+def synchronize_context_parallel():
+    """Waits until every context-parallel call made so far is complete, its transfers included.
+    Over the NCCL communicator a call returns once its work is enqueued on the current stream,
+    as any CUDA call does, and a transfer that fails or times out (a peer that died) raises at a
+    later call of the same group and config, or here (docs/context_parallel.md)."""
+    for state in _GROUPS.values():
+        state.synchronize()
+
+
 def release_context_parallel_groups():
-    """Drops the shared communicators and engines (before destroying the process groups)."""
-    _GROUPS.clear()
+    """Waits for their calls (a failed transfer raises), then drops the shared communicators and
+    engines (before destroying the process groups)."""
+    try:
+        synchronize_context_parallel()
+    finally:
+        _GROUPS.clear()
 
 
 def cp_attention(group_state, inputs):

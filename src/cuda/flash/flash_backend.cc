@@ -24,10 +24,15 @@ void add_once(std::vector<int64_t>& values, int64_t value) {
   if (std::find(values.begin(), values.end(), value) == values.end()) values.push_back(value);
 }
 
+// The query heads per KV head the forward's tile may pack (flash_forward_packable_group).
+int64_t packable_group(const FeatureRequest& r) {
+  return cuda::flash_forward_packable_group(r.heads_q, r.heads_kv, r.format == Format::kTHD,
+                                            r.keys_fill_rows);
+}
+
 // The backward a request would run (the launch takes the same plan: flash_backward.cc).
 cuda::FlashBackwardPlan backward_plan(const FeatureRequest& r) {
-  return cuda::flash_backward_plan(r.device_arch, int(r.head_dim_qk), int(r.head_dim_v),
-                                   r.deterministic, r.dropout,
+  return cuda::flash_backward_plan(r.device_arch, int(r.head_dim_qk), int(r.head_dim_v), r.dropout,
                                    cuda::requested_backward_family(r.flash_backward_kernel));
 }
 
@@ -51,8 +56,9 @@ std::string describe_flash_plan(const FeatureRequest& r) {
   if (cuda::forward_runs_on_kvcache_kernel(r))
     return "forward kernel family kvcache decode (the query heads of a KV head packed into "
            "16-row blocks, split-KV with an LSE merge)";
-  const cuda::FlashTileShape shape = cuda::flash_forward_shape(
-      dqk, dv, r.max_seqlen_q, r.window_span, r.device_arch, r.flash_forward_kernel, r.dropout);
+  const cuda::FlashTileShape shape =
+      cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.window_span, r.device_arch,
+                                r.flash_forward_kernel, r.dropout, packable_group(r));
   const std::string tiles =
       ", tiles " + std::to_string(shape.block_m) + " x " + std::to_string(shape.block_n);
   if (shape.warp_specialized) {
@@ -68,6 +74,9 @@ std::string describe_flash_plan(const FeatureRequest& r) {
       case cuda::FlashLogitForm::kGeneral:
         break;
     }
+    if (shape.packed_heads > 1)
+      form += ", " + std::to_string(shape.packed_heads) +
+              " query heads per block (GQA packing, where it takes one split)";
     return "forward kernel family wgmma warp-specialised (TMA copies where every sequence fills "
            "its tensor, else cp.async)" +
            tiles + form;
@@ -138,7 +147,7 @@ class CudaFlashBackend final : public Backend {
           r.pass == Pass::kBackward
               ? backward_plan(r).shared_bytes
               : cuda::flash_forward_shape(dqk, dv, r.max_seqlen_q, r.window_span, device.arch,
-                                          r.flash_forward_kernel, r.dropout)
+                                          r.flash_forward_kernel, r.dropout, packable_group(r))
                     .shared_bytes;
       if (size_t(need) <= device.shared_memory_per_block_optin) return std::nullopt;
       return "its tiles need " + std::to_string(need) + " bytes of shared memory per block, the " +

@@ -33,7 +33,7 @@ namespace {
 
 // The plan the selector's rule checked (flash_backend.cc), from the same inputs.
 FlashBackwardFamily backward_family(const AttentionProblem& p) {
-  return flash_backward_plan(p.device_arch, int(p.head_dim_qk), int(p.head_dim_v), p.deterministic,
+  return flash_backward_plan(p.device_arch, int(p.head_dim_qk), int(p.head_dim_v),
                              p.dropout_threshold != 0,
                              requested_backward_family(p.flash_backward_kernel))
       .family;
@@ -126,9 +126,10 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   if (sizes.dq_order > 0) {
     bp.dq_order = dq_order.get<int>();
     bp.dq_order_tiles = int(dq_order_tiles(p));
-    constexpr int64_t kKeyBlockRows = kOneKernelBackwardBlockN;
+    const int64_t key_block_rows =
+        flash_backward_one_kernel_block_n(int(p.head_dim_qk), int(p.head_dim_v));
     bp.key_chain = deterministic_key_chain(
-        int(p.batch), int((p.max_seqlen_kv + kKeyBlockRows - 1) / kKeyBlockRows));
+        int(p.batch), int((p.max_seqlen_kv + key_block_rows - 1) / key_block_rows));
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_order, 0, dq_order.bytes(), stream));
   }
   DeviceBuffer row_delta(sizes.row_delta, stream);

@@ -24,33 +24,47 @@ void launch_backward_kernel(Kernel kernel, dim3 grid, int threads, int shared_by
   DPA_CUDA_CHECK_LAUNCH();
 }
 
-// The one-kernel backward (its wide form at head dim 256), then the conversion of its dq workspace.
+// The one-kernel backward (its wide form at head dims 192, 192 / 128 and 256), then the conversion
+// of its dq workspace.
 template <typename Element, int kHeadDimQK, int kHeadDimV>
 void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStream_t stream) {
   const FlashForwardParams& f = p.fwd;
   const unsigned batch = unsigned(f.batch);
+  const bool deterministic = p.dq_order != nullptr;
+  // Deterministic mode: key blocks in chains of p.key_chain (deterministic_key_block).
+  auto grid_of = [&](int block_n) {
+    const int key_blocks = (f.max_seqlen_kv + block_n - 1) / block_n;
+    const int chains = deterministic ? (key_blocks + p.key_chain - 1) / p.key_chain : 1;
+    return dim3(unsigned(deterministic ? p.key_chain : key_blocks), unsigned(f.heads_kv),
+                batch * unsigned(chains));
+  };
   if constexpr (flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV)) {
     using Wide = FlashBackwardSm90OneKernelWideTraits<Element, kHeadDimQK, kHeadDimV>;
-    const dim3 grid(unsigned((f.max_seqlen_kv + Wide::kBlockN - 1) / Wide::kBlockN),
-                    unsigned(f.heads_kv), batch);
+    auto kernel = deterministic ? flash_backward_one_kernel_wide_sm90_kernel<Wide, true, false>
+                                : flash_backward_one_kernel_wide_sm90_kernel<Wide, false, false>;
+    if constexpr (Wide::kTakesDropout) {
+      if (f.dropout_threshold != 0)
+        kernel = deterministic ? flash_backward_one_kernel_wide_sm90_kernel<Wide, true, true>
+                               : flash_backward_one_kernel_wide_sm90_kernel<Wide, false, true>;
+    } else if (f.dropout_threshold != 0) {
+      // flash_backward_family keeps dropout off this form here; never drop it silently.
+      throw Error(ErrorCode::kInternal, "dropout",
+                  "the wide one-kernel backward at this head dim has no keep bits");
+    }
     if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(flash_backward_one_kernel_wide_sm90_kernel<Wide>, grid, Wide::kThreads,
-                             Wide::kSharedBytes, p, stream);
+      launch_backward_kernel(kernel, grid_of(Wide::kBlockN), Wide::kThreads, Wide::kSharedBytes, p,
+                             stream);
   } else if constexpr (flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV)) {
     using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV>;
-    const int key_blocks = (f.max_seqlen_kv + OneKernel::kBlockN - 1) / OneKernel::kBlockN;
-    const bool dropout = f.dropout_threshold != 0, deterministic = p.dq_order != nullptr;
-    // Deterministic mode: key blocks in chains of p.key_chain (deterministic_key_block).
-    const int chains = deterministic ? (key_blocks + p.key_chain - 1) / p.key_chain : 1;
-    const dim3 grid(unsigned(deterministic ? p.key_chain : key_blocks), unsigned(f.heads_kv),
-                    batch * unsigned(chains));
+    const bool dropout = f.dropout_threshold != 0;
     auto kernel =
         dropout ? (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, true, true>
                                  : flash_backward_one_kernel_sm90_kernel<OneKernel, true, false>)
                 : (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, false, true>
                                  : flash_backward_one_kernel_sm90_kernel<OneKernel, false, false>);
     if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(kernel, grid, OneKernel::kThreads, OneKernel::kSharedBytes, p, stream);
+      launch_backward_kernel(kernel, grid_of(OneKernel::kBlockN), OneKernel::kThreads,
+                             OneKernel::kSharedBytes, p, stream);
   } else {
     // The host sets p.one_kernel only where flash_backward_family allows it.
     throw Error(ErrorCode::kInternal, "",

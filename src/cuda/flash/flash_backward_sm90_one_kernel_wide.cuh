@@ -1,8 +1,11 @@
-// The single-kernel wgmma backward for head dim 256 (sm_90a): the one-kernel backward's five GEMMs
-// per tile (flash_backward_sm90_one_kernel.cuh) with the work split so that the accumulators fit.
-// At d = 256 one warpgroup cannot hold dk and dv of 64 keys (256 fp32 registers per thread), so
-// both consumer warpgroups own the same 64 keys and split the head dim: consumer c keeps
-// columns [128c, 128c + 128) of dk and dv (128 registers).
+// The single-kernel wgmma backward for head dims above 128 (sm_90a: 256, 192 and MLA's 192 / 128):
+// the one-kernel backward's five GEMMs per tile (flash_backward_sm90_one_kernel.cuh) with the
+// work split so that the accumulators fit. At d = 256 one warpgroup cannot hold dk and dv of 64
+// keys (256 fp32 registers per thread), so both consumer warpgroups own the same 64 keys and split
+// the head dims in 64-column blocks (flash_backward_wide_split): at 256 consumer c keeps columns
+// [128c, 128c + 128) of dk and dv (128 registers); at 192 consumer 0 dk's first 128 columns and
+// dv's first 64, consumer 1 the rest; at 192 / 128 consumer 0 dk's first 128 columns, consumer 1
+// dk's last 64 and all of dv. Each consumer's dq columns are its dk columns.
 //
 // A block owns 64 keys of one (batch, KV head); a producer warpgroup copies K and V once and, per
 // (query head, 64-row query tile), Q, dO and the rows' LSE and D into two stages (cp.async). Per
@@ -12,15 +15,23 @@
 //   - writes those columns of P^T and dU^T (key-major, 128-byte swizzle, double-buffered) to
 //     shared memory; a named barrier of both consumers makes the whole 64 x 64 tiles visible;
 //   - issues dv[:, c] += P^T dO[:, c] and dk[:, c] += dU^T Q[:, c] (A K-major and B MN-major,
-//     both in shared memory), and dq_tile = dU K[:, c] (both MN-major);
-//   - adds dq_tile (64 rows x its 128 columns) to the fp32 workspace with 16-byte reductions
+//     both in shared memory) over its columns of each, and dq_tile = dU K[:, c] (both MN-major);
+//   - adds dq_tile (64 rows x its dk columns) to the fp32 workspace with 16-byte reductions
 //     (red.global.add.v4.f32, two lanes of a quad trading a pair so each holds four adjacent
 //     columns of one row).
-// The shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
+// At 256 the shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
 // buffers), so dq is not staged there as the narrow one-kernel backward stages it.
-// launch_flash_backward_sm90 then converts the workspace to dq (times scale). Deterministic mode
-// and dropout keep the mma.sync pair at this head dim (flash_backward_family): the narrow form's
-// keep words (2 x 512 bytes here) do not fit beside the full shared memory.
+// launch_flash_backward_sm90 then converts the workspace to dq (times scale). kDeterministic:
+// each dq tile is added in key-block order, as the narrow form's producer adds it (the grid in
+// key-block chains; a flag per query tile, bp.dq_order), but by the consumers themselves: one
+// thread waits until the tile's flag names this key block, both consumers add their columns,
+// and after a barrier of both that thread hands the tile on. kDropout (192 and 192 / 128): the
+// producer, otherwise idle between its copies, draws each query tile's keep bits into the stage
+// in the narrow form's layout (draw_query_tile_keep_words for 64 keys: a word per (key group,
+// quad row, quad column) with a bit per query of the tile), and each consumer reads its key
+// group's word and its half of the bits. At 256 dropout keeps the mma.sync pair
+// (flash_backward_family): two stages of keep words (1 KB) would overflow the shared memory by 64
+// bytes.
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_one_kernel.cuh"
@@ -35,22 +46,37 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kBlockN = 64, kBlockM = 64;
-  static constexpr int kColumns = kHeadDimQK / 2;    // dk, dv and dq columns per consumer
-  static constexpr int kQueryColumns = kBlockM / 2;  // S^T columns per consumer
+  static_assert(kBlockN == flash_backward_one_kernel_block_n(kHeadDimQK, kHeadDimV) &&
+                    kBlockM == kOneKernelBackwardBlockM,
+                "the host sizes deterministic mode's flags and chains by these blocks");
+  // Consumer 0's 64-column blocks of dk (and dq) and of dv; consumer 1 keeps the rest.
+  static constexpr FlashBackwardWideSplit kSplit = flash_backward_wide_split(kHeadDimQK, kHeadDimV);
+  static constexpr int kQueryColumns = kBlockM / 2;                // S^T columns per consumer
   static constexpr int kOperandTileBytes = kBlockN * kBlockM * 2;  // one P^T or dU^T tile
   static constexpr int kBarrierBytes = 64;
+  // Dropout keep words per stage where they fit (192 and 192 / 128): one per thread of one
+  // consumer, its key group's (draw_query_tile_keep_words); none at 256.
+  static constexpr bool kTakesDropout = flash_backward_wide_takes_dropout(kHeadDimQK, kHeadDimV);
+  static constexpr int kKeepWords = kTakesDropout ? kBlockN / 16 * 32 : 0;
   // K and V, kStages of Q and dO and of the rows' LSE and D, two buffers each of P^T and dU^T,
-  // barriers, 1 KB of alignment.
+  // kStages of keep words, barriers, 1 KB of alignment.
   static constexpr int kSharedBytes = 2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) +
                                       kStages * 2 * kBlockM * 4 + 4 * kOperandTileBytes +
-                                      kBarrierBytes + 1024;
-  static_assert(flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV), "head dim 256");
-  static_assert(kColumns % 64 == 0, "a consumer's columns are whole 64-column swizzle blocks");
+                                      kStages * kKeepWords * 4 + kBarrierBytes + 1024;
+  static_assert(flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV),
+                "head dims 256, 192 or 192 / 128");
+  static_assert(kHeadDimQK % 64 == 0 && kHeadDimV % 64 == 0,
+                "a consumer's columns are whole 64-column swizzle blocks");
+  static_assert(kSplit.qk_blocks > 0 && kSplit.qk_blocks < kHeadDimQK / 64,
+                "each consumer keeps some of dk's columns (and of dq's)");
   static_assert(kBlockM * 2 == 128, "P^T and dU^T rows are one 128-byte swizzle block");
   static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
   static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
+  static_assert(!kTakesDropout || kKeepWords == kConsumerThreads / 2,
+                "one keep word per thread of a consumer: both read their key group's words");
+  static_assert(2 * kBlockM == 128, "every producer thread arrives after its keep-word stores");
 };
 
 // Shared-memory addresses of a wide one-kernel backward block.
@@ -61,6 +87,7 @@ struct OneKernelWideBackwardLayout {
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, operands, barriers;
   float *lse, *delta;  // kStages x kBlockM each
+  uint32_t* keep;      // kStages x Traits::kKeepWords
 
   __device__ explicit OneKernelWideBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
@@ -71,7 +98,8 @@ struct OneKernelWideBackwardLayout {
     const uint32_t statistics = operands + 4 * Traits::kOperandTileBytes;
     lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
     delta = lse + kStages * kBlockM;
-    barriers = statistics + kStages * 2 * kBlockM * 4;
+    keep = reinterpret_cast<uint32_t*>(delta + kStages * kBlockM);
+    barriers = statistics + kStages * 2 * kBlockM * 4 + kStages * Traits::kKeepWords * 4;
   }
   __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
   __device__ uint32_t d_o(int stage) const {
@@ -138,47 +166,48 @@ __device__ __forceinline__ void wgmma_keys_by_queries(float (&acc)[kN / 8][4], u
                                           mn_major_descriptor(b_columns, 64, kk), true);
 }
 
-template <typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    flash_backward_one_kernel_wide_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A consumer of a wide block: its 32 query columns of every tile's S^T and dP^T, and kQkColumns
+// columns of dk (and of each dq tile) from qk_column0 and kVColumns of dv from v_column0 (none:
+// kVColumns 0), all whole 64-column blocks. Runs its whole key block, then stores dk and dv.
+// kDeterministic: each dq tile is added in key-block order (the kernel's comment). kDropout: the
+// keep bits of its query columns, from its key group's words (bits 16 consumer + 4 t + e), drop
+// P^T's elements and dU^T's dP^T terms; dv is scaled by 1 / keep_prob at the end.
+template <typename Traits, int kQkColumns, int kVColumns, bool kDeterministic, bool kDropout>
+__device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams& bp,
+                                                       const KeyBlock& kb,
+                                                       const OneKernelWideBackwardLayout<Traits>& l,
+                                                       int consumer, int qk_column0,
+                                                       int v_column0) {
   using Element = typename Traits::Element;
   const FlashForwardParams& p = bp.fwd;
   constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
   constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
-  constexpr int kColumns = Traits::kColumns, kQueryColumns = Traits::kQueryColumns;
+  constexpr int kQueryColumns = Traits::kQueryColumns;
   constexpr int kMTiles = kQueryColumns / 8;
+  static_assert(kQkColumns % 64 == 0 && kVColumns % 64 == 0, "whole 64-column blocks");
+  constexpr int kVTiles = kVColumns > 0 ? kVColumns / 8 : 1;  // a placeholder tile when none
 
-  extern __shared__ __align__(1024) unsigned char shared_storage[];
-  const OneKernelWideBackwardLayout<Traits> l(shared_storage);
-
-  KeyBlock kb;
-  if (!make_key_block(p, kBlockN, kBlockM, kb)) return;
-  init_key_block_barriers<Traits>(bp, l);
-  __syncthreads();
-
-  const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {
-    ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0)
-      produce_key_block_iterations<Traits, true>(
-          bp, kb, l, [](int, int) {}, [](int) {});
-    return;
-  }
-
-  ptx::setmaxnreg_increase<232>();
-  const int consumer = warpgroup - 1;
   const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
   const int key_row = warp_in_group * 16 + quad_row;  // in the block (both consumers)
   const int key0 = kb.j0 + key_row;
   const int query_column0 = consumer * kQueryColumns;  // this consumer's S^T columns
-  const int column0 = consumer * kColumns;             // its dk, dv and dq columns
+  // Deterministic mode: the query tiles the previous key block adds to (empty for the first),
+  // the thread that waits for and hands on each tile (consumer 0's first), and the barrier both
+  // consumers meet at around the adds (named barrier 1 is the operands').
+  constexpr int kDqOrderBarrier = 2, kHandOffThread = 128;
+  const int key_block = kb.j0 / kBlockN;
+  const QueryTileSpan previous =
+      kDeterministic
+          ? key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
+                                  kb.diagonal, p.window_left, p.window_right)
+          : QueryTileSpan{0, -1};
   // Its columns of a tile of 64 rows: whole 64-column blocks of 64 x 128 bytes.
-  const uint32_t column_offset = uint32_t(column0 / 64) * 64 * 128;
+  const uint32_t qk_offset = uint32_t(qk_column0 / 64) * 64 * 128;
+  const uint32_t v_offset = uint32_t(v_column0 / 64) * 64 * 128;
 
-  float dk_acc[kColumns / 8][4], dv_acc[kColumns / 8][4];
+  float dk_acc[kQkColumns / 8][4], dv_acc[kVTiles][4];
   zero_fragments(dk_acc);
   zero_fragments(dv_acc);
   if (kb.iterations > 0) {
@@ -213,7 +242,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         l.lse + stage * kBlockM + query_column0, fully_visible);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dp);
-      key_tile_gradients(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM + query_column0);
+      // This thread's keep bits: its key group's word (warp in group x 32 + lane), shifted to
+      // this consumer's query tiles.
+      const uint32_t keep =
+          kDropout
+              ? l.keep[stage * Traits::kKeepWords + warp_in_group * 32 + lane] >> (16 * consumer)
+              : 0u;
+      key_tile_gradients<kDropout>(p, s, dp, derivative, quad_col,
+                                   l.delta + stage * kBlockM + query_column0, keep,
+                                   kDropout ? p.dropout_scale : 1.f);
       {
         uint32_t operand[kQueryColumns / 16][4];
         pack_operands<Element>(s, operand);
@@ -228,36 +265,120 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // dv += P^T dO and dk += dU^T Q over this consumer's columns; then dq_tile = dU K.
       ptx::fence_accumulators(dk_acc);
-      ptx::fence_accumulators(dv_acc);
+      if constexpr (kVColumns > 0) ptx::fence_accumulators(dv_acc);
       ptx::wgmma_fence();
-      wgmma_keys_by_queries<Element, kColumns>(dv_acc, l.pt(buffer), l.d_o(stage) + column_offset);
-      wgmma_keys_by_queries<Element, kColumns>(dk_acc, l.dut(buffer), l.q(stage) + column_offset);
+      if constexpr (kVColumns > 0)
+        wgmma_keys_by_queries<Element, kVColumns>(dv_acc, l.pt(buffer), l.d_o(stage) + v_offset);
+      wgmma_keys_by_queries<Element, kQkColumns>(dk_acc, l.dut(buffer), l.q(stage) + qk_offset);
       ptx::wgmma_commit();
-      float dq_tile[kColumns / 8][4];
+      float dq_tile[kQkColumns / 8][4];
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)
-        ptx::wgmma_ss_mn_major<Element, kColumns>(
+        ptx::wgmma_ss_mn_major<Element, kQkColumns>(
             dq_tile, mn_major_descriptor(l.dut(buffer), kBlockN, kk),
-            mn_major_descriptor(l.k + column_offset, kBlockN, kk), kk > 0);
+            mn_major_descriptor(l.k + qk_offset, kBlockN, kk), kk > 0);
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();  // dv and dk are done; dq may still run
       ptx::fence_accumulators(dk_acc);
-      ptx::fence_accumulators(dv_acc);
+      if constexpr (kVColumns > 0) ptx::fence_accumulators(dv_acc);
       ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
 
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dq_tile);
-      add_dq_tile<kDimQK, kColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
-                                    column0);
+      int* order = nullptr;
+      if constexpr (kDeterministic) {
+        const int tile = kb.first_query(it) / kBlockM;
+        order =
+            bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(it)) * bp.dq_order_tiles + tile;
+        if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
+          while (ptx::load_acquire_gpu(order) != key_block) {
+          }
+        ptx::named_barrier_sync(kDqOrderBarrier, kConsumerThreads);
+      }
+      add_dq_tile<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
+                                      qk_column0);
+      if constexpr (kDeterministic) {
+        ptx::named_barrier_sync(kDqOrderBarrier, kConsumerThreads);  // both consumers' adds issued
+        if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
+      }
     }
   }
 
-  store_key_rows<Element, kColumns>(kb, dk_acc, bp.scale, key0, quad_col,
-                                    static_cast<Element*>(bp.dk) + column0, bp.dk_batch_stride,
-                                    bp.dk_row_stride, bp.dk_head_stride);
-  store_key_rows<Element, kColumns>(kb, dv_acc, 1.f, key0, quad_col,
-                                    static_cast<Element*>(bp.dv) + column0, bp.dv_batch_stride,
-                                    bp.dv_row_stride, bp.dv_head_stride);
+  if constexpr (kDropout && kVColumns > 0) {  // dv = Pd^T dO, Pd = P keep / keep_prob
+#pragma unroll
+    for (int t = 0; t < kVTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv_acc[t][e] *= p.dropout_scale;
+  }
+  store_key_rows<Element, kQkColumns>(kb, dk_acc, bp.scale, key0, quad_col,
+                                      static_cast<Element*>(bp.dk) + qk_column0, bp.dk_batch_stride,
+                                      bp.dk_row_stride, bp.dk_head_stride);
+  if constexpr (kVColumns > 0)
+    store_key_rows<Element, kVColumns>(kb, dv_acc, 1.f, key0, quad_col,
+                                       static_cast<Element*>(bp.dv) + v_column0, bp.dv_batch_stride,
+                                       bp.dv_row_stride, bp.dv_head_stride);
+}
+
+// kDeterministic: dq reductions in key-block order, the grid in key-block chains (bp.dq_order,
+// bp.key_chain), as the narrow form's. kDropout (Traits::kTakesDropout: 192 and 192 / 128): the
+// producer draws each query tile's keep bits into the stage as the narrow form's does.
+template <typename Traits, bool kDeterministic, bool kDropout>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    flash_backward_one_kernel_wide_sm90_kernel(const __grid_constant__ FlashBackwardParams bp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
+  constexpr int kQkFirst = Traits::kSplit.qk_blocks * 64, kVFirst = Traits::kSplit.v_blocks * 64;
+  extern __shared__ __align__(1024) unsigned char shared_storage[];
+  const OneKernelWideBackwardLayout<Traits> l(shared_storage);
+
+  KeyBlock kb;
+  if constexpr (kDeterministic) {
+    const KeyBlockCoordinates c =
+        deterministic_key_block(int(blockIdx.x), int(blockIdx.z), bp.fwd.batch, bp.key_chain);
+    if (!make_key_block(bp.fwd, Traits::kBlockN, Traits::kBlockM, kb, c.batch, int(blockIdx.y),
+                        c.key_block))
+      return;
+    // Last tile first, as the narrow form walks (its kernel says why).
+    kb.descending = true;
+  } else if (!make_key_block(bp.fwd, Traits::kBlockN, Traits::kBlockM, kb)) {
+    return;
+  }
+  init_key_block_barriers<Traits>(bp, l);
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_decrease<40>();
+    if (kb.iterations > 0) {
+      if constexpr (kDropout) {
+        static_assert(Traits::kTakesDropout, "keep words fit this layout");
+        produce_key_block_iterations<Traits, true>(
+            bp, kb, l,
+            [&](int it, int stage) {
+              draw_query_tile_keep_words<Traits::kBlockN>(bp.fwd, kb, it,
+                                                          l.keep + stage * Traits::kKeepWords);
+            },
+            [](int) {});
+      } else {
+        produce_key_block_iterations<Traits, true>(
+            bp, kb, l, [](int, int) {}, [](int) {});
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_increase<232>();
+  const int consumer = warpgroup - 1;
+  if constexpr (2 * kQkFirst == kDimQK && 2 * kVFirst == kDimV) {
+    // An even split (256): one body, the columns by consumer.
+    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic, kDropout>(
+        bp, kb, l, consumer, consumer * kQkFirst, consumer * kVFirst);
+  } else if (consumer == 0) {
+    consume_wide_key_block<Traits, kQkFirst, kVFirst, kDeterministic, kDropout>(bp, kb, l, 0, 0, 0);
+  } else {
+    consume_wide_key_block<Traits, kDimQK - kQkFirst, kDimV - kVFirst, kDeterministic, kDropout>(
+        bp, kb, l, 1, kQkFirst, kVFirst);
+  }
 #else
   (void)bp;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif

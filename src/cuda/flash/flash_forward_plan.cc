@@ -168,6 +168,18 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   // (measured: d = 128 causal sink 564 persistent vs 589 TFLOP/s; gpt-oss window 128 91.6 vs
   // 77.0; docs/perf.md, session 13). A split launch has about one block of work per SM
   // already (the splits fill the device), so it gains nothing from looping.
+  // GQA packing (flash_forward_packs_gqa) where the kernel takes it: Q by TMA over whole
+  // sequences (one box spans the packed heads), one split. Otherwise the packed shape's tile
+  // runs one head per block.
+  if (shape.packed_heads > 1 && params.tma && !params.tma_tails && params.num_splits == 1) {
+    const RowTensor q = forward_row_tensor(p, p.q, p.q_rows, true, p.heads_q, p.head_dim_qk);
+    const std::optional<CUtensorMap> q_map =
+        encode_row_tensor_map(q, shape.block_m / shape.packed_heads, shape.packed_heads);
+    if (q_map) {
+      params.q_map = *q_map;
+      params.packed_heads = shape.packed_heads;
+    }
+  }
   const bool uniform_work =
       params.tma && !params.tma_tails && (params.window_left < 0) == (params.window_right < 0);
   if (shape.warp_specialized && uniform_work && params.num_splits == 1)
@@ -199,7 +211,7 @@ size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {
 
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
                                    int64_t window_span, int arch, FlashForwardKernel kernel,
-                                   bool dropout) {
+                                   bool dropout, int64_t group_size) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
   // On Hopper the warp-specialised wgmma kernel where it measured fastest
   // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form; the
@@ -214,15 +226,17 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
       (kernel != FlashForwardKernel::kWgmma &&
        flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)));
   if (shape.wgmma && warp_specialized)
-    shape =
-        flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span, dropout);
+    shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span,
+                                              dropout, group_size);
   return shape;
 }
 
 FlashTileShape flash_forward_shape_for(const AttentionProblem& p) {
-  return flash_forward_shape(p.head_dim_qk, p.head_dim_v, p.max_seqlen_q, p.window_span(),
-                             device_info(p.device_index).arch, p.flash_forward_kernel,
-                             p.dropout_threshold != 0);
+  return flash_forward_shape(
+      p.head_dim_qk, p.head_dim_v, p.max_seqlen_q, p.window_span(),
+      device_info(p.device_index).arch, p.flash_forward_kernel, p.dropout_threshold != 0,
+      flash_forward_packable_group(p.heads_q, p.heads_kv, p.format == Format::kTHD,
+                                   p.keys_fill_rows()));
 }
 
 }  // namespace dpa::cuda

@@ -63,11 +63,12 @@ size_t flash_forward_partials_bytes(const AttentionProblem& problem, int num_spl
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
 // the wgmma forms on compute capability 9.0 (`arch` 90); `window_span` (AttentionProblem::
-// window_span) may narrow the warp-specialised block; it and `dropout` may change that form's
-// key tile (flash_forward_wgmma_ws_block_n).
+// window_span) may narrow the warp-specialised block; it, `dropout` and `group_size` (query
+// heads per KV head) may change that form's key tile (flash_forward_wgmma_ws_block_n) and pack
+// the query heads of a KV head into its blocks (flash_forward_packs_gqa).
 FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int64_t max_seqlen_q,
                                    int64_t window_span, int arch, FlashForwardKernel kernel,
-                                   bool dropout);
+                                   bool dropout, int64_t group_size);
 FlashTileShape flash_forward_shape_for(const AttentionProblem& problem);
 
 }  // namespace dpa::cuda

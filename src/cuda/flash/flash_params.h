@@ -85,6 +85,11 @@ struct FlashForwardParams {
   // (flash_forward_wgmma_ws_block_n), and its tensor maps' boxes are this many rows.
   int block_n = 0;
   bool decode = false;  // one-warp 16-row tiles (flash_forward_tile_shape(.., decode = true))
+  // GQA packing (flash_forward_packs_gqa, warp-specialised kernel with TMA only): a block of
+  // work is block_m / packed_heads positions of the packed_heads query heads of one KV head,
+  // head-major (16-row slab s is head s / (block_m / packed_heads / 16) of the group); Q's map
+  // then has boxes of block_m / packed_heads rows by packed_heads heads. 1: one head per block.
+  int packed_heads = 1;
   // The warp-specialised kernel's grid: at most this many blocks, each looping over blocks of
   // work (a persistent grid: one block per SM); 0 launches one block per block of work.
   int persistent_blocks = 0;

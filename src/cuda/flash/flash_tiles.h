@@ -18,6 +18,8 @@ struct FlashTileShape {
   int blocks_per_sm = 0;          // expected resident blocks per SM (for split-KV sizing)
   bool wgmma = false;             // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
   bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
+  // Query heads of one KV head packed into a block (flash_forward_packs_gqa); 1: none.
+  int packed_heads = 1;
 };
 
 // Decode-like problems (at most this many query rows) use one-warp blocks of 16 rows so that
@@ -59,15 +61,33 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
 // stages), Q full and empty.
 constexpr int kFlashWsBarrierBytes = 128;
 
+// Dropout's keep bits in the warp-specialised form (cuda/flash/flash_keep_words.h): per stage,
+// two 32-bit words per consumer thread (block_m / 64 warpgroups of 128 threads) and the
+// stage's mbarrier, which the producer's drawing warps complete.
+constexpr int flash_forward_ws_keep_words_bytes(int block_m) { return block_m / 64 * 128 * 8; }
+constexpr int flash_forward_ws_keep_stage_bytes(int block_m) {
+  return flash_forward_ws_keep_words_bytes(block_m) + 8;
+}
+
+// The warp-specialised form's shared memory: Q, the stages of K and V (with dropout, of the
+// keep words too), 1 KB to align the base to the swizzle pattern, the mbarriers.
+constexpr int flash_forward_wgmma_ws_shared_bytes(int head_dim_qk, int head_dim_v, int block_m,
+                                                  int block_n, int stages, bool dropout) {
+  const int stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v) +
+                          (dropout ? flash_forward_ws_keep_stage_bytes(block_m) : 0);
+  return 2 * block_m * head_dim_qk + stages * stage_bytes + 1024 + kFlashWsBarrierBytes;
+}
+
 // The warp-specialised form of the sm_90a kernel: a producer warpgroup and consumer warpgroups
 // of 64 rows each, the same key tile; K and V of a tile share a stage, three stages where they
-// fit in the 227 KB of shared memory, else two.
+// fit in the 227 KB of shared memory, else two. With dropout's keep words d = 128 has room for
+// two only (its three stages leave 1.9 KB, a tile's words take 2 KB).
 constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int block_m,
-                                            int block_n) {
-  const int q_bytes = 2 * block_m * head_dim_qk,
-            stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
-  constexpr int kAlignAndBarriers = 1024 + kFlashWsBarrierBytes;
-  return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
+                                            int block_n, bool dropout = false) {
+  return flash_forward_wgmma_ws_shared_bytes(head_dim_qk, head_dim_v, block_m, block_n, 3,
+                                             dropout) <= 227 * 1024
+             ? 3
+             : 2;
 }
 
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
@@ -129,35 +149,65 @@ constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
   return head_dim_qk == 64 && head_dim_v == 64 && !narrow_window ? 3 : 2;
 }
 
+// GQA packing in the warp-specialised form (FlashForwardParams::packed_heads,
+// docs/cuda_flash.md): a block's 128 rows are 128 / G positions of all G query heads of one KV
+// head, one head per 16-row slab, so a narrow window's block spans 128 / G positions instead
+// of 128 and takes fewer keys. That pays on 64-key tiles only (on 128-key tiles a window of 128
+// still crosses one tile boundary per block), so the packed form is the two-consumer kernel on
+// 64-key tiles at head dim 64 (gpt-oss), for G of 4 or 8 (128 / G a multiple of 16; 2 would
+// divide too, but gains little). Dropout keeps one head per block. `group_size` is 1 where the
+// rows cannot pack (flash_forward_packable_group: keys past a sequence inside the tensor, thd);
+// the plan still checks TMA and one split and runs the tile unpacked without them.
+constexpr int kFlashPackedBlockN = 64;
+constexpr bool flash_forward_packs_gqa(int head_dim_qk, int head_dim_v, int64_t window_span,
+                                       int64_t group_size) {
+  const bool narrow_window = window_span >= 0 && window_span <= kFlashNarrowWindowKeys;
+  return head_dim_qk == 64 && head_dim_v == 64 && narrow_window &&
+         (group_size == 4 || group_size == 8);
+}
+
+// The group size flash_forward_packs_gqa may pack: query heads per KV head where TMA copies
+// every key tile (bshd or sbhd whose key sequences fill their rows: no cp.async tails), else 1.
+constexpr int64_t flash_forward_packable_group(int64_t heads_q, int64_t heads_kv, bool thd,
+                                               bool keys_fill_rows) {
+  return heads_kv > 0 && !thd && keys_fill_rows ? heads_q / heads_kv : 1;
+}
+
 // Keys per tile of the warp-specialised form: the two-warpgroup form's, except 80 at head dim 256
 // without a bounded window or dropout (FlashAttention-3's tile there: with two stages whose K
 // and V have barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md,
 // session 28). A window bounded on both sides (`window_span` >= 0: causal counts as a right
 // bound of 0) and dropout keep 64 keys at 256: a windowed row measured 0.82x on the 80-key tile,
-// and the quads draw dropout's keep bits four 8-key Philox blocks at a time, so its tile is a
-// power of two (as a paged tile is whole boxes of pages; paged K/V reach this kernel only at
-// head dims 64 and 128, kvcache_prefill_on_flash). A window bounded on one side only sees as
+// and the producer draws dropout's keep bits in jobs of 64 keys (flash_keep_words.h), so its
+// tile is whole jobs (as a paged tile is whole boxes of pages; paged K/V reach this kernel only
+// at head dims 64 and 128, kvcache_prefill_on_flash). A window bounded on one side only sees as
 // many keys per row as no window does, and takes 80.
 constexpr int flash_forward_wgmma_ws_block_n(int head_dim_qk, int head_dim_v,
-                                             int64_t window_span = -1, bool dropout = false) {
+                                             int64_t window_span = -1, bool dropout = false,
+                                             int64_t group_size = 1) {
   if (head_dim_qk == 256 && head_dim_v == 256 && window_span < 0 && !dropout) return 80;
+  if (!dropout && flash_forward_packs_gqa(head_dim_qk, head_dim_v, window_span, group_size))
+    return kFlashPackedBlockN;
   return flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v).block_n;
 }
 
 constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int head_dim_v,
                                                            int64_t window_span = -1,
-                                                           bool dropout = false) {
+                                                           bool dropout = false,
+                                                           int64_t group_size = 1) {
   FlashTileShape shape = flash_forward_wgmma_tile_shape(head_dim_qk, head_dim_v);
   shape.warp_specialized = true;
-  shape.block_n = flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v, window_span, dropout);
+  shape.block_n =
+      flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v, window_span, dropout, group_size);
+  if (!dropout && flash_forward_packs_gqa(head_dim_qk, head_dim_v, window_span, group_size))
+    shape.packed_heads = int(group_size);
   const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v, window_span);
   shape.block_m = 64 * consumers;
   shape.warps = 4 * (1 + consumers);
   const int stages =
-      flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n);
-  shape.shared_bytes =
-      2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
-      1024 + kFlashWsBarrierBytes;
+      flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n, dropout);
+  shape.shared_bytes = flash_forward_wgmma_ws_shared_bytes(head_dim_qk, head_dim_v, shape.block_m,
+                                                           shape.block_n, stages, dropout);
   return shape;
 }
 
@@ -224,10 +274,56 @@ constexpr bool flash_backward_one_kernel_narrow_eligible(int head_dim_qk, int he
   return (head_dim_qk == 64 || head_dim_qk == 128) && (head_dim_v == 64 || head_dim_v == 128);
 }
 
-// The wide form of the one-kernel backward (flash_backward_sm90_one_kernel_wide.cuh) takes head dim
-// 256: its two consumers split the head dim between them.
+// The wide form of the one-kernel backward (flash_backward_sm90_one_kernel_wide.cuh) takes the
+// compiled head dims above 128, all whole 64-column blocks: 256, 192 and MLA's 192 / 128. Its two
+// consumers split the head dims between them (flash_backward_wide_split).
 constexpr bool flash_backward_one_kernel_wide_eligible(int head_dim_qk, int head_dim_v) {
-  return head_dim_qk == 256 && head_dim_v == 256;
+  return (head_dim_qk == 256 && head_dim_v == 256) ||
+         (head_dim_qk == 192 && (head_dim_v == 192 || head_dim_v == 128));
+}
+
+// How the wide form's two consumers split the head dims, in 64-column blocks: consumer 0 keeps
+// the first `qk_blocks` blocks of dk (and of each dq tile) and the first `v_blocks` of dv,
+// consumer 1 the rest. Consumer 0 takes half of dk's blocks, rounded up; dv's blocks then go where
+// they even out the two consumers' products (a block of dk is two products' columns, dk += dU^T Q
+// and dq = dU K, a block of dv one), the most to consumer 0 among equally even splits. 256: two
+// and two each; 192: consumer 0 two of dk and one of dv; 192 / 128: consumer 0 two of dk, consumer
+// 1 one of dk and both of dv.
+struct FlashBackwardWideSplit {
+  int qk_blocks, v_blocks;
+};
+constexpr FlashBackwardWideSplit flash_backward_wide_split(int head_dim_qk, int head_dim_v) {
+  const int qk_blocks = head_dim_qk / 64, v_blocks = head_dim_v / 64;
+  const int first = (qk_blocks + 1) / 2;
+  int best = v_blocks, best_gap = -1;
+  for (int v_first = v_blocks; v_first >= 0; --v_first) {
+    const int gap = (2 * first + v_first) - (2 * (qk_blocks - first) + v_blocks - v_first);
+    const int magnitude = gap < 0 ? -gap : gap;
+    if (best_gap < 0 || magnitude < best_gap) {
+      best = v_first;
+      best_gap = magnitude;
+    }
+  }
+  return {first, best};
+}
+
+// The wide form's shared memory: K and V of its 64 keys, two stages of 64-row Q and dO tiles and
+// of their rows' LSE and D, two buffers each of the P^T and dU^T tiles (64 x 64), the dropout
+// keep words of two stages where they fit (`with_keep_words`: 128 words per stage, the narrow
+// form's layout for 64 keys, draw_query_tile_keep_words), 64 bytes of barriers and 1 KB of
+// alignment.
+constexpr int flash_backward_wide_shared_bytes(int head_dim_qk, int head_dim_v,
+                                               bool with_keep_words) {
+  const int block_n = 64, block_m = 64, stages = 2, operand_tile = block_n * block_m * 2;
+  const int keep_words = with_keep_words ? block_n / 16 * 32 : 0;
+  return 2 * (block_n + stages * block_m) * (head_dim_qk + head_dim_v) + stages * 2 * block_m * 4 +
+         4 * operand_tile + stages * keep_words * 4 + 64 + 1024;
+}
+// Whether the wide form takes dropout: its keep words fit at 192 and 192 / 128, not at 256
+// (226 KB of tiles, 64 bytes short).
+constexpr bool flash_backward_wide_takes_dropout(int head_dim_qk, int head_dim_v) {
+  return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) &&
+         flash_backward_wide_shared_bytes(head_dim_qk, head_dim_v, true) <= 227 * 1024;
 }
 
 // The backward's kernel families (docs/cuda_flash.md): the atomic-free pair on mma.sync, and the
@@ -249,21 +345,22 @@ constexpr FlashBackwardFamily requested_backward_family(FlashBackwardKernel kern
 
 // The family that runs a backward. sm_90 with head dims 64 / 128 takes the one-kernel backward
 // with every feature (deterministic mode orders its dq reductions: kDeterministicKeyChain);
-// head dim 256 its wide form, or mma.sync with dropout (no room for keep bits) or in
-// deterministic mode (the wide form's consumers reduce dq themselves, unordered); everything
-// else takes mma.sync. `requested` (config.flash_backward_kernel, for tests and benches) picks
-// another family where the hardware has it, never the one-kernel one against a feature it
-// cannot honour.
+// head dims 256, 192 and 192 / 128 its wide form, deterministic mode included (its consumers
+// order their own reductions) and, at 192 and 192 / 128, dropout; 256 with dropout, and
+// everything else (head dim 96, other GPUs), takes mma.sync. Deterministic mode does not change
+// the family: every form takes it. `requested` (config.flash_backward_kernel, for tests and
+// benches) picks another family where the hardware has it, never the one-kernel one against a
+// feature it cannot honour.
 constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, int head_dim_v,
-                                                    bool deterministic, bool dropout,
-                                                    FlashBackwardFamily requested) {
+                                                    bool dropout, FlashBackwardFamily requested) {
   if (arch != 90) return FlashBackwardFamily::kMmaSync;
   if (!flash_backward_one_kernel_narrow_eligible(head_dim_qk, head_dim_v)) {
-    // Head dim 256 has the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
+    // The wide head dims have the one-kernel backward alone on Hopper; the pairs stay on mma.sync.
     const bool one_kernel_requested = requested == FlashBackwardFamily::kAutomatic ||
                                       requested == FlashBackwardFamily::kOneKernel;
-    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) && !deterministic &&
-                   !dropout && one_kernel_requested
+    return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v) &&
+                   (!dropout || flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v)) &&
+                   one_kernel_requested
                ? FlashBackwardFamily::kOneKernel
                : FlashBackwardFamily::kMmaSync;
   }
@@ -275,8 +372,15 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
 // layouts, so the selector's rule (through flash_backward_plan) checks the bytes the launch asks
 // for.
 // The narrow one-kernel backward's key block and query tile (FlashBackwardSm90OneKernelTraits
-// asserts them): the host sizes its deterministic-mode flags by them.
+// asserts them): the host sizes its deterministic-mode flags by them. The wide form's key block
+// is 64 keys and its query tile the same 64 rows (FlashBackwardSm90OneKernelWideTraits asserts
+// them).
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
+constexpr int flash_backward_one_kernel_block_n(int head_dim_qk, int head_dim_v) {
+  return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)
+             ? 64
+             : kOneKernelBackwardBlockN;
+}
 // The one-kernel backward's fp32 dq tile rows are padded by 8 floats: a warp's 8-byte stores
 // of its 8 rows (2q + 8t in row g) then put each half-warp's 4 rows on 32 distinct banks (row
 // g starts on bank 8g); a padding of 4 put rows g and g + 1 on 4 common banks, 4 wavefronts
@@ -285,11 +389,9 @@ constexpr int kOneKernelBackwardDqPadding = 8;
 constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
   const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
             block_m = kOneKernelBackwardBlockM;
-  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)) {
-    const int block_n = 64, operand_tile = block_n * block_m * 2;
-    return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + 4 * operand_tile +
-           barriers + 1024;
-  }
+  if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v))
+    return flash_backward_wide_shared_bytes(
+        head_dim_qk, head_dim_v, flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v));
   const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
             keep_words = block_n / 16 * 32;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
@@ -304,10 +406,9 @@ struct FlashBackwardPlan {
   int shared_bytes;
 };
 constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int head_dim_v,
-                                                bool deterministic, bool dropout,
-                                                FlashBackwardFamily requested) {
+                                                bool dropout, FlashBackwardFamily requested) {
   const FlashBackwardFamily family =
-      flash_backward_family(arch, head_dim_qk, head_dim_v, deterministic, dropout, requested);
+      flash_backward_family(arch, head_dim_qk, head_dim_v, dropout, requested);
   switch (family) {
     case FlashBackwardFamily::kOneKernel:
       return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v)};
