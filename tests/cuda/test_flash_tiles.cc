@@ -127,40 +127,6 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_FALSE(flash_forward_wgmma_prefers_warp_specialized(192, 128));
 }
 
-TEST(FlashTiles, DropoutKernelsHoldEachStagesKeepWords) {
-  // Per stage: 8 bytes per consumer thread and an mbarrier.
-  EXPECT_EQ(flash_forward_ws_keep_words_bytes(128), 2048);
-  EXPECT_EQ(flash_forward_ws_keep_words_bytes(192), 3072);
-  EXPECT_EQ(flash_forward_ws_keep_stage_bytes(128), 2056);
-  // d = 128's three stages leave 1.9 KB, so its dropout kernel has two; the others keep three
-  // (d = 64 and 192) or had two already (d = 256).
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128, true), 2);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 192, 128, true), 3);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(64, 64, 128, 128, true), 3);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(192, 192, 128, 64, true), 3);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(192, 128, 128, 64, true), 3);
-  EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 64, true), 2);
-  const int pairs[][2] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
-  for (const auto& pair : pairs)
-    for (int64_t window_span : {int64_t(-1), int64_t(128)}) {
-      const FlashTileShape shape =
-          flash_forward_wgmma_ws_tile_shape(pair[0], pair[1], window_span, true);
-      const FlashTileShape without =
-          flash_forward_wgmma_ws_tile_shape(pair[0], pair[1], window_span, false);
-      const int stages =
-          flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_m, shape.block_n, true);
-      EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
-      EXPECT_EQ(shape.shared_bytes,
-                2 * (shape.block_m * pair[0] + stages * shape.block_n * (pair[0] + pair[1])) +
-                    stages * flash_forward_ws_keep_stage_bytes(shape.block_m) + 1024 +
-                    kFlashWsBarrierBytes);
-      // Whole drawing jobs of 64 keys, the consumers the window asks for, no packing.
-      EXPECT_EQ(shape.block_n % 64, 0);
-      EXPECT_EQ(shape.block_m, without.block_m);
-      EXPECT_EQ(shape.packed_heads, 1);
-    }
-}
-
 TEST(FlashTiles, BackwardTilesFitSharedMemory) {
   const int pairs[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
   for (const auto& pair : pairs) {

@@ -366,9 +366,9 @@ std::vector<GpuCase> gpu_cases() {
       make("dropout_hdim256",
            all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
            dropout(0, 11)),
-      // The warp-specialised forward's dropout kernels at head dim 64 (keep bits drawn by the
-      // producer): three consumer warpgroups (rows 128-191 of a block are the third's) over
-      // several blocks of rows, and two under a narrow window, with a sink and GQA.
+      // Dropout in the warp-specialised forward at head dim 64: three consumer warpgroups (rows
+      // 128-191 of a block are the third's) over several blocks of rows, and two under a narrow
+      // window, with a sink and GQA.
       make("dropout_hdim64_three_warpgroups_causal",
            all({sizes(2, 400, 300, 4, 2, 64), mask(MaskType::kCausal), dropout(0.1, 17)}),
            dropout(0, 17)),
@@ -377,8 +377,8 @@ std::vector<GpuCase> gpu_cases() {
                 dropout(0.15, 19)}),
            dropout(0, 19)),
       // 140 blocks of work (one split on 132 SMs) on the persistent grid, so some blocks loop
-      // over two and the three-stage ring of K, V and keep words wraps (smaller grids split
-      // their keys: two or three tiles per split never reuse a stage).
+      // over two and the three-stage ring wraps (smaller grids split their keys: two or three
+      // tiles per split never reuse a stage).
       make("dropout_hdim64_ring_wraps",
            all({sizes(5, 192, 130, 28, 7, 64), dropout(0.1, 23)}), dropout(0, 23)),
 

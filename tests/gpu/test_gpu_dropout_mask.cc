@@ -19,9 +19,7 @@ struct MaskCase {
   int64_t head_dim = 64;  // 192: the wide one-kernel backward on Hopper
   // At most the head dim (unit vectors). The defaults are not multiples of 8 and lie inside one
   // 64-row slab and one key tile; the larger ones reach the warp-specialised forward's second
-  // consumer warpgroup and, at 256, a second block of rows and a second key tile per split (a
-  // grid this small splits its keys, so the keep words' stage ring does not wrap here: the
-  // dropout_hdim64_ring_wraps case of gpu_cases.cc does that).
+  // consumer warpgroup and, at 256, a second block of rows and a second key tile per split.
   int64_t seqlen_q = 45, seqlen_kv = 61;
 };
 

@@ -41,13 +41,9 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
   if (!kPowerOfTwoTile && p.block_table)
     throw Error(ErrorCode::kInternal, "block_table",
                 "paged K/V on a tile of a key count that is not a power of two");
-  // Dropout runs on its own kernel, whose producer draws the keep bits (it takes no pages:
-  // its warps 1-3 draw, and paged K/V never come with dropout).
-  if ((p.dropout_threshold != 0) != Traits::kDropout ||
-      (Traits::kDropout && (p.block_table || p.packed_heads != 1)))
+  if (!kPowerOfTwoTile && p.dropout_threshold != 0)
     throw Error(ErrorCode::kInternal, "dropout",
-                "dropout planned for the warp-specialised kernel without keep words, or with "
-                "pages or packed heads");
+                "dropout on a tile of a key count that is not a power of two");
   // The TMA producer gives each lane of a warp one page's box of a paged key tile.
   if (p.block_table && p.tma &&
       (!p.tma_tails || Traits::kBlockN / std::min(1 << p.page_shift, Traits::kBlockN) > 32))
@@ -93,34 +89,6 @@ void launch_flash_forward_ws(const FlashForwardParams& p, cudaStream_t stream) {
       flash_forward_sm90_ws_kernel<Traits, FlashLogitForm::kGeneral>, p, stream);
 }
 
-// Dropout's warp-specialised kernel (FlashSm90WsTraits::kDropout: the producer draws the keep
-// bits), on the key tile and with the consumer warpgroups the plan counted
-// (flash_forward_wgmma_ws_tile_shape with dropout).
-template <typename Element, int kHeadDimQK, int kHeadDimV>
-void launch_flash_forward_ws_dropout(const FlashForwardParams& p, cudaStream_t stream) {
-  constexpr int kBlockN = flash_forward_wgmma_ws_block_n(kHeadDimQK, kHeadDimV, -1, true);
-  constexpr int kConsumers = flash_forward_wgmma_ws_consumers(kHeadDimQK, kHeadDimV);
-  if (p.block_n != kBlockN)
-    throw Error(ErrorCode::kInternal, "block_n",
-                "planned " + std::to_string(p.block_n) +
-                    "-key tiles for dropout, whose kernel has " + std::to_string(kBlockN));
-  if constexpr (kConsumers == 3) {
-    if (p.consumer_warpgroups == 2) {
-      using Two = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, kBlockN, 0, 2, true>;
-      return launch_flash_forward_ws_kernel<Two>(
-          flash_forward_sm90_ws_kernel<Two, FlashLogitForm::kGeneral>, p, stream);
-    }
-  }
-  if (p.consumer_warpgroups != kConsumers)
-    throw Error(ErrorCode::kInternal, "consumer_warpgroups",
-                "planned " + std::to_string(p.consumer_warpgroups) +
-                    " consumer warpgroups for dropout, whose kernel has " +
-                    std::to_string(kConsumers));
-  using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, kBlockN, 0, kConsumers, true>;
-  launch_flash_forward_ws_kernel<Traits>(
-      flash_forward_sm90_ws_kernel<Traits, FlashLogitForm::kGeneral>, p, stream);
-}
-
 template <typename Traits>
 void launch_flash_forward_traits(const FlashForwardParams& p, cudaStream_t stream) {
   launch_flash_forward_kernel<Traits>(flash_forward_kernel<Traits>, p, stream);
@@ -136,8 +104,6 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
                 "paged K/V planned for a flash kernel that cannot read pages");
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
-      if (p.dropout_threshold != 0)
-        return launch_flash_forward_ws_dropout<Element, kHeadDimQK, kHeadDimV>(p, stream);
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
       // GQA packing's tile (flash_forward_packs_gqa): two consumers on 64-key tiles at head
       // dim 64.

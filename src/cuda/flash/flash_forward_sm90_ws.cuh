@@ -35,7 +35,6 @@
 #include <type_traits>
 
 #include "cuda/flash/flash_forward_sm90.cuh"
-#include "cuda/flash/flash_keep_words.h"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/swizzled_tile_copies.cuh"
@@ -44,18 +43,15 @@ namespace dpa::cuda {
 
 // kBlockNT, kStagesT (0: flash_forward_wgmma_ws_stages) and kConsumersT (consumer warpgroups of
 // 64 rows) default to what the library runs (flash_forward_wgmma_ws_tile_shape); dev benches
-// instantiate others to compare. kDropoutT: the kernel for dropout, whose producer draws the
-// keep bits into shared memory (flash_keep_words.h; launched only when p.dropout_threshold != 0).
+// instantiate others to compare.
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT,
           int kBlockNT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_n,
           int kStagesT = 0,
-          int kConsumersT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_m / 64,
-          bool kDropoutT = false>
+          int kConsumersT = flash_forward_wgmma_ws_tile_shape(kHeadDimQKT, kHeadDimVT).block_m / 64>
 struct FlashSm90WsTraits {
   using Element = ElementT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kConsumers = kConsumersT;
-  static constexpr bool kDropout = kDropoutT;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockNT;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumers
@@ -67,28 +63,18 @@ struct FlashSm90WsTraits {
   // FlashAttention-3 gives a cp.async producer 40 / 232). With three consumers at d = 64, 152
   // registers made ptxas serialise the wgmmas (C7512); 160 do not (ptxas -v: 52 bytes of spills
   // in all, from the capped masked tiles' peak and the producer's 24; the pool would allow 32).
-  // The dropout kernel's producer draws Philox blocks, whose state (the counter, the key, two
-  // products, the bits) does not fit 24: it takes 40 from two consumers' 232 (whose loop no
-  // longer draws) and the 32 that three consumers leave.
-  static constexpr int kProducerRegisters = kDropout ? (kConsumers == 2 ? 40 : 32) : 24;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? (kDropout ? 232 : 240) : 160;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static constexpr int kLaunchRegisters = 65536 / (128 * (1 + kConsumers)) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
   static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
   static constexpr int kBarrierBytes = kFlashWsBarrierBytes;
-  static constexpr int kStages = kStagesT > 0
-                                     ? kStagesT
-                                     : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV, kBlockM,
-                                                                     kBlockN, kDropout);
-  // Dropout: a stage's keep words, one 8-byte pair per consumer thread.
-  static constexpr int kKeepWordsBytes = flash_forward_ws_keep_words_bytes(kBlockM);
-  static constexpr int kSharedBytes = flash_forward_wgmma_ws_shared_bytes(
-      kHeadDimQK, kHeadDimV, kBlockM, kBlockN, kStages, kDropout);
-  // Threads of the producer warpgroup that copy with cp.async where there is no TMA: all four
-  // warps, or warp 0 in the dropout kernel, whose warps 1-3 draw the keep bits.
-  static constexpr int kCopyThreads = kDropout ? 32 : 128;
-  static constexpr int kDrawThreads = 96;
+  static constexpr int kStages = kStagesT > 0 ? kStagesT
+                                              : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV,
+                                                                              kBlockM, kBlockN);
+  static constexpr int kSharedBytes =
+      kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
   // K and V of a stage on barriers of their own where there are only two stages (below, at
   // the barriers' definition); with three, one pair of barriers for both.
   static constexpr bool kSeparateKvBarriers = kStages == 2;
@@ -101,11 +87,6 @@ struct FlashSm90WsTraits {
                     kLaunchRegisters * kThreads,
                 "setmaxnreg within the registers the block launched with");
   static_assert(kSharedBytes <= 227 * 1024, "tile does not fit sm_90 shared memory");
-  static_assert(kSharedBytes == kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes +
-                                    (kDropout ? kStages * (kKeepWordsBytes + 8) : 0),
-                "the layout below is the one the plan counts");
-  // The drawing jobs: 64 keys of a row each (flash_keep_words.h).
-  static_assert(!kDropout || kBlockN % 64 == 0, "dropout's tiles are whole jobs of 64 keys");
 };
 
 // kForm (FlashLogitForm, chosen by flash_forward_logit_form): the general kernel tests every
@@ -126,6 +107,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kVTiles = kDimV / 8;
   constexpr int kConsumers = Traits::kConsumers;
   constexpr int kConsumerThreads = 128 * kConsumers;
+  // Tiles of other key counts (d = 256's 80 keys) take neither paged caches nor dropout: a paged
+  // tile is whole boxes of pages, and the quads draw four Philox blocks at a time
+  // (flash_forward_wgmma_ws_block_n; launch_flash_forward_ws_kernel refuses both).
+  constexpr bool kPowerOfTwoTile = (kBlockN & (kBlockN - 1)) == 0;
+
   extern __shared__ __align__(1024) unsigned char shared_ws[];
   const uint32_t shared_base = (ptx::shared_address(shared_ws) + 1023u) & ~1023u;
   const uint32_t q_shared = shared_base;
@@ -159,13 +145,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   const uint32_t q_full = barriers + 8u * (4 * kStages);
   const uint32_t q_empty = barriers + 8u * (4 * kStages + 1);
-  // Dropout: the keep words of each stage's tile, then a barrier per stage that the drawing
-  // warps complete (keep_full); a stage's words are free again once its V is (v_empty), since
-  // every consumer thread reads its words before it releases V.
-  const uint32_t keep_words = barriers + Traits::kBarrierBytes;
-  auto keep_full = [&](int stage) {
-    return keep_words + kStages * Traits::kKeepWordsBytes + 8u * stage;
-  };
 
   // Blocks of work: query blocks (fastest, last first), heads, batch * splits. With GQA
   // packing a block is block_positions positions of the packed heads, named by the first.
@@ -186,7 +165,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // issues V's boxes and adds one arrival to V's barrier: a tile of 16-key pages is 8 boxes per
   // tensor, and one warp issuing all 16 in turn is the suspect in the 16-key-page prefill's
   // last 12% against a contiguous cache (docs/perf.md, session 29).
-  const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : Traits::kCopyThreads;
+  const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : 128;
   const bool v_by_warp1 = p.tma && p.block_table != nullptr;
   const uint32_t v_arrivals = producer_arrivals + (v_by_warp1 ? 1 : 0);
   if (threadIdx.x == 0) {
@@ -200,9 +179,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     ptx::mbarrier_init(q_full, producer_arrivals);
     ptx::mbarrier_init(q_empty, kConsumerThreads);
-    if constexpr (Traits::kDropout) {
-      for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(keep_full(s), Traits::kDrawThreads);
-    }
   }
   __syncthreads();
 
@@ -218,44 +194,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Broadcast from lane 0 so the compiler knows it is warp-uniform: what derives from it (the
   // consumer's Q descriptors) then lives in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
-  if (warpgroup == 0) {
-    // The producer warpgroup gives its registers to the consumers, all four warps at the same
-    // instruction (setmaxnreg is warpgroup-wide).
-    ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
-    if constexpr (Traits::kDropout) {
-      // Warps 1-3 draw each tile's keep bits into its stage's words once the consumers are done
-      // with the stage's last tile (its V released), then complete keep_full. The consumers
-      // wait for them only after S, so the draws run under the previous tiles' GEMMs, where
-      // the consumers drawing themselves held up their own loop (the dropout forward took
-      // 2.9-3x the time of one without, docs/perf.md, session 16).
-      if (threadIdx.x >= 32) {
-        const int drawer = int(threadIdx.x) - 32;
-        uint16_t* words =
-            reinterpret_cast<uint16_t*>(shared_ws + (keep_words - ptx::shared_address(shared_ws)));
-        int issued = 0;
-#pragma unroll 1
-        for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
-          FlashBlock<Element> b;
-          if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
-#pragma unroll 1
-          for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
-            const int stage = issued % kStages;
-            if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), (issued / kStages - 1) & 1);
-            const TileKeepCounter counter =
-                tile_keep_counter(p.seed, p.offset, p.dropout_threshold, b.batch, p.heads_total,
-                                  b.head + p.head_offset, int64_t(b.m0) + p.q_position[b.batch],
-                                  int64_t(n_block) * kBlockN + p.kv_position[b.batch]);
-            uint16_t* stage_words = words + stage * (Traits::kKeepWordsBytes / 2);
-#pragma unroll 1
-            for (int job = drawer; job < kBlockM * (kBlockN / 64); job += Traits::kDrawThreads)
-              draw_keep_job(counter, job, kBlockN / 64, stage_words);
-            ptx::mbarrier_arrive(keep_full(stage));  // releases this thread's stores
-          }
-        }
-        return;
-      }
-    }
-  }
   if (warpgroup == 0 && p.tma) {
     // Producer with TMA: lane 0 of warp 0 issues Q's copies, and K's and V's boxes of 64
     // columns (with pages, lane i of the issuing warp the box of page i of the tile, see
@@ -264,6 +202,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // end with cp.async, and arrives on the other tiles' barriers. With pages (always with
     // tails, and at most 32 boxes a tile: launch_flash_forward_ws_kernel checks both), warp 1
     // issues V's boxes while warp 0 issues K's (v_by_warp1).
+    ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     const int thread = int(threadIdx.x), lane = thread % 32;
     // Broadcast so that ptxas knows the role is warp-uniform (a per-thread test moved the
     // producer's uniform values into its 24 registers: 168 bytes of spills).
@@ -416,9 +355,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   if (warpgroup == 0) {
     // Producer with cp.async: each thread issues its copies of a stage and an arrive that
-    // fires when they land; it waits only for a stage (or Q's buffer) to be freed. The whole
-    // warpgroup copies, or warp 0 in the dropout kernel (Traits::kCopyThreads).
-    constexpr int kCopy = Traits::kCopyThreads;
+    // fires when they land; it waits only for a stage (or Q's buffer) to be freed.
+    ptx::setmaxnreg_decrease<Traits::kProducerRegisters>();
     int round = 0, issued = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
@@ -426,8 +364,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
       if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
       ++round;
-      produce_swizzled_tile<Element, kBlockM, kDimQK, kCopy>(q_shared, b.q, p.q_row_stride,
-                                                             b.rows_here);
+      produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
       ptx::cp_async_mbarrier_arrive_noinc(q_full);
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
@@ -437,26 +374,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int* pages = p.block_table ? p.block_table + b.batch * p.block_table_stride : nullptr;
         if (issued >= kStages) ptx::mbarrier_wait(k_empty(stage), freed);
         if (pages) {
-          produce_paged_tile<Element, kBlockN, kDimQK, kCopy>(
-              k_shared(stage), b.k, p.k_batch_stride, p.k_row_stride, pages, p.page_shift, n0,
-              b.seqlen_kv - n0);
+          produce_paged_tile<Element, kBlockN, kDimQK>(k_shared(stage), b.k, p.k_batch_stride,
+                                                       p.k_row_stride, pages, p.page_shift, n0,
+                                                       b.seqlen_kv - n0);
         } else {
-          produce_swizzled_tile<Element, kBlockN, kDimQK, kCopy>(k_shared(stage),
-                                                                 b.k + int64_t(n0) * p.k_row_stride,
-                                                                 p.k_row_stride, b.seqlen_kv - n0);
+          produce_swizzled_tile<Element, kBlockN, kDimQK>(k_shared(stage),
+                                                          b.k + int64_t(n0) * p.k_row_stride,
+                                                          p.k_row_stride, b.seqlen_kv - n0);
         }
         if constexpr (kSeparateKv) {
           ptx::cp_async_mbarrier_arrive_noinc(k_full(stage));
           if (issued >= kStages) ptx::mbarrier_wait(v_empty(stage), freed);
         }
         if (pages) {
-          produce_paged_tile<Element, kBlockN, kDimV, kCopy>(v_shared(stage), b.v, p.v_batch_stride,
-                                                             p.v_row_stride, pages, p.page_shift,
-                                                             n0, b.seqlen_kv - n0);
+          produce_paged_tile<Element, kBlockN, kDimV>(v_shared(stage), b.v, p.v_batch_stride,
+                                                      p.v_row_stride, pages, p.page_shift, n0,
+                                                      b.seqlen_kv - n0);
         } else {
-          produce_swizzled_tile<Element, kBlockN, kDimV, kCopy>(v_shared(stage),
-                                                                b.v + int64_t(n0) * p.v_row_stride,
-                                                                p.v_row_stride, b.seqlen_kv - n0);
+          produce_swizzled_tile<Element, kBlockN, kDimV>(v_shared(stage),
+                                                         b.v + int64_t(n0) * p.v_row_stride,
+                                                         p.v_row_stride, b.seqlen_kv - n0);
         }
         ptx::cp_async_mbarrier_arrive_noinc(v_full(stage));
       }
@@ -519,8 +456,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     if (tiles > 0) {
       float correction[2];
-      // `tile`: the tile's place in the stage ring (its keep words' stage and phase).
-      auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block, int tile) {
+      auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block,
+                                         const uint32_t(&keep)[2]) {
         const int n0 = n_block * kBlockN;
         const bool fully_visible = n0 >= b.last_row.begin && n0 + kBlockN <= b.first_row.end;
         if constexpr (kGeneral) {
@@ -532,14 +469,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           if (!fully_visible) mask_invisible_keys(p, b, s_acc, row0, n0, quad_col);
         }
         softmax_update(s_acc, stats, correction, shift);
-        if constexpr (Traits::kDropout) {
-          // This thread's keep bits, drawn by the producer (flash_keep_words.h).
-          ptx::mbarrier_wait(keep_full(tile % kStages), uint32_t(tile / kStages) & 1u);
-          const uint2 words = *reinterpret_cast<const uint2*>(
-              shared_ws + (keep_words - ptx::shared_address(shared_ws)) +
-              (tile % kStages) * Traits::kKeepWordsBytes + 8 * (threadIdx.x - 128));
-          const uint32_t keep[2] = {words.x, words.y};
-          apply_dropout(p, s_acc, keep);
+        if constexpr (kGeneral) {
+          if (p.dropout_threshold != 0) apply_dropout(p, s_acc, keep);
         }
       };
       uint32_t p_operand[kBlockN / 16][4];
@@ -560,10 +491,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           ptx::wgmma_rs<Element, kDimV>(o_acc, p_operand[kk], descriptors.v_at(stage, kk), true);
         ptx::wgmma_commit();
       };
+      auto draw_keep = [&](int n_block, uint32_t(&keep)[2]) {
+        keep[0] = keep[1] = 0;
+        if constexpr (kPowerOfTwoTile && kGeneral) {
+          if (p.dropout_threshold != 0)
+            draw_keep_bits<kNTiles>(p, b, row0, n_block * kBlockN, quad_col, keep);
+        }
+      };
 
       wait_landed(q_full, round & 1, !p.tma);
       ++round;
+      uint32_t keep[2];
       float s_acc[kNTiles][4];
+      draw_keep(b.n_block_begin, keep);
       const bool first_by_threads = copied_by_threads(b.n_block_begin * kBlockN, b.seqlen_kv);
       wait_landed(k_full(issued % kStages), (issued / kStages) & 1, first_by_threads);
       ptx::named_barrier_sync(my_turn, kTurnThreads);
@@ -573,8 +513,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(s_acc);
       if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(issued % kStages));  // K(first) read
-      if (tiles == 1) ptx::mbarrier_arrive(q_empty);  // the block's last read of Q is done
-      logits_to_probabilities(s_acc, b.n_block_begin, issued);  // O is still zero: no rescale
+      if (tiles == 1) ptx::mbarrier_arrive(q_empty);          // the block's last read of Q is done
+      logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
       pack_probabilities(s_acc);
 
 #pragma unroll 1
@@ -582,6 +522,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int tile = issued + it;
         const int stage = tile % kStages, previous = (tile - 1) % kStages;
         const int n_block = b.n_block_begin + it;
+        draw_keep(n_block, keep);
         wait_landed(k_full(stage), (tile / kStages) & 1,
                     copied_by_threads(n_block * kBlockN, b.seqlen_kv));
         if constexpr (kSeparateKv) {
@@ -599,7 +540,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::fence_accumulators(s_acc);
         if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(stage));  // K(n) is read
         if (it == tiles - 1) ptx::mbarrier_arrive(q_empty);
-        logits_to_probabilities(s_acc, n_block, tile);
+        logits_to_probabilities(s_acc, n_block, keep);
         ptx::wgmma_wait<0>();
         ptx::fence_accumulators(o_acc);
         ptx::fence_registers(p_operand);

@@ -61,33 +61,15 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
 // stages), Q full and empty.
 constexpr int kFlashWsBarrierBytes = 128;
 
-// Dropout's keep bits in the warp-specialised form (cuda/flash/flash_keep_words.h): per stage,
-// two 32-bit words per consumer thread (block_m / 64 warpgroups of 128 threads) and the
-// stage's mbarrier, which the producer's drawing warps complete.
-constexpr int flash_forward_ws_keep_words_bytes(int block_m) { return block_m / 64 * 128 * 8; }
-constexpr int flash_forward_ws_keep_stage_bytes(int block_m) {
-  return flash_forward_ws_keep_words_bytes(block_m) + 8;
-}
-
-// The warp-specialised form's shared memory: Q, the stages of K and V (with dropout, of the
-// keep words too), 1 KB to align the base to the swizzle pattern, the mbarriers.
-constexpr int flash_forward_wgmma_ws_shared_bytes(int head_dim_qk, int head_dim_v, int block_m,
-                                                  int block_n, int stages, bool dropout) {
-  const int stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v) +
-                          (dropout ? flash_forward_ws_keep_stage_bytes(block_m) : 0);
-  return 2 * block_m * head_dim_qk + stages * stage_bytes + 1024 + kFlashWsBarrierBytes;
-}
-
 // The warp-specialised form of the sm_90a kernel: a producer warpgroup and consumer warpgroups
 // of 64 rows each, the same key tile; K and V of a tile share a stage, three stages where they
-// fit in the 227 KB of shared memory, else two. With dropout's keep words d = 128 has room for
-// two only (its three stages leave 1.9 KB, a tile's words take 2 KB).
+// fit in the 227 KB of shared memory, else two.
 constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int block_m,
-                                            int block_n, bool dropout = false) {
-  return flash_forward_wgmma_ws_shared_bytes(head_dim_qk, head_dim_v, block_m, block_n, 3,
-                                             dropout) <= 227 * 1024
-             ? 3
-             : 2;
+                                            int block_n) {
+  const int q_bytes = 2 * block_m * head_dim_qk,
+            stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
+  constexpr int kAlignAndBarriers = 1024 + kFlashWsBarrierBytes;
+  return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
 }
 
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
@@ -178,9 +160,9 @@ constexpr int64_t flash_forward_packable_group(int64_t heads_q, int64_t heads_kv
 // and V have barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md,
 // session 28). A window bounded on both sides (`window_span` >= 0: causal counts as a right
 // bound of 0) and dropout keep 64 keys at 256: a windowed row measured 0.82x on the 80-key tile,
-// and the producer draws dropout's keep bits in jobs of 64 keys (flash_keep_words.h), so its
-// tile is whole jobs (as a paged tile is whole boxes of pages; paged K/V reach this kernel only
-// at head dims 64 and 128, kvcache_prefill_on_flash). A window bounded on one side only sees as
+// and the quads draw dropout's keep bits four 8-key Philox blocks at a time, so its tile is a
+// power of two (as a paged tile is whole boxes of pages; paged K/V reach this kernel only at
+// head dims 64 and 128, kvcache_prefill_on_flash). A window bounded on one side only sees as
 // many keys per row as no window does, and takes 80.
 constexpr int flash_forward_wgmma_ws_block_n(int head_dim_qk, int head_dim_v,
                                              int64_t window_span = -1, bool dropout = false,
@@ -205,9 +187,10 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
   shape.block_m = 64 * consumers;
   shape.warps = 4 * (1 + consumers);
   const int stages =
-      flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n, dropout);
-  shape.shared_bytes = flash_forward_wgmma_ws_shared_bytes(head_dim_qk, head_dim_v, shape.block_m,
-                                                           shape.block_n, stages, dropout);
+      flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n);
+  shape.shared_bytes =
+      2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
+      1024 + kFlashWsBarrierBytes;
   return shape;
 }
 
