@@ -197,6 +197,16 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
   // the thread that waits for and hands on each tile (consumer 0's first), and the barrier both
   // consumers meet at around the adds (named barrier 1 is the operands').
   constexpr int kDqOrderBarrier = 2, kHandOffThread = 128;
+  // An uneven split (192, 192 / 128) runs each consumer in its own instantiation of this body,
+  // so the two reach their barriers at different instructions: those take the unaligned form
+  // (synccheck, session 31). The even split (256) keeps one body and `bar.sync`.
+  constexpr bool kEvenSplit = 2 * kQkColumns == kDimQK;
+  auto consumers_sync = [](int id) {
+    if constexpr (kEvenSplit)
+      ptx::named_barrier_sync(id, kConsumerThreads);
+    else
+      ptx::named_barrier_sync_unaligned(id, kConsumerThreads);
+  };
   const int key_block = kb.j0 / kBlockN;
   const QueryTileSpan previous =
       kDeterministic
@@ -261,7 +271,7 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       // Both consumers' columns are written (and, two iterations back, were last read: each
       // consumer waits for its products before the next iteration's barrier).
       ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(1, kConsumerThreads);
+      consumers_sync(1);
 
       // dv += P^T dO and dk += dU^T Q over this consumer's columns; then dq_tile = dU K.
       ptx::fence_accumulators(dk_acc);
@@ -293,12 +303,12 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
         if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
           while (ptx::load_acquire_gpu(order) != key_block) {
           }
-        ptx::named_barrier_sync(kDqOrderBarrier, kConsumerThreads);
+        consumers_sync(kDqOrderBarrier);
       }
       add_dq_tile<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
                                       qk_column0);
       if constexpr (kDeterministic) {
-        ptx::named_barrier_sync(kDqOrderBarrier, kConsumerThreads);  // both consumers' adds issued
+        consumers_sync(kDqOrderBarrier);  // both consumers' adds issued
         if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
       }
     }

@@ -52,6 +52,13 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same for threads that reach the barrier at different instructions (two instantiations of
+// one body): `bar.sync` is `barrier.sync.aligned`, which PTX requires every participating thread
+// to execute at the same instruction (compute-sanitizer's synccheck reports "Divergent
+// thread(s) in block" otherwise); `barrier.sync` without .aligned does not.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
