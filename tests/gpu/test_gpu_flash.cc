@@ -228,8 +228,8 @@ TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
     deterministic.config.deterministic = true;
     const CaseOutputs first =
         run_device_case(deterministic, tensors, BackendKind::kCudaFlash, true);
-    const CaseOutputs& reference =
-        exact_reference("deterministic_chains_" + dims, deterministic, tensors, true);
+    const std::string key = "deterministic_chains_" + dims;  // named: -Wdangling-reference
+    const CaseOutputs& reference = exact_reference(key, deterministic, tensors, true);
     expect_matches_reference(first, reference, spec.dtype, true, "deterministic " + dims);
     for (int run = 0; run < 3; ++run) {
       const CaseOutputs again =
