@@ -199,10 +199,11 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
 // warp-specialised form; d = 192 (H=8, TMA, session 9) 577 vs 435 plain, 450 vs 336 softcap 50;
 // d = 256 (64-key tiles, two stages, K and V on barriers of their own) 1.54 vs 2.20 ms plain,
 // 1.71-1.79 vs 2.42 ms softcap 50 (session 27; 80-key tiles without a window since session
-// 28). The MLA pair 192 / 128 keeps the plain form until measured.
+// 28); the MLA pair 192 / 128 since session 31: 1.35-1.41x the plain form over the five rows of
+// bench/rows_mla_forward.txt (600.7 vs 443.4 TFLOP/s plain, 453.7 vs 347.8 causal softcap 50).
+// So every wgmma pair; the plain form runs only where the config pins it.
 constexpr bool flash_forward_wgmma_prefers_warp_specialized(int head_dim_qk, int head_dim_v) {
-  return (head_dim_qk <= 128 && head_dim_v <= 128) ||
-         (head_dim_qk == head_dim_v && (head_dim_qk == 192 || head_dim_qk == 256));
+  return flash_forward_wgmma_eligible(head_dim_qk, head_dim_v);
 }
 
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
