@@ -111,14 +111,13 @@ def test_dropout_under_cp_draws_the_unsharded_mask():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_tensors_over_gloo_virtual_ranks_are_refused():
+def test_cuda_tensors_over_gloo_virtual_ranks():
     # Four ranks on one GPU: NCCL refuses that (duplicate GPU), so the group's own collectives
-    # would carry the host-staged messages. On the H200 (session 31) that gave a wrong p2p dq
-    # (relative error 3.1; o right), so the layer refuses CUDA tensors over this communicator
-    # until that is found: each rank's call fails closed, naming the communicator.
-    with pytest.raises(AssertionError, match="NotSupportedError.*communicator"):
-        _spawn(["p2p", "a2a"], device="cuda", dtype=torch.bfloat16, tolerance=3e-2,
-               communicator="torch")
+    # carry the host-staged messages. bf16 rounding bounds the errors. Head dim 16 has no flash
+    # kernel, so the device ring's tiles run on cuda_unfused (their backward once recomputed
+    # its own LSE: every p2p gradient was off by a relative 1-5, found here in session 31).
+    _spawn(["p2p", "a2a"], device="cuda", dtype=torch.bfloat16, tolerance=3e-2,
+           communicator="torch")
 
 
 def _nccl_worker(rank, size, init_file, results):

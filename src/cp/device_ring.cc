@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/problem_builder.h"
+#include "core/selector.h"
 #include "cp/calls_in_flight.h"
 #include "cp/comm_requests.h"
 
@@ -253,6 +255,18 @@ AttentionConfig tile_config(const AttentionConfig& config, bool causal) {
   return tile;
 }
 
+// One step's backward tile over the call's final LSE (merged, sink included): P = exp(S - LSE)
+// is then the true P. Through the public call a backend may recompute the tile's own LSE
+// instead, which is right for an ordinary call and wrong here (cuda_unfused did, session 32),
+// so the tile's problem says so (CpTile::use_given_lse), as the general algorithms' tiles do.
+BackendKind backward_tile(const AttentionConfig& tile, const BackwardArgs& args) {
+  AttentionProblem p = build_backward_problem(tile, args, args.dropout.value_or(tile.dropout));
+  p.cp.use_given_lse = true;
+  const Backend& backend = choose_backend(tile, p, registered_backends());
+  backend.backward(p);
+  return backend.capabilities().kind;
+}
+
 }  // namespace
 
 std::string device_ring_refusal(const AttentionConfig& config, const CpConfig& cp,
@@ -392,8 +406,8 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
   cuda::fill_f32(static_cast<float*>(dkv_memory[0]), 0.f, int64_t((dk_bytes + dv_bytes) / 4),
                  stream);
 
-  DotProductAttention causal_tiles(tile_config(config, true)),
-      full_tiles(tile_config(config, false));
+  const AttentionConfig causal_tiles = tile_config(config, true),
+                        full_tiles = tile_config(config, false);
   BackendKind used = BackendKind::kAuto;
   TensorView k = args.in.k, v = args.in.v;
   int held = 0;  // dkv_memory[held]: the gradient of the KV this rank holds
@@ -418,7 +432,7 @@ BackendKind device_ring_backward(const AttentionConfig& config, const CpConfig& 
     a.dk = s.view(dk_tile, s.dtype, tile.kv_rows, s.heads_kv, s.dqk);
     a.dv = s.view(dv_tile, s.dtype, tile.kv_rows, s.heads_kv, s.dv);
     a.stream = stream;
-    used = (tile.causal ? causal_tiles : full_tiles).backward(a);
+    used = backward_tile(tile.causal ? causal_tiles : full_tiles, a);
     cuda::accumulate_rows(block_of(rows_of(dq_acc_view, s, tile.q_first, tile.q_rows), s),
                           block_of(a.dq, s), s.dtype, stream);
     // The held dKV arrives with the previous step's exchange; the tile above already runs.

@@ -156,6 +156,17 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     cases.push_back({"hdim96", s, true, {}});  // a shape, not a feature
   }
   {
+    // Head dim 32 has no flash kernel: cuda_unfused runs the device ring's tiles, whose
+    // backward must take the call's final LSE rather than recompute its own (every gradient
+    // was wrong by a relative 1-5 until session 32; found from Python at head dim 16).
+    CaseSpec s = base();
+    s.head_dim_qk = s.head_dim_v = 32;
+    s.config.mask_type = MaskType::kCausal;
+    s.config.softcap = 2.0;
+    s.config.softmax_type = SoftmaxType::kLearnable;
+    cases.push_back({"unfused_ring_tiles", s, false, {}});  // a shape, not a feature
+  }
+  {
     CaseSpec s = base();  // chunks of 2-4 rows: one-warp decode tiles
     s.seqlen_q = s.seqlen_kv = 16;
     s.config.mask_type = MaskType::kCausal;

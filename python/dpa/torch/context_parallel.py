@@ -144,13 +144,6 @@ class ContextParallelGroup:
                                      errors.NotSupportedError)
             return nccl_communicator(self.group, self.global_ranks, device.index or 0,
                                      self.stream)
-        if device.type == "cuda":
-            # Fail closed: on the H200 (session 31) CUDA tensors over this communicator gave a
-            # wrong dq under p2p (relative error 3.1; o was right), found by
-            # test_cuda_tensors_over_gloo_virtual_ranks and not yet explained.
-            raise errors.invalid("communicator", "CUDA tensors over the torch.distributed "
-                                 "communicator are refused until their p2p backward is fixed; "
-                                 "use NCCL", errors.NotSupportedError)
         if self.stream is not None:
             raise errors.invalid("cp_stream", "is used by the NCCL communicator only; the "
                                  "torch.distributed one moves host buffers")
