@@ -1,6 +1,6 @@
 // Kernel variants of the flash forward for the dev bench (bf16, head dim 128; then 64 and 256),
-// so a single device call can compare them: wgmma tile shapes, the mma.sync family, and the
-// warp-specialised kernel's persistent grid against one block per block of work.
+// so a single device call can compare them: the warp-specialised kernel's tile shapes, stages,
+// producers and persistent grid, and the mma.sync family.
 #include "bench/flash_variants.h"
 #include "cuda/flash/flash_forward_launch.cuh"
 #include "cuda/flash/flash_forward_plan.h"
@@ -12,14 +12,6 @@ template <typename Traits>
 FlashTileShape shape_of(bool wgmma) {
   return FlashTileShape{
       Traits::kBlockM, Traits::kBlockN, Traits::kThreads / 32, 1, Traits::kSharedBytes, 1, wgmma};
-}
-
-template <typename Traits>
-void run_wgmma(const AttentionProblem& p, cudaStream_t stream) {
-  FlashForwardPlan plan = plan_flash_forward(p, shape_of<Traits>(true), stream);
-  launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, plan.params, stream);
-  if (plan.params.num_splits > 1)
-    launch_merge_partials(plan.params, p.dtype, Traits::kHeadDimV, stream);
 }
 
 template <typename Traits>
@@ -51,38 +43,33 @@ void run_mma_sync(const AttentionProblem& p, cudaStream_t stream) {
 
 // Variant 0 is what the library runs on sm_90 (flash_forward_shape_for; TMA copies where the
 // problem allows them); the others are measured against it. Experiments that lost (a 96-key
-// tile, the scale and cap folded into exp2, tanh.approx, exp2 on the FMA pipes) were dropped
-// from the library kernels; their numbers are in docs/perf.md.
+// tile, the scale and cap folded into exp2, tanh.approx, exp2 on the FMA pipes, the plain
+// two-warpgroup wgmma form without a producer, removed in session 32) were dropped from the
+// library kernels; their numbers are in docs/perf.md.
 const char* flash_variant_name(int variant) {
   switch (variant) {
     case 0:
       return "wgmma warp-specialised ping-pong, block_n 128, 3 stages (library on sm_90)";
     case 1:
-      return "wgmma 2 warpgroups, block_n 128 (no producer warpgroup)";
-    case 2:
-      return "wgmma 3 warpgroups, block_n 64";
-    case 3:
       return "mma.sync 4 warps x 32 rows, block_n 64";
-    case 4:
+    case 2:
       return "wgmma warp-specialised ping-pong, block_n 128, 2 stages";
-    case 5:
+    case 3:
       return "wgmma warp-specialised ping-pong, block_n 64, 3 stages";
-    case 6:
+    case 4:
       return "wgmma warp-specialised ping-pong, block_n 128, 3 stages, cp.async producer";
-    case 7:
+    case 5:
       return "wgmma warp-specialised ping-pong, block_n 128, 3 stages, one block per work block";
-    case 8:
+    case 6:
       return "d64 wgmma warp-specialised ping-pong (library on sm_90)";
-    case 9:
+    case 7:
       return "d64 wgmma warp-specialised ping-pong, one block per work block";
-    case 10:
+    case 8:
       return "d64 wgmma warp-specialised ping-pong, two consumer warpgroups (128 rows)";
-    case 11:
-      return "d256 wgmma 2 warpgroups, block_n 64";
-    case 12:
+    case 9:
       return "d256 wgmma warp-specialised ping-pong, block_n 64, 2 stages (library with a window "
              "or dropout)";
-    case 13:
+    case 10:
       return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (library otherwise)";
     default:
       return nullptr;
@@ -90,8 +77,8 @@ const char* flash_variant_name(int variant) {
 }
 
 int flash_variant_head_dim(int variant) {
-  if (variant >= 11) return 256;
-  return variant >= 8 ? 64 : 128;
+  if (variant >= 9) return 256;
+  return variant >= 6 ? 64 : 128;
 }
 
 void run_flash_variant(int variant, const AttentionProblem& p) {
@@ -100,32 +87,26 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
     case 0:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream);
     case 1:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128>>(p, stream);
-    case 2:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 128, 128, 3, 64>>(p, stream);
-    case 3:
       return run_mma_sync<4, 64, 2>(p, stream);
-    case 4:
+    case 2:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 128, 2>>(p, stream);
-    case 5:
+    case 3:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 64, 3>>(p, stream);
-    case 6:
+    case 4:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream, /*tma=*/false);
-    case 7:
+    case 5:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128>>(p, stream, /*tma=*/true,
                                                                       /*persistent=*/false);
-    case 8:
+    case 6:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64>>(p, stream);
-    case 9:
+    case 7:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64>>(p, stream, /*tma=*/true,
                                                                     /*persistent=*/false);
-    case 10:
+    case 8:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 64, 64, 128, 0, 2>>(p, stream);
-    case 11:
-      return run_wgmma<FlashSm90Traits<__nv_bfloat16, 256, 256>>(p, stream);
-    case 12:
+    case 9:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 64, 2>>(p, stream);
-    case 13:
+    case 10:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 80, 2>>(p, stream);
     default:
       return;

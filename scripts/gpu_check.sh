@@ -12,7 +12,7 @@
 #
 # OUTDIR receives at most 8 files (what the device tool returns): summary.txt; logs.tar.gz
 # (build.log, gpu_tests.log, gpu_tests_shardN.xml (JUnit), gpu_tests_mma_sync.log,
-# gpu_tests_wgmma.log, gpu_tests_mma_sync_backward.log, sanitizer.log, bench.log, bench_bwd.log);
+# gpu_tests_mma_sync_backward.log, sanitizer.log, bench.log, bench_bwd.log);
 # bench.md, bench.png, bench.json; bwd/bench.md, bwd/bench.png, bwd/bench.json.
 #
 # Environment:
@@ -24,7 +24,7 @@
 #   DPA_MEMCHECK_FILTER  gtest filter for memcheck (default: a representative subset)
 #   DPA_RACECHECK_FILTER gtest filter for racecheck and synccheck (default: a smaller subset)
 #   DPA_CHECK_FAMILIES   the kernel families whose cases `test` re-runs after the whole suite
-#                        (default "mma_sync wgmma mma_sync_backward"; "" for none): a change to
+#                        (default "mma_sync mma_sync_backward"; "" for none): a change to
 #                        the backward alone needs only mma_sync_backward
 #   DPA_CHECK_SHARDS     gtest shards `test` runs at once (default 4), each with its share of
 #                        the cores for the cpu_exact references that take most of its time; 1
@@ -230,23 +230,21 @@ step_test() {
   if [ "$rc" -ne 0 ]; then
     grep '^\[  FAILED  \] .*(' "$log" | head -n 20 | sed 's/^/    /'
   fi
-  # On Hopper the library runs the warp-specialised wgmma kernel (head dims up to 128) or the
-  # plain two-warpgroup form (wider heads); the mma.sync family (what sm_80 runs) gets the same
-  # forward cases and the CP suite's GPU tiles, and the plain wgmma form the forward cases at
-  # every head dim, through DPA_FLASH_FORWARD_KERNEL.
+  # On Hopper the library runs the warp-specialised wgmma kernel at every wgmma head dim; the
+  # mma.sync family (what sm_80 runs) gets the same forward cases and the CP suite's GPU tiles,
+  # through DPA_FLASH_FORWARD_KERNEL.
   # The backward cases run once more on the atomic-free mma.sync pair
   # (DPA_FLASH_BACKWARD_KERNEL=mma_sync; the default run above takes the one-kernel backward on
   # Hopper wherever it can).
   local kernel filter
   local -a families
-  read -r -a families <<<"${DPA_CHECK_FAMILIES-mma_sync wgmma mma_sync_backward}"
+  read -r -a families <<<"${DPA_CHECK_FAMILIES-mma_sync mma_sync_backward}"
   for kernel in "${families[@]}"; do
     log="$out/gpu_tests_$kernel.log"
     : >"$log"
     t0=$(date +%s)
     local -a environment=("DPA_FLASH_FORWARD_KERNEL=$kernel")
     filter='Cases/FlashForward.*:VirtualRanks/GpuCp.*'
-    [ "$kernel" = wgmma ] && filter='Cases/FlashForward.*'
     if [ "${kernel%_backward}" != "$kernel" ]; then
       environment=("DPA_FLASH_BACKWARD_KERNEL=${kernel%_backward}")
       filter='Cases/FlashForwardBackward.*:Backends/DropoutMask.*:FlashOnGpu.Deterministic*'

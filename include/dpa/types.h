@@ -51,7 +51,7 @@ enum class BackendKind : int {
 enum class FlashForwardKernel : int {
   kAuto = 0,
   kMmaSync = 1,  // the mma.sync family (what sm_80 runs) on every device
-  kWgmma = 2,    // the plain two-warpgroup wgmma form, never the warp-specialised one
+  // 2 was the plain two-warpgroup wgmma form, removed in session 32 (no head dim ran it).
   kWgmmaWs = 3,  // the warp-specialised wgmma form at every wgmma head dim
 };
 enum class FlashBackwardKernel : int {

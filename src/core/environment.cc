@@ -33,7 +33,7 @@ AttentionConfig config_with_environment(AttentionConfig config, const Environmen
   fill_from(config.backend, getenv, "DPA_BACKEND", parse_backend,
             "auto, cpu_exact, cpu, cuda_unfused, cuda_flash");
   fill_from(config.flash_forward_kernel, getenv, "DPA_FLASH_FORWARD_KERNEL",
-            parse_flash_forward_kernel, "auto, mma_sync, wgmma, wgmma_ws");
+            parse_flash_forward_kernel, "auto, mma_sync, wgmma_ws");
   fill_from(config.flash_backward_kernel, getenv, "DPA_FLASH_BACKWARD_KERNEL",
             parse_flash_backward_kernel, "auto, mma_sync, one_kernel");
   return config;

@@ -39,10 +39,9 @@ constexpr NameTable<BackendKind, 5> kBackendNames{{{BackendKind::kAuto, "auto"},
                                                    {BackendKind::kCpu, "cpu"},
                                                    {BackendKind::kCudaUnfused, "cuda_unfused"},
                                                    {BackendKind::kCudaFlash, "cuda_flash"}}};
-constexpr NameTable<FlashForwardKernel, 4> kFlashForwardNames{
+constexpr NameTable<FlashForwardKernel, 3> kFlashForwardNames{
     {{FlashForwardKernel::kAuto, "auto"},
      {FlashForwardKernel::kMmaSync, "mma_sync"},
-     {FlashForwardKernel::kWgmma, "wgmma"},
      {FlashForwardKernel::kWgmmaWs, "wgmma_ws"}}};
 constexpr NameTable<FlashBackwardKernel, 3> kFlashBackwardNames{
     {{FlashBackwardKernel::kAuto, "auto"},

@@ -250,8 +250,8 @@ TEST(Validation, AcceptsEveryNamedKernelFamily) {
   spec.heads_q = 4;
   spec.heads_kv = 2;
   const CaseTensors t = make_case(spec);
-  for (FlashForwardKernel forward : {FlashForwardKernel::kAuto, FlashForwardKernel::kMmaSync,
-                                     FlashForwardKernel::kWgmma, FlashForwardKernel::kWgmmaWs})
+  for (FlashForwardKernel forward :
+       {FlashForwardKernel::kAuto, FlashForwardKernel::kMmaSync, FlashForwardKernel::kWgmmaWs})
     for (FlashBackwardKernel backward : {FlashBackwardKernel::kAuto, FlashBackwardKernel::kMmaSync,
                                          FlashBackwardKernel::kOneKernel}) {
       CaseSpec named = spec;

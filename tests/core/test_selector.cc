@@ -211,11 +211,11 @@ TEST(Selector, EnvironmentFillsOnlyWhatTheConfigLeavesAuto) {
   EXPECT_EQ(filled.flash_backward_kernel, FlashBackwardKernel::kMmaSync);
   AttentionConfig explicit_config;
   explicit_config.backend = BackendKind::kCpu;
-  explicit_config.flash_forward_kernel = FlashForwardKernel::kWgmma;
+  explicit_config.flash_forward_kernel = FlashForwardKernel::kWgmmaWs;
   explicit_config.flash_backward_kernel = FlashBackwardKernel::kOneKernel;
   const AttentionConfig kept = config_with_environment(explicit_config, env);
   EXPECT_EQ(kept.backend, BackendKind::kCpu);
-  EXPECT_EQ(kept.flash_forward_kernel, FlashForwardKernel::kWgmma);
+  EXPECT_EQ(kept.flash_forward_kernel, FlashForwardKernel::kWgmmaWs);
   EXPECT_EQ(kept.flash_backward_kernel, FlashBackwardKernel::kOneKernel);
   // Empty counts as unset.
   EXPECT_EQ(config_with_environment(automatic, fake_environment({{"DPA_BACKEND", ""}})).backend,
@@ -233,6 +233,10 @@ TEST(Selector, UnknownEnvironmentNamesAreErrorsNamingTheVariable) {
       EXPECT_EQ(e.argument(), name);
     }
   }
+  // The plain two-warpgroup wgmma form went in session 32: its name is refused, never taken as
+  // another family.
+  EXPECT_FALSE(parse_flash_forward_kernel("wgmma").has_value());
+  EXPECT_EQ(parse_flash_forward_kernel("wgmma_ws"), FlashForwardKernel::kWgmmaWs);
 }
 
 // Plumbing: the forced choice reaches the run, from the config and from the environment.

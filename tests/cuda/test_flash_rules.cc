@@ -165,18 +165,25 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   ASSERT_TRUE(bool(caps.describe_plan));
   FeatureRequest r = hopper_forward(128);
   EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
-  r.flash_forward_kernel = FlashForwardKernel::kWgmma;
-  EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
+  r.flash_forward_kernel = FlashForwardKernel::kWgmmaWs;
+  EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
   r.flash_forward_kernel = FlashForwardKernel::kMmaSync;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
-  // Head dim 256: the warp-specialised form by default (since session 27), the plain one when
-  // asked.
-  r.head_dim_qk = r.head_dim_v = 256;
+  // Every wgmma pair on the warp-specialised form, by default and pinned (the plain two-warpgroup
+  // form went in session 32); 256 on 80-key tiles.
+  const int pairs[][2] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+  for (const auto& pair : pairs)
+    for (FlashForwardKernel kernel : {FlashForwardKernel::kAuto, FlashForwardKernel::kWgmmaWs}) {
+      r.head_dim_qk = pair[0];
+      r.head_dim_v = pair[1];
+      r.flash_forward_kernel = kernel;
+      EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos)
+          << pair[0] << "/" << pair[1] << " " << to_string(kernel);
+    }
   r.flash_forward_kernel = FlashForwardKernel::kAuto;
+  r.head_dim_qk = r.head_dim_v = 256;
   EXPECT_NE(caps.describe_plan(r).find("warp-specialised"), std::string::npos);
   EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 80"), std::string::npos);
-  r.flash_forward_kernel = FlashForwardKernel::kWgmma;
-  EXPECT_NE(caps.describe_plan(r).find("wgmma (two warpgroups)"), std::string::npos);
   // Dropout (keep bits drawn for a power-of-two tile) and windows keep 64-key tiles there.
   r.flash_forward_kernel = FlashForwardKernel::kAuto;
   r.dropout = true;

@@ -118,13 +118,6 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_EQ(packed.block_m % (16 * packed.packed_heads), 0);
   // Q's rows count: 256 rows of d = 128 (64 KB) leave room for two 64 KB stages only.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 256, 128), 2);
-  // Where Hopper runs it by default: every wgmma pair, each measured faster there (d = 256 since
-  // K and V have barriers of their own, the MLA pair since session 31).
-  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(64, 64));
-  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(128, 128));
-  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(192, 192));
-  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(256, 256));
-  EXPECT_TRUE(flash_forward_wgmma_prefers_warp_specialized(192, 128));
 }
 
 TEST(FlashTiles, BackwardTilesFitSharedMemory) {

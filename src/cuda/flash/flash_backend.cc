@@ -81,7 +81,6 @@ std::string describe_flash_plan(const FeatureRequest& r) {
            "its tensor, else cp.async)" +
            tiles + form;
   }
-  if (shape.wgmma) return "forward kernel family wgmma (two warpgroups)" + tiles;
   if (shape.warps == 1) return "forward kernel family mma_sync decode (split-KV)" + tiles;
   return "forward kernel family mma_sync" + tiles;
 }

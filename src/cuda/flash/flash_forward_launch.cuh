@@ -12,7 +12,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/flash/flash_forward_kernel.cuh"
 #include "cuda/flash/flash_forward_launch.h"
-#include "cuda/flash/flash_forward_sm90.cuh"
 #include "cuda/flash/flash_forward_sm90_ws.cuh"
 #include "cuda/flash/merge_partials.cuh"
 #include "dpa/error.h"
@@ -141,11 +140,12 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
                         std::to_string(Traits::kConsumers));
       return launch_flash_forward_ws<Traits>(p, stream);
     }
-    if (p.wgmma) {
-      using Traits = FlashSm90Traits<Element, kHeadDimQK, kHeadDimV>;
-      return launch_flash_forward_kernel<Traits>(flash_forward_sm90_kernel<Traits>, p, stream);
-    }
   }
+  // Every wgmma plan is the warp-specialised form's (flash_forward_shape): the plain
+  // two-warpgroup kernel went in session 32, once no head dim ran it by default.
+  if (p.wgmma)
+    throw Error(ErrorCode::kInternal, "wgmma",
+                "a wgmma plan without the warp-specialised form, or for head dims without it");
   if (decode)
     launch_flash_forward_traits<FlashDecodeTraits<Element, kHeadDimQK, kHeadDimV>>(p, stream);
   else

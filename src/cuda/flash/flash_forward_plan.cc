@@ -213,19 +213,15 @@ FlashTileShape flash_forward_shape(int64_t head_dim_qk, int64_t head_dim_v, int6
                                    int64_t window_span, int arch, FlashForwardKernel kernel,
                                    bool dropout, int64_t group_size) {
   // sm_90a code runs on compute capability 9.0 only (the build targets sm_80 and sm_90a).
-  // On Hopper the warp-specialised wgmma kernel where it measured fastest
-  // (flash_forward_wgmma_prefers_warp_specialized), else the plain two-warpgroup form; the
-  // config's kernel family (tests, benches) can ask for the mma.sync family or either wgmma
-  // form instead. The window and dropout may change the warp-specialised form's tile
+  // On Hopper the warp-specialised wgmma kernel at every head dim it has (it measured faster
+  // than the plain two-warpgroup form everywhere, which session 32 removed: docs/cuda_flash.md);
+  // the config's kernel family (tests, benches) can ask for the mma.sync family instead. The
+  // window and dropout may change the warp-specialised form's tile
   // (flash_forward_wgmma_ws_tile_shape).
   const bool hopper = arch == 90 && kernel != FlashForwardKernel::kMmaSync;
   FlashTileShape shape = flash_forward_tile_shape(int(head_dim_qk), int(head_dim_v),
                                                   max_seqlen_q <= kFlashDecodeMaxQueries, hopper);
-  const bool warp_specialized =
-      kernel == FlashForwardKernel::kWgmmaWs ||
-      (kernel != FlashForwardKernel::kWgmma &&
-       flash_forward_wgmma_prefers_warp_specialized(int(head_dim_qk), int(head_dim_v)));
-  if (shape.wgmma && warp_specialized)
+  if (shape.wgmma)
     shape = flash_forward_wgmma_ws_tile_shape(int(head_dim_qk), int(head_dim_v), window_span,
                                               dropout, group_size);
   return shape;

@@ -1,7 +1,6 @@
-// The wgmma operand descriptors of the sm90 forward kernels (flash_forward_sm90.cuh,
-// flash_forward_sm90_ws.cuh): built once from the shared-memory layout, then advanced by
-// constants per wgmma (ptx::advance_descriptor), one uniform add each instead of masking and
-// shifting every operand's address again.
+// The wgmma operand descriptors of the sm90 forward (flash_forward_sm90_ws.cuh): built once from
+// the shared-memory layout, then advanced by constants per wgmma (ptx::advance_descriptor), one
+// uniform add each instead of masking and shifting every operand's address again.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,13 @@
 // The warp-specialised wgmma flash forward (sm_90a): a producer warpgroup copies Q, K and V
 // into shared memory; two or three consumer warpgroups of 64 query rows
-// (flash_forward_wgmma_ws_consumers) run the math of flash_forward_sm90.cuh, scheduled in
-// ping-pong so that one warpgroup's softmax runs while another's MMAs occupy the tensor cores
-// (FlashAttention-3's schedule). Without it the warpgroups wait for S at the same time and the
-// tensor cores idle through the S latency.
+// (flash_forward_wgmma_ws_consumers) run the tile math of flash_tile_math.cuh on warpgroup MMAs
+// (S = Q K^T with both operands K-major in shared memory; O += P V with P from registers, the S
+// accumulators rounded in place, and V as an MN-major operand; 128-byte-swizzled tiles,
+// ptx/wgmma.cuh), scheduled in ping-pong so that one warpgroup's softmax runs while another's
+// MMAs occupy the tensor cores (FlashAttention-3's schedule). Without it the warpgroups wait for
+// S at the same time and the tensor cores idle through the S latency. It is the only sm_90a
+// forward: the plain two-warpgroup form without a producer went in session 32, once no head dim
+// ran it by default (docs/cuda_flash.md).
 //
 // - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). With two
 //   stages K and V each have a full and an empty barrier per stage, with three one pair serves
@@ -21,8 +25,8 @@
 //   once more at the end), so no barrier is left mid-phase when the block exits.
 // - Registers: the producer gives its registers to the consumers (setmaxnreg 24 / 240 with two
 //   consumers, FlashAttention-3's split; 24 / 160 with three).
-// - Within a consumer, the intra-warpgroup overlap of flash_forward_sm90.cuh: S(n) and
-//   P(n-1) V(n-1) are issued together and the softmax of tile n runs while P(n-1) V(n-1) does.
+// - Within a consumer, FlashAttention-3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) are
+//   issued together, and the softmax of tile n runs while P(n-1) V(n-1) does.
 // - Persistent grid (p.persistent_blocks): each block loops over blocks of work w = blockIdx.x,
 //   + gridDim.x, ... (query blocks fastest and last first, so the longest causal blocks start
 //   early and concurrent blocks share their heads' K and V in L2). The stage ring runs on across
@@ -34,9 +38,14 @@
 
 #include <type_traits>
 
-#include "cuda/flash/flash_forward_sm90.cuh"
+#include "cuda/flash/flash_forward_sm90_descriptors.cuh"
+#include "cuda/flash/flash_tile_math.cuh"
+#include "cuda/flash/flash_tiles.h"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
 #include "cuda/swizzled_tile_copies.cuh"
 
 namespace dpa::cuda {

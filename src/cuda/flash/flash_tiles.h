@@ -15,9 +15,12 @@ struct FlashTileShape {
   int warps = 0;
   int slabs = 0;  // 16-row slabs per warp
   int shared_bytes = 0;
-  int blocks_per_sm = 0;          // expected resident blocks per SM (for split-KV sizing)
-  bool wgmma = false;             // the sm_90a warpgroup kernel (flash_forward_sm90.cuh)
-  bool warp_specialized = false;  // its producer / ping-pong form (flash_forward_sm90_ws.cuh)
+  int blocks_per_sm = 0;  // expected resident blocks per SM (for split-KV sizing)
+  bool wgmma = false;     // the sm_90a warpgroup kernel (flash_forward_sm90_ws.cuh)
+  // Its producer / ping-pong form: every wgmma plan's since the plain two-warpgroup form went
+  // (session 32); flash_forward_wgmma_tile_shape is that form's tile, on which
+  // flash_forward_wgmma_ws_tile_shape builds.
+  bool warp_specialized = false;
   // Query heads of one KV head packed into a block (flash_forward_packs_gqa); 1: none.
   int packed_heads = 1;
 };
@@ -192,18 +195,6 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
       2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
       1024 + kFlashWsBarrierBytes;
   return shape;
-}
-
-// Whether Hopper runs the warp-specialised form for these head dims. Measured (docs/perf.md,
-// bf16 b=2 s=8192): d = 64 216 vs 170 TFLOP/s and d = 128 361 vs 287 (softcap 50, H=16) for the
-// warp-specialised form; d = 192 (H=8, TMA, session 9) 577 vs 435 plain, 450 vs 336 softcap 50;
-// d = 256 (64-key tiles, two stages, K and V on barriers of their own) 1.54 vs 2.20 ms plain,
-// 1.71-1.79 vs 2.42 ms softcap 50 (session 27; 80-key tiles without a window since session
-// 28); the MLA pair 192 / 128 since session 31: 1.35-1.41x the plain form over the five rows of
-// bench/rows_mla_forward.txt (600.7 vs 443.4 TFLOP/s plain, 453.7 vs 347.8 causal softcap 50).
-// So every wgmma pair; the plain form runs only where the config pins it.
-constexpr bool flash_forward_wgmma_prefers_warp_specialized(int head_dim_qk, int head_dim_v) {
-  return flash_forward_wgmma_eligible(head_dim_qk, head_dim_v);
 }
 
 constexpr FlashTileShape flash_forward_tile_shape(int head_dim_qk, int head_dim_v,
