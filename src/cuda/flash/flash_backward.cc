@@ -40,19 +40,19 @@ FlashBackwardFamily backward_family(const AttentionProblem& p) {
 }
 
 // The one-kernel backward's query tiles per (batch, head) in deterministic mode, and their
-// order flags over the batch's heads (kDqOrderSlots per tile).
+// count over the batch's heads (one order flag each).
 int64_t dq_order_tiles(const AttentionProblem& p) {
   constexpr int64_t kTileRows = kOneKernelBackwardBlockM;
   return (p.max_seqlen_q + kTileRows - 1) / kTileRows;
 }
 size_t dq_order_count(const AttentionProblem& p) {
-  return size_t(p.batch * p.heads_q * dq_order_tiles(p) * kDqOrderSlots);
+  return size_t(p.batch * p.heads_q * dq_order_tiles(p));
 }
 
 // The backward's own buffers, by family.
 struct FlashBackwardBuffers {
   size_t dq_accum = 0;    // fp32 [b, H, sq, dqk], one-kernel family only
-  size_t dq_order = 0;    // int32 [b, H, query tiles, slots]: the one-kernel family, deterministic
+  size_t dq_order = 0;    // int32 [b, H, query tiles], the one-kernel family in deterministic mode
   size_t row_delta = 0;   // fp32 [b, H, sq] D_i
   size_t row_dalpha = 0;  // fp32 [b, H, sq] per-row sink gradient terms
 };

@@ -28,10 +28,9 @@ struct FlashBackwardParams {
   // unless dq_order is set.
   bool one_kernel = false;
   float* dq_accum = nullptr;
-  // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) and
-  // slot the next key block whose dq partial may be added ([b, H, dq_order_tiles,
-  // kDqOrderSlots] int32, zeroed by the host; kDeterministicKeyChain; dq_order_flag); null
-  // otherwise. Key blocks run in chains of `key_chain`.
+  // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the
+  // next key block whose dq partial may be added ([b, H, dq_order_tiles] int32, zeroed by the
+  // host; kDeterministicKeyChain); null otherwise. Key blocks run in chains of `key_chain`.
   int* dq_order = nullptr;
   int dq_order_tiles = 0, key_chain = 0;
 

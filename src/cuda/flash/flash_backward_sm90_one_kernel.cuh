@@ -105,16 +105,6 @@ struct OneKernelBackwardLayout {
   __device__ uint32_t dq_empty() const { return kv() + 16u; }
 };
 
-// Deterministic mode's order flag of (batch, query head, 64-row query tile) and `slot`
-// (FlashBackwardParams::dq_order, kDqOrderSlots): it names the next key block that may add its
-// dq partial to that tile (or the slot's columns of it).
-__device__ __forceinline__ int* dq_order_flag(const FlashBackwardParams& bp, int batch, int head,
-                                              int tile, int slot) {
-  return bp.dq_order +
-         ((int64_t(batch) * bp.fwd.heads_q + head) * bp.dq_order_tiles + tile) * kDqOrderSlots +
-         slot;
-}
-
 // Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
 // form (`Layout` has full, empty and kv; the caller synchronises the block after).
 template <typename Traits, typename Layout>
@@ -249,7 +239,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     int* order = nullptr;
     if constexpr (kDeterministic) {
       const int tile = i0 / kBlockM;
-      order = dq_order_flag(bp, kb.batch, head, tile, 0);
+      order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
       if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
         while (ptx::load_acquire_gpu(order) != key_block) {
         }

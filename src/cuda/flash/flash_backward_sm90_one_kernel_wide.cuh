@@ -23,10 +23,9 @@
 // buffers), so dq is not staged there as the narrow one-kernel backward stages it.
 // launch_flash_backward_sm90 then converts the workspace to dq (times scale). kDeterministic:
 // each dq tile is added in key-block order, as the narrow form's producer adds it (the grid in
-// key-block chains; flags per query tile, bp.dq_order), but by the consumers themselves, each
-// for its own columns on a flag of its own: its first thread waits until the flag names this
-// key block, the consumer adds its columns, and after a barrier of its warpgroup that thread
-// hands its columns on. kDropout (192 and 192 / 128): the
+// key-block chains; a flag per query tile, bp.dq_order), but by the consumers themselves: one
+// thread waits until the tile's flag names this key block, both consumers add their columns,
+// and after a barrier of both that thread hands the tile on. kDropout (192 and 192 / 128): the
 // producer, otherwise idle between its copies, draws each query tile's keep bits into the stage
 // in the narrow form's layout (draw_query_tile_keep_words for 64 keys: a word per (key group,
 // quad row, quad column) with a bit per query of the tile), and each consumer reads its key
@@ -194,13 +193,10 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
   const int key_row = warp_in_group * 16 + quad_row;  // in the block (both consumers)
   const int key0 = kb.j0 + key_row;
   const int query_column0 = consumer * kQueryColumns;  // this consumer's S^T columns
-  // Deterministic mode: the query tiles the previous key block adds to (empty for the first).
-  // Each consumer orders its own columns of a tile, on a flag of its own (slot `consumer` of
-  // dq_order_flag), so neither waits for the other's hand-off: its first thread waits for and
-  // hands on the flag, and its warpgroup meets at named barrier 2 + consumer around the adds
-  // (named barrier 1 is the operands'). Session 30's form had one flag per tile and both
-  // consumers meeting around the adds (1.17x the default's time at 256, 1.24x at 192 / 128).
-  const int dq_order_barrier = 2 + consumer, hand_off_thread = 128 * (1 + consumer);
+  // Deterministic mode: the query tiles the previous key block adds to (empty for the first),
+  // the thread that waits for and hands on each tile (consumer 0's first), and the barrier both
+  // consumers meet at around the adds (named barrier 1 is the operands').
+  constexpr int kDqOrderBarrier = 2, kHandOffThread = 128;
   // An uneven split (192, 192 / 128) runs each consumer in its own instantiation of this body,
   // so the two reach their barriers at different instructions: those take the unaligned form
   // (synccheck, session 31). The even split (256) keeps one body and `bar.sync`.
@@ -302,17 +298,18 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       int* order = nullptr;
       if constexpr (kDeterministic) {
         const int tile = kb.first_query(it) / kBlockM;
-        order = dq_order_flag(bp, kb.batch, kb.head(it), tile, consumer);
-        if (int(threadIdx.x) == hand_off_thread && previous.first <= tile && tile <= previous.last)
+        order =
+            bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(it)) * bp.dq_order_tiles + tile;
+        if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
           while (ptx::load_acquire_gpu(order) != key_block) {
           }
-        ptx::named_barrier_sync(dq_order_barrier, 128);
+        consumers_sync(kDqOrderBarrier);
       }
       add_dq_tile<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
                                       qk_column0);
       if constexpr (kDeterministic) {
-        ptx::named_barrier_sync(dq_order_barrier, 128);  // this consumer's adds are issued
-        if (int(threadIdx.x) == hand_off_thread) ptx::store_release_gpu(order, key_block + 1);
+        consumers_sync(kDqOrderBarrier);  // both consumers' adds issued
+        if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
       }
     }
   }

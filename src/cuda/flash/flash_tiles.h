@@ -351,10 +351,6 @@ constexpr FlashBackwardFamily flash_backward_family(int arch, int head_dim_qk, i
 // is 64 keys and its query tile the same 64 rows (FlashBackwardSm90OneKernelWideTraits asserts
 // them).
 constexpr int kOneKernelBackwardBlockN = 128, kOneKernelBackwardBlockM = 64;
-// Deterministic mode's order flags per query tile: the wide form's two consumers each order
-// their own columns of it (so neither waits for the other's hand-off); the narrow form's
-// producer adds the whole tile and uses the first.
-constexpr int kDqOrderSlots = 2;
 constexpr int flash_backward_one_kernel_block_n(int head_dim_qk, int head_dim_v) {
   return flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v)
              ? 64
