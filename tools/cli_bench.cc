@@ -63,7 +63,7 @@ std::vector<FlagSpec> bench_flag_specs() {
       {"pass", "P", "fwd (default), bwd or fwdbwd"},
       {"backend", "NAME", "force a backend (default: the selector's choice)"},
       {"flash-forward-kernel", "NAME",
-       "cuda_flash's forward family: auto (default), mma_sync, wgmma or wgmma_ws "
+       "cuda_flash's forward family: auto (default), mma_sync or wgmma_ws "
        "(AttentionConfig::flash_forward_kernel)"},
       {"flash-backward-kernel", "NAME",
        "cuda_flash's backward family: auto (default), mma_sync or one_kernel "
@@ -199,7 +199,7 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
   if (auto backend = args.get_named("backend", "backend", kBackendChoices, parse_backend))
     o.config.backend = *backend;
   if (auto kernel = args.get_named("flash-forward-kernel", "kernel family",
-                                   "auto, mma_sync, wgmma, wgmma_ws", parse_flash_forward_kernel))
+                                   "auto, mma_sync, wgmma_ws", parse_flash_forward_kernel))
     o.config.flash_forward_kernel = *kernel;
   if (auto kernel = args.get_named("flash-backward-kernel", "kernel family",
                                    "auto, mma_sync, one_kernel", parse_flash_backward_kernel))

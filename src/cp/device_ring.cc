@@ -252,6 +252,9 @@ AttentionConfig tile_config(const AttentionConfig& config, bool causal) {
   tile.mask_type = causal ? MaskType::kCausal : MaskType::kNoMask;
   tile.window_left = tile.window_right = -1;
   tile.softmax_type = SoftmaxType::kVanilla;  // the sink joins once, after the merge
+  // The ring runs only where the call's dropout is 0 (device_ring_refusal), which a per-call
+  // override can make so while config.dropout is not: the tiles must not draw it either.
+  tile.dropout = 0.0;
   return tile;
 }
 
@@ -260,7 +263,7 @@ AttentionConfig tile_config(const AttentionConfig& config, bool causal) {
 // instead, which is right for an ordinary call and wrong here (cuda_unfused did, session 32),
 // so the tile's problem says so (CpTile::use_given_lse), as the general algorithms' tiles do.
 BackendKind backward_tile(const AttentionConfig& tile, const BackwardArgs& args) {
-  AttentionProblem p = build_backward_problem(tile, args, args.dropout.value_or(tile.dropout));
+  AttentionProblem p = build_backward_problem(tile, args, tile.dropout);
   p.cp.use_given_lse = true;
   const Backend& backend = choose_backend(tile, p, registered_backends());
   backend.backward(p);

@@ -236,6 +236,12 @@ INSTANTIATE_TEST_SUITE_P(
                 [](CaseSpec&
                        s) { s.config.flash_forward_kernel = static_cast<FlashForwardKernel>(9); },
                 no_tensor_change},
+            // 2 was the plain wgmma form's value (removed): no longer a family.
+            BadInput{
+                "removed_flash_forward_kernel", "flash_forward_kernel",
+                [](CaseSpec&
+                       s) { s.config.flash_forward_kernel = static_cast<FlashForwardKernel>(2); },
+                no_tensor_change},
             BadInput{
                 "unknown_flash_backward_kernel", "flash_backward_kernel",
                 [](CaseSpec&

@@ -29,7 +29,8 @@ TEST(FlashTiles, ShapesFitSm80SharedMemoryAndTileTheRows) {
   EXPECT_EQ(flash_forward_tile_shape(192, 128).warps, 8);
 }
 
-TEST(FlashTiles, HopperUsesWarpgroupTilesThatFitSm90SharedMemory) {
+// The wgmma base tile, on which the warp-specialised shape builds.
+TEST(FlashTiles, HopperUsesWarpgroupBaseTilesThatFitSm90SharedMemory) {
   const int pairs[][2] = {{64, 64}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
   for (const auto& pair : pairs) {
     const FlashTileShape shape = flash_forward_tile_shape(pair[0], pair[1], false, true);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -164,7 +165,7 @@ std::vector<GpuCpCase> gpu_cp_cases() {
     s.config.mask_type = MaskType::kCausal;
     s.config.softcap = 2.0;
     s.config.softmax_type = SoftmaxType::kLearnable;
-    cases.push_back({"unfused_ring_tiles", s, false, {}});  // a shape, not a feature
+    cases.push_back({"unfused_ring_tiles", s, false, {}});  // covers use_given_lse, no feature
   }
   {
     CaseSpec s = base();  // chunks of 2-4 rows: one-warp decode tiles
@@ -238,8 +239,9 @@ struct GpuCpRun {
 // algorithms with their chunk sets on the GPU.
 enum class Transport { kHost, kDevice };
 
+// `call_dropout`: the calls' per-call override of spec.config.dropout, if any.
 GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& layout,
-                    Transport transport) {
+                    Transport transport, std::optional<double> call_dropout = std::nullopt) {
   const Format format = spec.config.format;
   const bool thd = format == Format::kTHD;
   const int cp = layout.cp;
@@ -306,6 +308,7 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
     fwd.o = o.view();
     fwd.lse = lse.view();
     fwd.rng = RngState{spec.config.seed, 7};
+    fwd.dropout = call_dropout;
     const ForwardResult forward = attention.forward(fwd);
     BackwardArgs bwd;
     bwd.in = in;
@@ -316,6 +319,7 @@ GpuCpRun run_gpu_cp(const CaseSpec& spec, const CaseTensors& t, const Layout& la
     bwd.dk = dk.view();
     bwd.dv = dv.view();
     bwd.rng = fwd.rng;
+    bwd.dropout = call_dropout;
     if (rank_dalpha.defined()) bwd.dsoftmax_offset = rank_dalpha.view();
     if (rank_dbias.defined()) bwd.dbias = rank_dbias.view();
     const BackendKind backward = attention.backward(bwd);
@@ -476,6 +480,38 @@ TEST_P(GpuCpDropoutMask, KeepsExactlyThePhiloxElements) {
         run_gpu_cp(spec, dropout_probe_tensors(spec, probe), GetParam(), Transport::kDevice);
     // run_gpu_cp draws with RngState{seed, 7}.
     EXPECT_EQ(dropout_probe_failure(probe, count_dropout_probe(spec, probe, run.out, 7)), "");
+  }
+}
+
+// A per-call dropout of 0 under a config with dropout (evaluation) lets the device ring take the
+// call, and its tiles must not draw the config's dropout either (they did before session 33: the
+// forward's o came out dropped and the backward threw for want of an RNG state).
+TEST(GpuCpDropoutOverride, ZeroOverrideRunsTheRingWithoutDropout) {
+  std::string why;
+  if (!gpu_present(&why) && !reference_only_mode()) GTEST_SKIP() << why;
+  CaseSpec spec;
+  spec.dtype = DType::kBFloat16;
+  spec.batch = 2;
+  spec.seqlen_q = spec.seqlen_kv = 256;
+  spec.heads_q = 8;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 64;
+  spec.config.mask_type = MaskType::kCausal;
+  spec.config.dropout = 0.2;
+  CaseSpec without = spec;
+  without.config.dropout = 0.0;
+  const CaseTensors tensors = make_case(without);
+  const CaseOutputs reference = run_case(without, tensors, BackendKind::kCpuExact, true);
+  // Dropout that the tiles wrongly drew would move o this far: the test can fail.
+  EXPECT_GT(
+      relative_error(run_case(spec, make_case(spec), BackendKind::kCpuExact, false).o, reference.o),
+      10.0 * output_tolerance(spec.dtype));
+  if (reference_only_mode()) GTEST_SKIP() << "reference-only mode: no GPU run";
+  for (const Layout layout : {Layout{CpCommType::kP2P, 2, 0}, Layout{CpCommType::kP2P, 4, 0}}) {
+    const GpuCpRun run = run_gpu_cp(spec, tensors, layout, Transport::kDevice, 0.0);
+    expect_matches_reference(run.out, reference, spec.dtype, true,
+                             "dropout overridden to 0, " + cp_layout_name(layout));
+    EXPECT_EQ(run.forward_backend, BackendKind::kCudaFlash);
   }
 }
 

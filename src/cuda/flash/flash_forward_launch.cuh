@@ -112,8 +112,8 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
               FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, kFlashPackedBlockN, 0, 2>>(p,
                                                                                            stream);
       }
-      // Head dims whose key tile is not the two-warpgroup form's also have that one, for windows
-      // and dropout (flash_forward_wgmma_ws_block_n).
+      // Head dims whose key tile is not the base tile's (flash_forward_wgmma_tile_shape) also
+      // have that one, for windows and dropout (flash_forward_wgmma_ws_block_n).
       constexpr int kPlainBlockN = flash_forward_wgmma_tile_shape(kHeadDimQK, kHeadDimV).block_n;
       if constexpr (Traits::kBlockN != kPlainBlockN) {
         if (p.block_n == kPlainBlockN)

@@ -36,12 +36,15 @@ constexpr int flash_forward_shared_bytes(int block_m, int block_n, int head_dim_
          (block_m * (head_dim_qk + 8) + block_n * (head_dim_qk + 8) + block_n * (head_dim_v + 8));
 }
 
-// The sm_90a warpgroup kernel: two warpgroups of 64 rows, K and V double-buffered in
-// 128-byte-swizzled shared memory (blocks of 64 columns, so head dims must be multiples of 64).
+// The sm_90a warpgroup kernels (flash_forward_sm90_ws.cuh): consumer warpgroups of 64 rows, K and
+// V in 128-byte-swizzled shared memory (blocks of 64 columns, so head dims must be multiples of
+// 64).
 constexpr bool flash_forward_wgmma_eligible(int head_dim_qk, int head_dim_v) {
   return head_dim_qk % 64 == 0 && head_dim_v % 64 == 0 && head_dim_qk <= 256 && head_dim_v <= 256;
 }
 
+// The wgmma base tile: two consumer warpgroups, two stages of K and V. The warp-specialised
+// shape (flash_forward_wgmma_ws_tile_shape) builds on it.
 constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int head_dim_v) {
   FlashTileShape shape;
   shape.wgmma = true;
@@ -158,7 +161,7 @@ constexpr int64_t flash_forward_packable_group(int64_t heads_q, int64_t heads_kv
   return heads_kv > 0 && !thd && keys_fill_rows ? heads_q / heads_kv : 1;
 }
 
-// Keys per tile of the warp-specialised form: the two-warpgroup form's, except 80 at head dim 256
+// Keys per tile of the warp-specialised form: the base tile's, except 80 at head dim 256
 // without a bounded window or dropout (FlashAttention-3's tile there: with two stages whose K
 // and V have barriers of their own it measured 1.00-1.10x of the 64-key tile, docs/perf.md,
 // session 28). A window bounded on both sides (`window_span` >= 0: causal counts as a right
