@@ -50,19 +50,21 @@ Removal no_dropout() {
   return [](CaseSpec& s) { s.config.dropout = 0.0; };
 }
 
-// Flash head dims (64, 192/128), sequences of 256 so that chunks hold 32-64 rows.
+// The cases' base: a flash head dim, sequences of 256 so that chunks hold 32-64 rows, GQA.
+CaseSpec base() {
+  CaseSpec s;
+  s.dtype = DType::kBFloat16;
+  s.batch = 2;
+  s.seqlen_q = s.seqlen_kv = 256;
+  s.heads_q = 8;
+  s.heads_kv = 2;
+  s.head_dim_qk = s.head_dim_v = 64;
+  s.qk_stddev = 1.0;
+  return s;
+}
+
+// Flash head dims (64, 192/128) and one without a flash kernel.
 std::vector<GpuCpCase> gpu_cp_cases() {
-  auto base = [] {
-    CaseSpec s;
-    s.dtype = DType::kBFloat16;
-    s.batch = 2;
-    s.seqlen_q = s.seqlen_kv = 256;
-    s.heads_q = 8;
-    s.heads_kv = 2;
-    s.head_dim_qk = s.head_dim_v = 64;
-    s.qk_stddev = 1.0;
-    return s;
-  };
   std::vector<GpuCpCase> cases;
   {
     CaseSpec s = base();
@@ -489,13 +491,7 @@ TEST_P(GpuCpDropoutMask, KeepsExactlyThePhiloxElements) {
 TEST(GpuCpDropoutOverride, ZeroOverrideRunsTheRingWithoutDropout) {
   std::string why;
   if (!gpu_present(&why) && !reference_only_mode()) GTEST_SKIP() << why;
-  CaseSpec spec;
-  spec.dtype = DType::kBFloat16;
-  spec.batch = 2;
-  spec.seqlen_q = spec.seqlen_kv = 256;
-  spec.heads_q = 8;
-  spec.heads_kv = 2;
-  spec.head_dim_qk = spec.head_dim_v = 64;
+  CaseSpec spec = base();
   spec.config.mask_type = MaskType::kCausal;
   spec.config.dropout = 0.2;
   CaseSpec without = spec;
