@@ -12,10 +12,11 @@
 // into two stages; two consumer warpgroups of 64 keys each compute
 //   S^T = K Q^T, dP^T = V dO^T                 (shared x shared, K-major)
 //   P^T, dU^T = P^T (dP^T - D) (1 - t^2)        (registers)
-//   dv += P^T dO, dk += dU^T Q                  (A from registers, dO and Q MN-major)
+//   dv += P^T dO                               (A from registers, dO MN-major)
 // and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
 // consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
-// operands MN-major) and stores it to shared memory (fp32); the producer warpgroup, otherwise
+// operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and, while dk runs,
+// stores dq_tile to shared memory (fp32); the producer warpgroup, otherwise
 // idle between its copies, adds that tile to the workspace (coalesced 16-byte reductions), so
 // the consumers issue no global reductions.
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
@@ -211,7 +212,7 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
 // and, once the consumers have stored iteration j's dq tiles, their sum (rows inside the
 // sequence) added to the workspace, a warp per row and pass, 16 bytes per lane. The consumers
-// finish iteration it - kStages's dq soon after releasing its stage, so that tile is added
+// store iteration it - kStages's dq tile just before releasing its stage, so that tile is added
 // right after iteration it's copies are issued, and, with dropout, before iteration it's keep
 // bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
 // kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
@@ -421,21 +422,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(s);
       key_tile_probabilities_no_dropout(p, key_tile, s, derivative, key0, i0, quad_col,
                                         l.lse + stage * kBlockM, fully_visible);
-      ptx::wgmma_wait<0>();
+      // dv += P^T dO is issued as soon as its operand is known, so that it runs under the
+      // arithmetic that follows: here at head dim 64 without dropout, else after dU^T (Pd^T
+      // needs the keep bits that key_tile_gradients applies; at head dim 128, P^T's operand
+      // held beside S^T and dP^T spilled and serialised the wgmmas, ptxas C7512).
+      constexpr bool kEarlyDv = !kDropout && kDimV == 64;
+      auto issue_dv = [&] {
+        pack_operands<Element>(s, pd_operand);
+        ptx::fence_accumulators(dv_acc);
+        ptx::wgmma_fence();
+        wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, l.d_o(stage));
+        ptx::wgmma_commit();
+      };
+      if constexpr (kEarlyDv) {
+        issue_dv();
+        ptx::wgmma_wait<1>();  // dP^T has landed; dv may still run
+      } else {
+        ptx::wgmma_wait<0>();
+      }
       ptx::fence_accumulators(dp);
       // dU^T; with dropout s becomes Pd^T but for 1 / keep_prob (dv is scaled at the end).
       key_tile_gradients<kDropout>(p, s, dp, derivative, quad_col, l.delta + stage * kBlockM, keep,
                                    kDropout ? p.dropout_scale : 1.f);
-      pack_operands<Element>(s, pd_operand);
+      if constexpr (!kEarlyDv) issue_dv();
       pack_operands<Element>(dp, du_operand);
-
-      // dv += P^T dO, dk += dU^T Q.
-      ptx::fence_accumulators(dk_acc);
-      ptx::fence_accumulators(dv_acc);
-      ptx::wgmma_fence();
-      wgmma_fragments_by_rows<Element, kDimV, kBlockM>(dv_acc, pd_operand, l.d_o(stage));
-      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, l.q(stage));
-      ptx::wgmma_commit();
 
       // dU^T of both consumers into shared memory; the buffer's previous reader (iteration
       // it - 2's dq) finished before the previous iteration's barrier.
@@ -443,7 +453,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(1, kConsumerThreads);
 
-      // dq_tile = dU K over the block's 128 keys, this consumer's dq columns.
+      // dq_tile = dU K over the block's 128 keys, this consumer's dq columns, then dk += dU^T Q,
+      // so that dk runs while the dq tile is stored.
+      ptx::fence_accumulators(dk_acc);
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -451,15 +463,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             dq_tile, mn_major_descriptor(du_shared(buffer), kBlockN, kk),
             mn_major_descriptor(k_columns, kBlockN, kk), kk > 0);
       ptx::wgmma_commit();
-      ptx::wgmma_wait<1>();  // dv and dk are done; dq may still run
-      ptx::fence_accumulators(dk_acc);
+      wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, l.q(stage));
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();  // dv and dq are done; dk may still run
       ptx::fence_accumulators(dv_acc);
-      ptx::fence_registers(pd_operand);
-      ptx::fence_registers(du_operand);
-      ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
-
-      ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dq_tile);
+      ptx::fence_registers(pd_operand);
       // The producer has added the previous tile (its rows are free).
       if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
 #pragma unroll
@@ -472,6 +481,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
       }
       ptx::mbarrier_arrive(l.dq_full());  // release: the rows above are visible
+
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(dk_acc);
+      ptx::fence_registers(du_operand);
+      ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
     }
   }
 

@@ -14,11 +14,12 @@
 //     N = 32), then P^T and dU^T in registers, as the one-kernel backward does;
 //   - writes those columns of P^T and dU^T (key-major, 128-byte swizzle, double-buffered) to
 //     shared memory; a named barrier of both consumers makes the whole 64 x 64 tiles visible;
-//   - issues dv[:, c] += P^T dO[:, c] and dk[:, c] += dU^T Q[:, c] (A K-major and B MN-major,
-//     both in shared memory) over its columns of each, and dq_tile = dU K[:, c] (both MN-major);
-//   - adds dq_tile (64 rows x its dk columns) to the fp32 workspace with 16-byte reductions
-//     (red.global.add.v4.f32, two lanes of a quad trading a pair so each holds four adjacent
-//     columns of one row).
+//   - issues dv[:, c] += P^T dO[:, c], dq_tile = dU K[:, c] (both MN-major), then
+//     dk[:, c] += dU^T Q[:, c] (A K-major and B MN-major, both in shared memory), over its
+//     columns of each;
+//   - while dk runs, adds dq_tile (64 rows x its dk columns) to the fp32 workspace with 16-byte
+//     reductions (red.global.add.v4.f32, two lanes of a quad trading a pair so each holds four
+//     adjacent columns of one row).
 // At 256 the shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
 // buffers), so dq is not staged there as the narrow one-kernel backward stages it.
 // launch_flash_backward_sm90 then converts the workspace to dq (times scale). kDeterministic:
@@ -273,14 +274,13 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       ptx::fence_proxy_async_shared();
       consumers_sync(1);
 
-      // dv += P^T dO and dk += dU^T Q over this consumer's columns; then dq_tile = dU K.
+      // dv += P^T dO over this consumer's columns, dq_tile = dU K, then dk += dU^T Q, so that dk
+      // runs while dq is added.
       ptx::fence_accumulators(dk_acc);
       if constexpr (kVColumns > 0) ptx::fence_accumulators(dv_acc);
       ptx::wgmma_fence();
       if constexpr (kVColumns > 0)
         wgmma_keys_by_queries<Element, kVColumns>(dv_acc, l.pt(buffer), l.d_o(stage) + v_offset);
-      wgmma_keys_by_queries<Element, kQkColumns>(dk_acc, l.dut(buffer), l.q(stage) + qk_offset);
-      ptx::wgmma_commit();
       float dq_tile[kQkColumns / 8][4];
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -288,13 +288,18 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
             dq_tile, mn_major_descriptor(l.dut(buffer), kBlockN, kk),
             mn_major_descriptor(l.k + qk_offset, kBlockN, kk), kk > 0);
       ptx::wgmma_commit();
-      ptx::wgmma_wait<1>();  // dv and dk are done; dq may still run
-      ptx::fence_accumulators(dk_acc);
+      wgmma_keys_by_queries<Element, kQkColumns>(dk_acc, l.dut(buffer), l.q(stage) + qk_offset);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();  // dv and dq are done; dk may still run
       if constexpr (kVColumns > 0) ptx::fence_accumulators(dv_acc);
-      ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
-
-      ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dq_tile);
+      auto release_stage = [&] {
+        ptx::wgmma_wait<0>();
+        ptx::fence_accumulators(dk_acc);
+        ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
+      };
+      // Deterministic mode releases the stage before the hand-off's wait, which can be long.
+      if constexpr (kDeterministic) release_stage();
       int* order = nullptr;
       if constexpr (kDeterministic) {
         const int tile = kb.first_query(it) / kBlockM;
@@ -310,6 +315,8 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       if constexpr (kDeterministic) {
         consumers_sync(kDqOrderBarrier);  // both consumers' adds issued
         if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
+      } else {
+        release_stage();
       }
     }
   }
