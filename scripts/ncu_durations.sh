@@ -76,6 +76,7 @@ while IFS= read -r line; do
     done < <(printf '%s\n' "$csv" | medians)
   done
   for name in "${kernels[@]}"; do
+    # shellcheck disable=SC2016  # the backquotes are Markdown, not a command
     printf '| `%s` | %s |' "$args" "$name" >>"$table"
     for i in "${!builds[@]}"; do printf ' %s |' "${cell[$name,$i]:--}" >>"$table"; done
     printf '\n' >>"$table"
