@@ -208,11 +208,20 @@ TEST_F(FlashOnGpu, DeterministicBackwardIsBitwiseRepeatable) {
 // Many key blocks add to each dq tile (2200 keys: 18 blocks of 128 in the narrow form, 35 of 64
 // in the wide one at head dims 192 / 128 and 256, past one chain of kDeterministicKeyChain = 16),
 // a GQA group and a window that starts the tiles' contributors at different blocks:
-// deterministic runs agree to the bit and match cpu_exact. The default runs' reductions land in
-// any order; whether two of them differed is logged, not asserted (they may agree by chance).
+// deterministic runs agree to the bit and match cpu_exact, with dropout too at 192 (the wide
+// form's dropout instantiation, whose producer draws keep bits beside the hand-off). The default
+// runs' reductions land in any order; whether two of them differed is logged, not asserted (they
+// may agree by chance).
 TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
-  for (const auto& [dqk, dv] : {std::pair{128, 128}, {192, 128}, {256, 256}}) {
+  struct Dims {
+    int dqk, dv;
+    double dropout;
+  };
+  for (const auto& [dqk, dv, dropout] :
+       {Dims{128, 128, 0.0}, {192, 128, 0.0}, {256, 256, 0.0}, {192, 192, 0.1}}) {
     CaseSpec spec = gpu_case_spec(find_case("gqa_8_2"));
+    spec.config.dropout = dropout;
+    spec.config.seed = 11;
     spec.batch = 2;
     spec.seqlen_q = 260;
     spec.seqlen_kv = 2200;
@@ -222,7 +231,8 @@ TEST_F(FlashOnGpu, DeterministicOrderHoldsAcrossKeyBlockChains) {
     spec.head_dim_v = dv;
     spec.config.window_left = 1500;
     spec.config.window_right = 300;
-    const std::string dims = std::to_string(dqk) + "x" + std::to_string(dv);
+    const std::string dims =
+        std::to_string(dqk) + "x" + std::to_string(dv) + (dropout > 0 ? "_dropout" : "");
     const CaseTensors tensors = make_case(spec);
     CaseSpec deterministic = spec;
     deterministic.config.deterministic = true;

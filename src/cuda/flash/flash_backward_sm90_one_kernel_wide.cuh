@@ -24,10 +24,11 @@
 // buffers), so dq is not staged there as the narrow one-kernel backward stages it.
 // launch_flash_backward_sm90 then converts the workspace to dq (times scale). kDeterministic:
 // each dq tile is added in key-block order, as the narrow form's producer adds it (the grid in
-// key-block chains; a flag per query tile, bp.dq_order), but by the consumers themselves: one
-// thread waits until the tile's flag names this key block, both consumers add their columns,
-// and after a barrier of both that thread hands the tile on. kDropout (192 and 192 / 128): the
-// producer, otherwise idle between its copies, draws each query tile's keep bits into the stage
+// key-block chains; a flag per query tile, bp.dq_order), but from the consumers' registers: the
+// producer's warp 3 waits until the tile's flag names this key block and arrives on the stage's
+// dq_ready mbarrier, both consumers wait there, add their columns and arrive at a named barrier,
+// and warp 3, waiting there, hands the tile on (hand_over_dq_tile). kDropout (192 and 192 / 128):
+// the producer, otherwise idle between its copies, draws each query tile's keep bits into the stage
 // in the narrow form's layout (draw_query_tile_keep_words for 64 keys: a word per (key group,
 // quad row, quad column) with a bit per query of the tile), and each consumer reads its key
 // group's word and its half of the bits. At 256 dropout keeps the mma.sync pair
@@ -55,6 +56,9 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static constexpr int kQueryColumns = kBlockM / 2;                // S^T columns per consumer
   static constexpr int kOperandTileBytes = kBlockN * kBlockM * 2;  // one P^T or dU^T tile
   static constexpr int kBarrierBytes = 64;
+  // Deterministic mode: the consumers arrive here when a dq tile's reductions are issued, and
+  // the producer's hand-off warp waits (named barrier 1 is the consumers' operands').
+  static constexpr int kDqOrderBarrier = 2;
   // Dropout keep words per stage where they fit (192 and 192 / 128): one per thread of one
   // consumer, its key group's (draw_query_tile_keep_words); none at 256.
   static constexpr bool kTakesDropout = flash_backward_wide_takes_dropout(kHeadDimQK, kHeadDimV);
@@ -71,7 +75,8 @@ struct FlashBackwardSm90OneKernelWideTraits {
   static_assert(kSplit.qk_blocks > 0 && kSplit.qk_blocks < kHeadDimQK / 64,
                 "each consumer keeps some of dk's columns (and of dq's)");
   static_assert(kBlockM * 2 == 128, "P^T and dU^T rows are one 128-byte swizzle block");
-  static_assert(2 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  // full and empty per stage, K and V's, and deterministic mode's dq_ready per stage.
+  static_assert(3 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
   static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
@@ -114,7 +119,45 @@ struct OneKernelWideBackwardLayout {
   __device__ uint32_t full(int stage) const { return barriers + 8u * stage; }
   __device__ uint32_t empty(int stage) const { return barriers + 8u * (kStages + stage); }
   __device__ uint32_t kv() const { return barriers + 8u * (2 * kStages); }
+  // Deterministic mode: the stage's query tile may be added to dq (its flag names this block).
+  __device__ uint32_t dq_ready(int stage) const {
+    return barriers + 8u * (2 * kStages + 1 + stage);
+  }
 };
+
+// Deterministic mode's hand-off, run by the producer warpgroup's warp 3 (warp 0's thread 0
+// issues the TMA copies and warps 0 and 1 draw the dropout keep bits, which should not wait for
+// it; with warp 1, dropout's draws waited and the form ran 0.86x, session 34), an iteration
+// behind the copies. For iteration j: its first lane waits until the tile's flag names this key
+// block (when the previous key block adds to the tile too) and arrives on dq_ready; the warp then
+// waits at the named barrier the consumers arrive at once their reductions are issued, and the lane
+// hands the tile on with a releasing store. So neither the flag's load nor the release's wait for
+// the reductions to land is on the consumers' path: they wait only where the previous key block
+// has not yet handed the tile on.
+template <typename Traits>
+__device__ __forceinline__ void hand_over_dq_tile(const FlashBackwardParams& bp, const KeyBlock& kb,
+                                                  const OneKernelWideBackwardLayout<Traits>& l,
+                                                  int j) {
+  const FlashForwardParams& p = bp.fwd;
+  // The query tiles the previous key block adds to (empty for the first), computed here rather
+  // than held: the producer's 40 registers also hold the dropout draws' context.
+  const QueryTileSpan previous =
+      key_block_query_tiles(kb.j0 - Traits::kBlockN, Traits::kBlockN, Traits::kBlockM, kb.seqlen_q,
+                            kb.seqlen_kv, kb.diagonal, p.window_left, p.window_right);
+  const int key_block = kb.j0 / Traits::kBlockN, tile = kb.first_query(j) / Traits::kBlockM;
+  int* order =
+      bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(j)) * bp.dq_order_tiles + tile;
+  const bool first_lane = threadIdx.x % 32 == 0;
+  if (first_lane) {
+    if (previous.first <= tile && tile <= previous.last)
+      while (ptx::load_acquire_gpu(order) != key_block) {
+      }
+    ptx::mbarrier_arrive(l.dq_ready(j % Traits::kStages));
+  }
+  __syncwarp();
+  ptx::named_barrier_sync(Traits::kDqOrderBarrier, Traits::kConsumerThreads + 32);
+  if (first_lane) ptx::store_release_gpu(order, key_block + 1);
+}
 
 // Adds a consumer's dq tile (iteration it's 64 query rows; `row` the thread's first, columns
 // [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK. Lanes q and q ^ 1 of a quad
@@ -194,10 +237,6 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
   const int key_row = warp_in_group * 16 + quad_row;  // in the block (both consumers)
   const int key0 = kb.j0 + key_row;
   const int query_column0 = consumer * kQueryColumns;  // this consumer's S^T columns
-  // Deterministic mode: the query tiles the previous key block adds to (empty for the first),
-  // the thread that waits for and hands on each tile (consumer 0's first), and the barrier both
-  // consumers meet at around the adds (named barrier 1 is the operands').
-  constexpr int kDqOrderBarrier = 2, kHandOffThread = 128;
   // An uneven split (192, 192 / 128) runs each consumer in its own instantiation of this body,
   // so the two reach their barriers at different instructions: those take the unaligned form
   // (synccheck, session 31). The even split (256) keeps one body and `bar.sync`.
@@ -208,12 +247,14 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
     else
       ptx::named_barrier_sync_unaligned(id, kConsumerThreads);
   };
-  const int key_block = kb.j0 / kBlockN;
-  const QueryTileSpan previous =
-      kDeterministic
-          ? key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
-                                  kb.diagonal, p.window_left, p.window_right)
-          : QueryTileSpan{0, -1};
+  // Deterministic mode: the tile's reductions are issued (the producer's hand-off warp waits).
+  auto arrive_dq_added = [] {
+    constexpr int kThreads = kConsumerThreads + 32;
+    if constexpr (kEvenSplit)
+      ptx::named_barrier_arrive(Traits::kDqOrderBarrier, kThreads);
+    else
+      ptx::named_barrier_arrive_unaligned(Traits::kDqOrderBarrier, kThreads);
+  };
   // Its columns of a tile of 64 rows: whole 64-column blocks of 64 x 128 bytes.
   const uint32_t qk_offset = uint32_t(qk_column0 / 64) * 64 * 128;
   const uint32_t v_offset = uint32_t(v_column0 / 64) * 64 * 128;
@@ -293,31 +334,14 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       ptx::wgmma_wait<1>();  // dv and dq are done; dk may still run
       if constexpr (kVColumns > 0) ptx::fence_accumulators(dv_acc);
       ptx::fence_accumulators(dq_tile);
-      auto release_stage = [&] {
-        ptx::wgmma_wait<0>();
-        ptx::fence_accumulators(dk_acc);
-        ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
-      };
-      // Deterministic mode releases the stage before the hand-off's wait, which can be long.
-      if constexpr (kDeterministic) release_stage();
-      int* order = nullptr;
-      if constexpr (kDeterministic) {
-        const int tile = kb.first_query(it) / kBlockM;
-        order =
-            bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(it)) * bp.dq_order_tiles + tile;
-        if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
-          while (ptx::load_acquire_gpu(order) != key_block) {
-          }
-        consumers_sync(kDqOrderBarrier);
-      }
+      // Deterministic mode: the previous key block has handed this tile on (hand_over_dq_tile).
+      if constexpr (kDeterministic) ptx::mbarrier_wait(l.dq_ready(stage), (it / kStages) & 1);
       add_dq_tile<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
                                       qk_column0);
-      if constexpr (kDeterministic) {
-        consumers_sync(kDqOrderBarrier);  // both consumers' adds issued
-        if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
-      } else {
-        release_stage();
-      }
+      if constexpr (kDeterministic) arrive_dq_added();
+      ptx::wgmma_wait<0>();
+      ptx::fence_accumulators(dk_acc);
+      ptx::mbarrier_arrive(l.empty(stage));  // Q, dO, LSE, D of this iteration are read
     }
   }
 
@@ -361,26 +385,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   init_key_block_barriers<Traits>(bp, l);
+  if (kDeterministic && threadIdx.x == 0)
+    for (int s = 0; s < Traits::kStages; ++s) ptx::mbarrier_init(l.dq_ready(s), 1);
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
-    if (kb.iterations > 0) {
-      if constexpr (kDropout) {
-        static_assert(Traits::kTakesDropout, "keep words fit this layout");
-        produce_key_block_iterations<Traits, true>(
-            bp, kb, l,
-            [&](int it, int stage) {
-              draw_query_tile_keep_words<Traits::kBlockN>(bp.fwd, kb, it,
-                                                          l.keep + stage * Traits::kKeepWords);
-            },
-            [](int) {});
-      } else {
-        produce_key_block_iterations<Traits, true>(
-            bp, kb, l, [](int, int) {}, [](int) {});
-      }
+    if (kb.iterations == 0) return;
+    // Deterministic mode: warp 3 hands each dq tile on an iteration behind the copies, and the
+    // last one after them.
+    const bool hands_over = kDeterministic && threadIdx.x / 32 == 3;
+    auto after_copies = [&](int it) {
+      if (hands_over && it > 0) hand_over_dq_tile<Traits>(bp, kb, l, it - 1);
+    };
+    // Deterministic mode loads the rows' statistics in their own iteration, as the narrow form's
+    // producer does: a load in flight delays the hand-off's releasing store.
+    if constexpr (kDropout) {
+      static_assert(Traits::kTakesDropout, "keep words fit this layout");
+      produce_key_block_iterations<Traits, !kDeterministic>(
+          bp, kb, l,
+          [&](int it, int stage) {
+            draw_query_tile_keep_words<Traits::kBlockN>(bp.fwd, kb, it,
+                                                        l.keep + stage * Traits::kKeepWords);
+          },
+          after_copies);
+    } else {
+      produce_key_block_iterations<Traits, !kDeterministic>(
+          bp, kb, l, [](int, int) {}, after_copies);
     }
+    if (hands_over) hand_over_dq_tile<Traits>(bp, kb, l, kb.iterations - 1);
     return;
   }
 

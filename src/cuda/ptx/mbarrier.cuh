@@ -62,6 +62,9 @@ __device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_barrier_arrive_unaligned(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Moves registers between the warpgroups of a block (every thread of the warpgroup executes it).
 template <int kRegisters>
