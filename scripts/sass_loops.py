@@ -2,13 +2,13 @@
 """Static instruction counts of a kernel's hot loop, from `cuobjdump -sass` output (no GPU).
 
 For each function whose mangled name contains every FILTER word, finds the innermost loop (a
-backward branch and its target) that holds at least --min-mma wgmma instructions (HGMMA; the
-steady-state loop of the flash kernels) and prints its size, its branch count and its
-instruction mix. Used to compare two builds of a kernel before a device run (docs/perf.md:
+backward branch and its target) that holds at least --min-count instructions of --op (by default
+12 HGMMA: the steady-state loop of the flash kernels; `--op IMAD.WIDE --min-count 15` finds the
+backward producer's Philox loop) and prints its size, its branch count and its instruction mix. Used to compare two builds of a kernel before a device run (docs/perf.md:
 "static SASS loop 2329 -> 697 instructions").
 
     cuobjdump -sass -arch sm_90a OBJECT.o > k.sass       # scripts/sass_tools.sh fetches cuobjdump
-    python3 scripts/sass_loops.py k.sass bfloat16 Li64ELi64E [--min-mma 12] [--top 30]
+    python3 scripts/sass_loops.py k.sass bfloat16 Li64ELi64E [--op HGMMA] [--min-count 12] [--top 30]
 """
 
 import argparse
@@ -32,8 +32,13 @@ def functions(sass):
         yield name.strip(), [(int(a, 16), t.strip()) for a, t in INSTRUCTION.findall(body)]
 
 
-def innermost_loop(instructions, min_mma):
-    """(start, end, body) of the smallest loop holding >= min_mma HGMMA, or None."""
+def has_opcode(text, op):
+    """Whether the instruction's mnemonic with its modifiers starts with `op` (IMAD.WIDE)."""
+    return PREDICATE.sub("", text).split()[0].startswith(op)
+
+
+def innermost_loop(instructions, min_count, op="HGMMA"):
+    """(start, end, body) of the smallest loop holding >= min_count `op` instructions, or None."""
     best = None
     for address, text in instructions:
         match = BRANCH_TARGET.search(text)
@@ -43,7 +48,7 @@ def innermost_loop(instructions, min_mma):
         if target >= address:
             continue
         body = [t for a, t in instructions if target <= a <= address]
-        if sum(opcode(t) == "HGMMA" for t in body) < min_mma:
+        if sum(has_opcode(t, op) for t in body) < min_count:
             continue
         if best is None or len(body) < len(best[2]):
             best = (target, address, body)
@@ -55,7 +60,10 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sass")
     parser.add_argument("filter", nargs="*", help="words the mangled name must contain")
-    parser.add_argument("--min-mma", type=int, default=12)
+    parser.add_argument("--op", default="HGMMA",
+                        help="the mnemonic (with modifiers, a prefix) that selects the loop")
+    parser.add_argument("--min-count", "--min-mma", dest="min_count", type=int, default=12,
+                        help="the loop holds at least this many --op instructions")
     parser.add_argument("--top", type=int, default=30, help="opcodes listed per loop")
     args = parser.parse_args()
     with open(args.sass) as f:
@@ -65,14 +73,15 @@ def main():
         if not all(word in name for word in args.filter):
             continue
         found = True
-        loop = innermost_loop(instructions, args.min_mma)
+        loop = innermost_loop(instructions, args.min_count, args.op)
         if loop is None:
-            print(f"{name}\n  no loop with {args.min_mma}+ HGMMA")
+            print(f"{name}\n  no loop with {args.min_count}+ {args.op}")
             continue
         start, end, body = loop
         mix = collections.Counter(opcode(t) for t in body)
+        selected = sum(has_opcode(t, args.op) for t in body)
         print(f"{name}\n  loop {start:#x}-{end:#x}: {len(body)} instructions, "
-              f"{mix['BRA']} branches, {mix['HGMMA']} HGMMA")
+              f"{mix['BRA']} branches, {selected} {args.op}")
         print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(args.top)))
     if not found:
         print("no function matches", " ".join(args.filter), file=sys.stderr)
