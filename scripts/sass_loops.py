@@ -4,11 +4,13 @@
 For each function whose mangled name contains every FILTER word, finds the innermost loop (a
 backward branch and its target) that holds at least --min-count instructions of --op (by default
 12 HGMMA: the steady-state loop of the flash kernels; `--op IMAD.WIDE --min-count 15` finds the
-backward producer's Philox loop) and prints its size, its branch count and its instruction mix. Used to compare two builds of a kernel before a device run (docs/perf.md:
-"static SASS loop 2329 -> 697 instructions").
+backward producer's Philox loop) and prints its size, its branch count and its instruction
+mix. Used to compare two builds of a kernel before a device run (docs/perf.md: "static SASS
+loop 2329 -> 697 instructions").
 
     cuobjdump -sass -arch sm_90a OBJECT.o > k.sass       # scripts/sass_tools.sh fetches cuobjdump
-    python3 scripts/sass_loops.py k.sass bfloat16 Li64ELi64E [--op HGMMA] [--min-count 12] [--top 30]
+    python3 scripts/sass_loops.py k.sass bfloat16 Li64ELi64E [--op HGMMA] [--min-count 12] \
+        [--top 30]
 """
 
 import argparse
@@ -62,7 +64,7 @@ def main():
     parser.add_argument("filter", nargs="*", help="words the mangled name must contain")
     parser.add_argument("--op", default="HGMMA",
                         help="the mnemonic (with modifiers, a prefix) that selects the loop")
-    parser.add_argument("--min-count", "--min-mma", dest="min_count", type=int, default=12,
+    parser.add_argument("--min-count", type=int, default=12,
                         help="the loop holds at least this many --op instructions")
     parser.add_argument("--top", type=int, default=30, help="opcodes listed per loop")
     args = parser.parse_args()
