@@ -28,6 +28,8 @@ out="$1"
 patch_file="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
 rows_file="$(cd "$(dirname "$3")" && pwd)/$(basename "$3")"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/bench_common.sh
+source "$root/scripts/bench_common.sh"
 build="${DPA_BUILD_DIR:-$root/build-device}"
 archs="${DPA_CUDA_ARCHS:-90a}"
 jobs="${DPA_JOBS:-16}"
@@ -71,17 +73,6 @@ for binary in "$new" "$base"; do
   fi
 done
 
-# The median time in ms of one `dpa bench` run ("... 6.563 ms  418.9 TFLOP/s"), or "-".
-time_of() {
-  local binary="$1"
-  shift
-  echo "\$ $binary bench --iters 20 $*" >>"$log"
-  # shellcheck disable=SC2068
-  timeout 60 "$binary" bench --iters 20 $@ 2>&1 | tee -a "$log" |
-    awk '$0 !~ /^#/ { for (i = 2; i <= NF; ++i) if ($i == "ms") { print $(i - 1); exit } }' |
-    grep . || echo "-"
-}
-
 {
   echo "# A/B: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null |
     head -1);" \
@@ -90,18 +81,15 @@ time_of() {
   echo "| dpa bench arguments | base ms | new ms (two runs) | base / new |"
   echo "|---|---|---|---|"
   while IFS= read -r line; do
-    line="${line%%#*}"
-    line="${line%"${line##*[![:space:]]}"}"  # without trailing blanks
-    [ -z "${line// /}" ] && continue
     # shellcheck disable=SC2086
-    first=$(time_of "$new" $line)
+    first=$(bench_median_ms "$log" "$new" $line)
     # shellcheck disable=SC2086
-    reference=$(time_of "$base" $line)
+    reference=$(bench_median_ms "$log" "$base" $line)
     # shellcheck disable=SC2086
-    second=$(time_of "$new" $line)
+    second=$(bench_median_ms "$log" "$new" $line)
     ratio=$(awk -v b="$reference" -v x="$first" -v y="$second" 'BEGIN {
       if (b == "-" || x == "-" || y == "-") { print "-"; exit }
       printf "%.3f-%.3fx", b / (x > y ? x : y), b / (x < y ? x : y) }')
     echo "| \`$line\` | $reference | $first / $second | $ratio |"
-  done <"$rows_file"
+  done < <(bench_rows "$rows_file")
 } | tee "$out/ab.md"

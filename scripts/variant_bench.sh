@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Times variants of this tree in one call on the GPU machine (docs/perf.md's rule: ours against
+# ours only in the same call, by the same method). The base is this tree as built in the build
+# directory scripts/gpu_check.sh uses; each variant is the tree with one PATCH applied, rebuilt
+# incrementally in the same directory (only the files a patch touches recompile), its `dpa` kept
+# aside, the patch then reversed. Every row of ROWS is timed with `dpa bench` on the base, on
+# each variant, and on the base again; the table gives base / variant (> 1: the variant is
+# faster) against both base runs. Meant for knock-out experiments (a patch removes one part of
+# a kernel's work to show what that part costs) and for several candidate changes at once.
+# The tree is left as it was; its build directory then holds the last variant's objects until
+# the next build.
+#
+# usage: scripts/variant_bench.sh OUTDIR ROWS PATCH...
+#   ROWS   one `dpa bench` argument list per line (`#` starts a comment), as for ab_bench.sh
+#   PATCH  a change against this tree (here: `git diff > .device/NAME.patch`, carry .device);
+#          the variant is named after the file
+#
+# Environment: DPA_BUILD_DIR (default build-device), DPA_CUDA_ARCHS (default 90a), DPA_JOBS
+# (default 16). Writes OUTDIR/variants.md (the table and the commands) and OUTDIR/variants.log.
+set -uo pipefail
+
+if [ $# -lt 3 ]; then
+  sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//' | sed '$d' >&2
+  exit 2
+fi
+out="$1"
+rows_file="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+shift 2
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/bench_common.sh
+source "$root/scripts/bench_common.sh"
+build="${DPA_BUILD_DIR:-$root/build-device}"
+archs="${DPA_CUDA_ARCHS:-90a}"
+jobs="${DPA_JOBS:-16}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+log="$out/variants.log"
+: >"$log"
+binaries="$(mktemp -d)"
+trap 'rm -rf "$binaries"' EXIT
+
+if [ ! -x "$build/tools/dpa" ]; then
+  DPA_CUDA_ARCHS="$archs" DPA_JOBS="$jobs" bash "$root/scripts/gpu_check.sh" "$out/check" build
+fi
+ninja -C "$build" -j "$jobs" dpa_cli >>"$log" 2>&1 || {
+  echo "variant_bench: the base does not build (see $log)" >&2
+  exit 1
+}
+cp "$build/tools/dpa" "$binaries/base"
+names=()
+for patch_file in "$@"; do
+  name="$(basename "$patch_file" .patch)"
+  patch_file="$(cd "$(dirname "$patch_file")" && pwd)/$(basename "$patch_file")"
+  start=$(date +%s)
+  if ! (cd "$root" && patch -s -p1 <"$patch_file") >>"$log" 2>&1; then
+    echo "variant $name: the patch does not apply (skipped)" | tee -a "$log" >&2
+    continue
+  fi
+  if ninja -C "$build" -j "$jobs" dpa_cli >>"$log" 2>&1; then
+    cp "$build/tools/dpa" "$binaries/$name"
+    names+=("$name")
+  else
+    echo "variant $name: does not build (skipped; see $log)" | tee -a "$log" >&2
+  fi
+  (cd "$root" && patch -s -R -p1 <"$patch_file") >>"$log" 2>&1
+  echo "variant $name built in $(($(date +%s) - start)) s" >>"$log"
+done
+
+{
+  echo "# Variants: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null |
+    head -1); base = $(tr '\n' ' ' <"$root/.device/commit" 2>/dev/null)"
+  echo
+  header="| dpa bench arguments | base ms (two runs) |"
+  rule="|---|---|"
+  for name in "${names[@]}"; do
+    header+=" $name ms | base / $name |"
+    rule+="---|---|"
+  done
+  echo "$header"
+  echo "$rule"
+  while IFS= read -r line; do
+    # shellcheck disable=SC2086
+    first=$(bench_median_ms "$log" "$binaries/base" $line)
+    cells=""
+    for name in "${names[@]}"; do
+      # shellcheck disable=SC2086
+      cells+=" $(bench_median_ms "$log" "$binaries/$name" $line) |"
+    done
+    # shellcheck disable=SC2086
+    second=$(bench_median_ms "$log" "$binaries/base" $line)
+    row="| \`$line\` | $first / $second |"
+    read -r -a times <<<"${cells//|/}"
+    for i in "${!names[@]}"; do
+      ratio=$(awk -v x="$first" -v y="$second" -v v="${times[$i]}" 'BEGIN {
+        if (x == "-" || y == "-" || v == "-") { print "-"; exit }
+        printf "%.3f-%.3fx", (x < y ? x : y) / v, (x > y ? x : y) / v }')
+      row+=" ${times[$i]} | $ratio |"
+    done
+    echo "$row"
+  done < <(bench_rows "$rows_file")
+} | tee "$out/variants.md"
