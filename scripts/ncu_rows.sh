@@ -8,7 +8,8 @@
 #
 # usage: scripts/ncu_rows.sh OUTDIR ROWS KERNEL_REGEX
 #   ROWS          one `dpa bench` argument list per line (`#` starts a comment), as for
-#                 scripts/ab_bench.sh
+#                 scripts/ab_bench.sh; a line `! COMMAND` profiles COMMAND instead (a peer's
+#                 kernel, e.g. `! python3 bench/peer_backward.py --head-dim 128`)
 #   KERNEL_REGEX  ncu's --kernel-name regex (e.g. `sm90_ws`, `kvcache_attention`, `one_kernel`)
 #
 # Environment: DPA_BUILD_DIR (default build-device; built by scripts/gpu_check.sh OUTDIR build
@@ -46,15 +47,20 @@ while IFS= read -r line; do
   [ -z "${args// /}" ] && continue
   row_number=$((row_number + 1))
   rep="$scratch/row$row_number"
+  if [ "${args:0:1}" = "!" ]; then
+    command=(bash -c "${args:1}")
+  else
+    # shellcheck disable=SC2206
+    command=("$build/tools/dpa" bench --iters 20 --warmup 3 $args)
+  fi
   {
     echo "=================================================================="
-    echo "row $row_number: dpa bench $args (kernel regex $kernel)"
+    echo "row $row_number: ${command[*]} (kernel regex $kernel)"
   } >>"$report"
   # One launch after the warm-up ones, the clocks as the bench leaves them.
-  # shellcheck disable=SC2086
-  if ! timeout 300 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 3 \
-    --launch-count 1 --set full --import-source yes -f -o "$rep" \
-    "$build/tools/dpa" bench --iters 20 --warmup 3 $args >>"$log" 2>&1; then
+  if ! timeout 300 "$ncu" --clock-control none --target-processes all \
+    --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 --set full \
+    --import-source yes -f -o "$rep" "${command[@]}" >>"$log" 2>&1; then
     echo "ncu failed (see ncu.log)" >>"$report"
     continue
   fi
