@@ -90,9 +90,10 @@ void tile_gradients(const BackwardState& st, int64_t b, int64_t h, int64_t i0, i
     if (p.dropout_threshold != 0) {
       dropout_multipliers(p, b, h, i0 + r, j0, cols, out.keep.data());
     }
-    const float row_lse = lse[r], row_delta = delta[r];
+    const float row_delta = delta[r];
+    exp_of_shifted(s_row, cols, lse[r]);  // P: 0 for masked pairs (s = -inf)
     for (int64_t c = 0; c < cols; ++c) {
-      const float prob = std::exp(s_row[c] - row_lse);  // 0 for masked pairs (s = -inf)
+      const float prob = s_row[c];
       const float keep = p.dropout_threshold != 0 ? out.keep[size_t(c)] : 1.0f;
       // Masked pairs give exactly 0, even when dO . v is not finite (rows outside a sequence).
       const float grad_score = prob == 0.0f ? 0.0f : prob * (dp_row[c] * keep - row_delta);

@@ -81,8 +81,8 @@ class LogitTransform {
 void dropout_multipliers(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t j0,
                          int64_t cols, float* out);
 
-// The three matrix kernels (tiled_kernels.cc). Each output element is updated in a fixed order
-// that does not depend on the vector width, so every instruction-set clone gives the same bits.
+// The vector kernels (tiled_kernels.cc). Each output element is updated in a fixed order that
+// does not depend on the vector width, so every instruction-set clone gives the same bits.
 
 // c [m, n] = a [m, d] . bt [d, n] (bt is the right-hand factor already transposed).
 void matmul_transposed(const float* a, const float* bt, int64_t m, int64_t n, int64_t d, float* c);
@@ -93,5 +93,22 @@ void accumulate_product(const float* w, const float* x, int64_t m, int64_t n, in
 // c [n, d] += w [m, n]^T . x [m, d]. Zero weights are skipped.
 void accumulate_transposed_product(const float* w, const float* x, int64_t m, int64_t n, int64_t d,
                                    float* c);
+
+// x[i] = exp(x[i] - shift) for i < n, within 2 ulp of std::exp: 0 from -inf, +inf past fp32's
+// range, NaN kept. exp_of_shifted_portable is the 4-wide form every CPU has, for the test that
+// both give the same bits.
+void exp_of_shifted(float* x, int64_t n, float shift);
+void exp_of_shifted_portable(float* x, int64_t n, float shift);
+
+// The largest of x[0 .. n): NaN if any is NaN, -inf for n = 0.
+float max_keeping_nan(const float* x, int64_t n);
+
+// x[0] + ... + x[n - 1] in one fixed order at every vector width (eight lane sums, then a tree);
+// sum_in_lanes_portable is its 4-wide form.
+float sum_in_lanes(const float* x, int64_t n);
+float sum_in_lanes_portable(const float* x, int64_t n);
+
+// max that keeps a NaN (std::max drops it when it is the second argument).
+inline float keep_nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
 }  // namespace dpa::cpu

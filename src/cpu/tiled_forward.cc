@@ -14,10 +14,6 @@
 namespace dpa::cpu {
 namespace {
 
-// max that keeps a NaN (std::max drops it when it is the second argument): a NaN logit must
-// reach o and lse instead of reading as a masked key (docs/decisions.md, non-finite inputs).
-float nan_max(float a, float b) { return (b > a || std::isnan(b)) ? b : a; }
-
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
 struct QueryTile {
@@ -74,18 +70,15 @@ void forward_tile(const AttentionProblem& p, const LogitTransform& transform,
 
       for (int64_t r = 0; r < rows; ++r) {
         float* s = scores.data() + r * cols;
-        float tile_max = kNegativeInfinity;
-        for (int64_t c = 0; c < cols; ++c) tile_max = nan_max(tile_max, s[c]);
-        const float new_max = nan_max(row_max[size_t(r)], tile_max);
+        // A NaN logit must reach o and lse instead of reading as a masked key
+        // (docs/decisions.md, non-finite inputs): the maxima keep NaN.
+        const float new_max = keep_nan_max(row_max[size_t(r)], max_keeping_nan(s, cols));
         if (new_max == kNegativeInfinity) {  // nothing visible yet: P = 0
           for (int64_t c = 0; c < cols; ++c) s[c] = 0.0f;
           continue;
         }
-        float tile_sum = 0.0f;
-        for (int64_t c = 0; c < cols; ++c) {
-          s[c] = std::exp(s[c] - new_max);
-          tile_sum += s[c];
-        }
+        exp_of_shifted(s, cols, new_max);
+        const float tile_sum = sum_in_lanes(s, cols);
         // Dropout scales P in o only; the normaliser Z sums the undropped P.
         if (p.dropout_threshold != 0) {
           dropout_multipliers(p, b, h, i0 + r, j0, cols, keep.data());
@@ -108,7 +101,7 @@ void forward_tile(const AttentionProblem& p, const LogitTransform& transform,
   float* lse = static_cast<float*>(p.lse.data);
   for (int64_t r = 0; r < rows; ++r) {
     float* o = acc.data() + r * dv;
-    const float final_max = nan_max(row_max[size_t(r)], sigma);
+    const float final_max = keep_nan_max(row_max[size_t(r)], sigma);
     if (final_max == kNegativeInfinity) {  // no visible key and no sink
       std::fill(o, o + dv, 0.0f);
       lse[p.lse_offset(b, h, i0 + r)] = kNegativeInfinity;
