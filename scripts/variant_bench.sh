@@ -7,8 +7,8 @@
 # each variant, and on the base again; the table gives base / variant (> 1: the variant is
 # faster) against both base runs. Meant for knock-out experiments (a patch removes one part of
 # a kernel's work to show what that part costs) and for several candidate changes at once.
-# The tree is left as it was; its build directory then holds the last variant's objects until
-# the next build.
+# The tree is left as it was, also when the script is stopped (a timeout's TERM); its build
+# directory then holds the last variant's objects until the next build.
 #
 # usage: scripts/variant_bench.sh OUTDIR ROWS PATCH...
 #   ROWS   one `dpa bench` argument list per line (`#` starts a comment), as for ab_bench.sh
@@ -37,7 +37,13 @@ out="$(cd "$out" && pwd)"
 log="$out/variants.log"
 : >"$log"
 binaries="$(mktemp -d)"
-trap 'rm -rf "$binaries"' EXIT
+applied=""  # the patch now applied to the tree, reversed on any exit (a timeout included)
+cleanup() {
+  [ -n "$applied" ] && (cd "$root" && patch -s -R -p1 <"$applied") >>"$log" 2>&1
+  rm -rf "$binaries"
+}
+trap cleanup EXIT
+trap 'exit 124' TERM INT
 
 if [ ! -x "$build/tools/dpa" ]; then
   DPA_CUDA_ARCHS="$archs" DPA_JOBS="$jobs" bash "$root/scripts/gpu_check.sh" "$out/check" build
@@ -56,6 +62,7 @@ for patch_file in "$@"; do
     echo "variant $name: the patch does not apply (skipped)" | tee -a "$log" >&2
     continue
   fi
+  applied="$patch_file"
   if ninja -C "$build" -j "$jobs" dpa_cli >>"$log" 2>&1; then
     cp "$build/tools/dpa" "$binaries/$name"
     names+=("$name")
@@ -63,6 +70,7 @@ for patch_file in "$@"; do
     echo "variant $name: does not build (skipped; see $log)" | tee -a "$log" >&2
   fi
   (cd "$root" && patch -s -R -p1 <"$patch_file") >>"$log" 2>&1
+  applied=""
   echo "variant $name built in $(($(date +%s) - start)) s" >>"$log"
 done
 
