@@ -60,7 +60,7 @@ while IFS= read -r line; do
   # One launch after the warm-up ones, the clocks as the bench leaves them.
   if ! timeout 300 "$ncu" --clock-control none --target-processes all \
     --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 --set full \
-    --import-source yes -f -o "$rep" "${command[@]}" >>"$log" 2>&1; then
+    --import-source yes -f -o "$rep" "${command[@]}" </dev/null >>"$log" 2>&1; then
     echo "ncu failed (see ncu.log)" >>"$report"
     continue
   fi
