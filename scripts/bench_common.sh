@@ -21,7 +21,7 @@ bench_median_ms() {
   shift 2
   echo "\$ $binary bench --iters 20 $*" >>"$log"
   # shellcheck disable=SC2068
-  timeout 60 "$binary" bench --iters 20 $@ 2>&1 | tee -a "$log" |
+  timeout 60 "$binary" bench --iters 20 $@ </dev/null 2>&1 | tee -a "$log" |
     awk '$0 !~ /^#/ { for (i = 2; i <= NF; ++i) if ($i == "ms") { print $(i - 1); exit } }' |
     grep . || echo "-"
 }
