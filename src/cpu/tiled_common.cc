@@ -108,11 +108,9 @@ void LogitTransform::apply(int64_t b, int64_t h, int64_t i0, int64_t rows, const
     for (int64_t c = lo; c < hi; ++c) s[c] *= scale_;
     // s = c * tanh(u / c)
     if (softcap) {
-      for (int64_t c = lo; c < hi; ++c) {
-        const float tanh_value = std::tanh(s[c] * inv_cap_);
-        if (t) t[c] = tanh_value;
-        s[c] = cap_ * tanh_value;
-      }
+      tanh_of_scaled(s + lo, hi - lo, inv_cap_);
+      if (t) std::copy(s + lo, s + hi, t + lo);
+      for (int64_t c = lo; c < hi; ++c) s[c] *= cap_;
     }
     if (layer_ != 1.0f) {
       for (int64_t c = lo; c < hi; ++c) s[c] *= layer_;

@@ -100,6 +100,11 @@ void accumulate_transposed_product(const float* w, const float* x, int64_t m, in
 void exp_of_shifted(float* x, int64_t n, float shift);
 void exp_of_shifted_portable(float* x, int64_t n, float shift);
 
+// x[i] = tanh(scale x[i]) for i < n, within 2 ulp of the exact tanh; tanh_of_scaled_portable is
+// its 4-wide form.
+void tanh_of_scaled(float* x, int64_t n, float scale);
+void tanh_of_scaled_portable(float* x, int64_t n, float scale);
+
 // The largest of x[0 .. n): NaN if any is NaN, -inf for n = 0.
 float max_keeping_nan(const float* x, int64_t n);
 

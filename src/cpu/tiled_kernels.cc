@@ -1,5 +1,5 @@
 // The vector kernels of the tiled CPU backend (declared in tiled_common.h): three matrix
-// products, and the softmax's exponential, maximum and sum.
+// products, the softcap's tanh, and the softmax's exponential, maximum and sum.
 //
 // Each kernel works on register blocks of 4 rows x 2 vectors: eight vector accumulators, so
 // every loaded vector of the shared factor feeds four rows and the accumulators stay in
@@ -230,6 +230,57 @@ DPA_ALWAYS_INLINE void exp_of_shifted_impl(float* x, int64_t n, float shift) {
   }
 }
 
+// x[i] = tanh(scale x[i]), W elements at a time, the tail padded as in exp_of_shifted. Both
+// forms are computed for every element and one is kept: for |y| < 0.625 the odd Taylor series
+// of tanh to y^19 (truncation below 2^-27 relative), above it 1 - 2 / (exp(2|y|) + 1) with
+// exp_in_place (where the subtraction loses under one bit); the sign is y's. Within 2 ulp of
+// the exact tanh (the unit test checks); +-inf give +-1, NaN stays NaN, -0 stays -0.
+template <int W>
+DPA_ALWAYS_INLINE void tanh_in_place(typename VecOf<W>::type& y) {
+  using Vec = typename VecOf<W>::type;
+  using IntVec = typename IntVecOf<W>::type;
+  const IntVec sign = IntVec(y) & (IntVec{} + int32_t(0x80000000u));
+  const Vec a = Vec(IntVec(y) & ~sign);
+  const Vec z = a * a;
+  Vec series = z * -2.3912911424355248e-4f + 5.9002744094558598e-4f;  // y^19, y^17
+  series = series * z + -1.4558343870513183e-3f;                      // y^15
+  series = series * z + 3.5921280365724810e-3f;                       // y^13
+  series = series * z + -8.8632355299021966e-3f;                      // y^11
+  series = series * z + 2.1869488536155203e-2f;                       // y^9
+  series = series * z + -5.3968253968253968e-2f;                      // y^7
+  series = series * z + 1.3333333333333333e-1f;                       // y^5
+  series = series * z + -3.3333333333333333e-1f;                      // y^3
+  const Vec small = a + a * z * series;
+  Vec exp_of_twice = a + a;
+  exp_in_place<W>(exp_of_twice);
+  const Vec large = 1.0f - 2.0f / (exp_of_twice + 1.0f);
+  const IntVec use_series = a < 0.625f;
+  y = Vec(((IntVec(small) & use_series) | (IntVec(large) & ~use_series)) | sign);
+}
+
+template <int W>
+DPA_ALWAYS_INLINE void tanh_of_scaled_impl(float* x, int64_t n, float scale) {
+  using Vec = typename VecOf<W>::type;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    Vec y;
+    DPA_LOAD_VEC(y, x + i);
+    y *= scale;
+    tanh_in_place<W>(y);
+    DPA_STORE_VEC(x + i, y);
+  }
+  if (i < n) {
+    float tail[W] = {};
+    std::memcpy(tail, x + i, sizeof(float) * size_t(n - i));
+    Vec y;
+    DPA_LOAD_VEC(y, tail);
+    y *= scale;
+    tanh_in_place<W>(y);
+    DPA_STORE_VEC(tail, y);
+    std::memcpy(x + i, tail, sizeof(float) * size_t(n - i));
+  }
+}
+
 // The largest of x[0 .. n), NaN if any is NaN (a NaN logit must reach o and lse instead of
 // reading as a masked key), -inf for n = 0. A maximum is exact, so the order does not matter.
 template <int W>
@@ -310,6 +361,9 @@ __attribute__((target("avx2"))) void accumulate_transposed_product_avx2(const fl
 __attribute__((target("avx2"))) void exp_of_shifted_avx2(float* x, int64_t n, float shift) {
   exp_of_shifted_impl<8>(x, n, shift);
 }
+__attribute__((target("avx2"))) void tanh_of_scaled_avx2(float* x, int64_t n, float scale) {
+  tanh_of_scaled_impl<8>(x, n, scale);
+}
 __attribute__((target("avx2"))) float max_keeping_nan_avx2(const float* x, int64_t n) {
   return max_keeping_nan_impl<8>(x, n);
 }
@@ -351,6 +405,17 @@ void exp_of_shifted(float* x, int64_t n, float shift) {
 
 void exp_of_shifted_portable(float* x, int64_t n, float shift) {
   exp_of_shifted_impl<4>(x, n, shift);
+}
+
+void tanh_of_scaled(float* x, int64_t n, float scale) {
+#if defined(DPA_CPU_AVX2_DISPATCH)
+  if (cpu_has_avx2()) return tanh_of_scaled_avx2(x, n, scale);
+#endif
+  tanh_of_scaled_impl<4>(x, n, scale);
+}
+
+void tanh_of_scaled_portable(float* x, int64_t n, float scale) {
+  tanh_of_scaled_impl<4>(x, n, scale);
 }
 
 float max_keeping_nan(const float* x, int64_t n) {

@@ -1,6 +1,7 @@
-// The tiled CPU backend's softmax kernels (src/cpu/tiled_kernels.cc): the vector exponential
-// against the C library, its special values, and the same bits from the AVX2 and the portable
-// 4-wide forms (and from the padded tail); the NaN-keeping maximum; the fixed-order sum.
+// The tiled CPU backend's elementwise kernels (src/cpu/tiled_kernels.cc): the vector exponential
+// and tanh against the exact functions, their special values, and the same bits from the AVX2
+// and the portable 4-wide forms (and from the padded tail); the NaN-keeping maximum; the
+// fixed-order sum.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -107,6 +108,76 @@ TEST(CpuVectorKernels, ExpOfShiftedGivesTheSameBitsAtEveryWidth) {
   exp_of_shifted_portable(portable.data(), int64_t(x.size()), 0.75f);
   for (size_t i = 0; i < x.size(); ++i)
     ASSERT_TRUE(same_bits(dispatched[i], portable[i])) << "exp(" << x[i] << " - 0.75)";
+}
+
+// Arguments for tanh: both sides of the switch between its two forms (|y| = 0.625), tiny
+// ones, and the range where tanh reaches 1.
+std::vector<float> tanh_inputs() {
+  std::vector<float> x;
+  for (float v = -12.0f; v < 12.0f; v += 0.000917f) x.push_back(v);
+  for (float v = 0.6f; v < 0.65f; v = std::nextafter(v, 1.0f)) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  for (float v = 1e-30f; v < 1e-2f; v *= 1.37f) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  return x;
+}
+
+TEST(CpuVectorKernels, TanhOfScaledIsWithinTwoUlpOfTheExactTanh) {
+  const std::vector<float> x = tanh_inputs();
+  for (const float scale : {1.0f, 0.02f, 3.0f}) {
+    std::vector<float> y = x;
+    tanh_of_scaled(y.data(), int64_t(y.size()), scale);
+    double worst = 0.0;
+    float worst_input = 0.0f;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float argument = x[i] * scale;  // the kernel rounds the scaled argument in fp32
+      ASSERT_FALSE(std::isnan(y[i])) << "tanh(" << argument << ")";
+      const double exact = std::tanh(double(argument));
+      const double ulp = std::ldexp(1.0, std::ilogb(float(exact)) - 23);
+      const double error = std::fabs(double(y[i]) - exact) / ulp;
+      if (error > worst) {
+        worst = error;
+        worst_input = argument;
+      }
+    }
+    EXPECT_LE(worst, 2.0) << "scale " << scale << ": worst at tanh(" << worst_input << ")";
+  }
+}
+
+TEST(CpuVectorKernels, TanhOfScaledSpecialValues) {
+  std::vector<float> x = {kInfinity, -kInfinity, std::numeric_limits<float>::quiet_NaN(),
+                          0.0f,      -0.0f,      100.0f};
+  tanh_of_scaled(x.data(), int64_t(x.size()), 1.0f);
+  EXPECT_EQ(x[0], 1.0f);
+  EXPECT_EQ(x[1], -1.0f);
+  EXPECT_TRUE(std::isnan(x[2]));
+  EXPECT_TRUE(same_bits(x[3], 0.0f));
+  EXPECT_TRUE(same_bits(x[4], -0.0f));
+  EXPECT_EQ(x[5], 1.0f);
+}
+
+TEST(CpuVectorKernels, TanhOfScaledGivesTheSameBitsAtEveryWidthAndLength) {
+  const std::vector<float> x = tanh_inputs();
+  std::vector<float> dispatched = x, portable = x;
+  tanh_of_scaled(dispatched.data(), int64_t(x.size()), 0.5f);
+  tanh_of_scaled_portable(portable.data(), int64_t(x.size()), 0.5f);
+  if (has_second_width()) {
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_TRUE(same_bits(dispatched[i], portable[i])) << "tanh(" << x[i] << " * 0.5)";
+  }
+  for (int64_t n = 1; n <= 17; ++n) {
+    std::vector<float> part(x.begin() + 2000, x.begin() + 2000 + n), portable_part = part;
+    tanh_of_scaled(part.data(), n, 0.5f);
+    tanh_of_scaled_portable(portable_part.data(), n, 0.5f);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(same_bits(part[size_t(i)], dispatched[size_t(2000 + i)])) << "n " << n;
+      ASSERT_TRUE(same_bits(portable_part[size_t(i)], portable[size_t(2000 + i)])) << "n " << n;
+    }
+  }
 }
 
 TEST(CpuVectorKernels, MaxKeepsNaNAndIsExact) {
