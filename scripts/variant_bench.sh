@@ -66,12 +66,12 @@ for patch_file in "$@"; do
   if ninja -C "$build" -j "$jobs" dpa_cli >>"$log" 2>&1; then
     cp "$build/tools/dpa" "$binaries/$name"
     names+=("$name")
+    echo "variant $name built in $(($(date +%s) - start)) s" >>"$log"
   else
     echo "variant $name: does not build (skipped; see $log)" | tee -a "$log" >&2
   fi
   (cd "$root" && patch -s -R -p1 <"$patch_file") >>"$log" 2>&1
   applied=""
-  echo "variant $name built in $(($(date +%s) - start)) s" >>"$log"
 done
 
 {
