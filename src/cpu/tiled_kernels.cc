@@ -165,8 +165,7 @@ DPA_ALWAYS_INLINE void accumulate_transposed_product_impl(const float* w, const 
   accumulate_strided_impl<W>(w, 1, n, x, n, m, d, c);
 }
 
-// x[i] = exp(x[i] - shift), W elements at a time; the last partial vector is padded, so every
-// element takes the same operations at either width (and the same bits). Range reduction
+// exp(y) for each element of a vector (exp_of_shifted). Range reduction
 // exp(y) = 2^n exp(r) with n = round(y log2 e) and r = y - n ln 2 (ln 2 in two parts, the first
 // short enough that n times it is exact), then exp(r) for |r| <= ln 2 / 2 by its Taylor
 // polynomial of degree 7 (truncation below 2^-27 relative), times 2^n as two powers of two
@@ -207,34 +206,11 @@ DPA_ALWAYS_INLINE void exp_in_place(typename VecOf<W>::type& y) {
   y = Vec(IntVec(value) & ~underflow);
 }
 
-template <int W>
-DPA_ALWAYS_INLINE void exp_of_shifted_impl(float* x, int64_t n, float shift) {
-  using Vec = typename VecOf<W>::type;
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    Vec y;
-    DPA_LOAD_VEC(y, x + i);
-    y -= shift;
-    exp_in_place<W>(y);
-    DPA_STORE_VEC(x + i, y);
-  }
-  if (i < n) {
-    float tail[W] = {};
-    std::memcpy(tail, x + i, sizeof(float) * size_t(n - i));
-    Vec y;
-    DPA_LOAD_VEC(y, tail);
-    y -= shift;
-    exp_in_place<W>(y);
-    DPA_STORE_VEC(tail, y);
-    std::memcpy(x + i, tail, sizeof(float) * size_t(n - i));
-  }
-}
-
-// x[i] = tanh(scale x[i]), W elements at a time, the tail padded as in exp_of_shifted. Both
-// forms are computed for every element and one is kept: for |y| < 0.625 the odd Taylor series
-// of tanh to y^19 (truncation below 2^-27 relative), above it 1 - 2 / (exp(2|y|) + 1) with
-// exp_in_place (where the subtraction loses under one bit); the sign is y's. Within 2 ulp of
-// the exact tanh (the unit test checks); +-inf give +-1, NaN stays NaN, -0 stays -0.
+// tanh(y) for each element of a vector (tanh_of_scaled). Both forms are computed for every element
+// and one is kept: for |y| < 0.625 the odd Taylor series of tanh to y^19 (truncation below 2^-27
+// relative), above it 1 - 2 / (exp(2|y|) + 1) with exp_in_place (where the subtraction loses under
+// one bit); the sign is y's. Within 2 ulp of the exact tanh (the unit test checks); +-inf give +-1,
+// NaN stays NaN, -0 stays -0.
 template <int W>
 DPA_ALWAYS_INLINE void tanh_in_place(typename VecOf<W>::type& y) {
   using Vec = typename VecOf<W>::type;
@@ -258,25 +234,40 @@ DPA_ALWAYS_INLINE void tanh_in_place(typename VecOf<W>::type& y) {
   y = Vec(((IntVec(small) & use_series) | (IntVec(large) & ~use_series)) | sign);
 }
 
-template <int W>
-DPA_ALWAYS_INLINE void tanh_of_scaled_impl(float* x, int64_t n, float scale) {
-  using Vec = typename VecOf<W>::type;
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    Vec y;
-    DPA_LOAD_VEC(y, x + i);
+// The elementwise maps of exp_of_shifted and tanh_of_scaled: Op::apply<W>(vector, argument) on
+// W elements at a time; the last partial vector is padded, so every element takes the same
+// operations at either width (and the same bits).
+struct ShiftedExp {
+  template <int W>
+  static DPA_ALWAYS_INLINE void apply(typename VecOf<W>::type& y, float shift) {
+    y -= shift;
+    exp_in_place<W>(y);
+  }
+};
+struct ScaledTanh {
+  template <int W>
+  static DPA_ALWAYS_INLINE void apply(typename VecOf<W>::type& y, float scale) {
     y *= scale;
     tanh_in_place<W>(y);
-    DPA_STORE_VEC(x + i, y);
   }
+};
+
+template <int W, typename Op>
+DPA_ALWAYS_INLINE void map_vector(float* p, float argument) {
+  typename VecOf<W>::type y;
+  DPA_LOAD_VEC(y, p);
+  Op::template apply<W>(y, argument);
+  DPA_STORE_VEC(p, y);
+}
+
+template <int W, typename Op>
+DPA_ALWAYS_INLINE void map_in_place(float* x, int64_t n, float argument) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) map_vector<W, Op>(x + i, argument);
   if (i < n) {
     float tail[W] = {};
     std::memcpy(tail, x + i, sizeof(float) * size_t(n - i));
-    Vec y;
-    DPA_LOAD_VEC(y, tail);
-    y *= scale;
-    tanh_in_place<W>(y);
-    DPA_STORE_VEC(tail, y);
+    map_vector<W, Op>(tail, argument);
     std::memcpy(x + i, tail, sizeof(float) * size_t(n - i));
   }
 }
@@ -359,10 +350,10 @@ __attribute__((target("avx2"))) void accumulate_transposed_product_avx2(const fl
 }
 
 __attribute__((target("avx2"))) void exp_of_shifted_avx2(float* x, int64_t n, float shift) {
-  exp_of_shifted_impl<8>(x, n, shift);
+  map_in_place<8, ShiftedExp>(x, n, shift);
 }
 __attribute__((target("avx2"))) void tanh_of_scaled_avx2(float* x, int64_t n, float scale) {
-  tanh_of_scaled_impl<8>(x, n, scale);
+  map_in_place<8, ScaledTanh>(x, n, scale);
 }
 __attribute__((target("avx2"))) float max_keeping_nan_avx2(const float* x, int64_t n) {
   return max_keeping_nan_impl<8>(x, n);
@@ -400,22 +391,22 @@ void exp_of_shifted(float* x, int64_t n, float shift) {
 #if defined(DPA_CPU_AVX2_DISPATCH)
   if (cpu_has_avx2()) return exp_of_shifted_avx2(x, n, shift);
 #endif
-  exp_of_shifted_impl<4>(x, n, shift);
+  map_in_place<4, ShiftedExp>(x, n, shift);
 }
 
 void exp_of_shifted_portable(float* x, int64_t n, float shift) {
-  exp_of_shifted_impl<4>(x, n, shift);
+  map_in_place<4, ShiftedExp>(x, n, shift);
 }
 
 void tanh_of_scaled(float* x, int64_t n, float scale) {
 #if defined(DPA_CPU_AVX2_DISPATCH)
   if (cpu_has_avx2()) return tanh_of_scaled_avx2(x, n, scale);
 #endif
-  tanh_of_scaled_impl<4>(x, n, scale);
+  map_in_place<4, ScaledTanh>(x, n, scale);
 }
 
 void tanh_of_scaled_portable(float* x, int64_t n, float scale) {
-  tanh_of_scaled_impl<4>(x, n, scale);
+  map_in_place<4, ScaledTanh>(x, n, scale);
 }
 
 float max_keeping_nan(const float* x, int64_t n) {
