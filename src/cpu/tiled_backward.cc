@@ -3,14 +3,23 @@
 //
 // Determinism: every output element is owned by exactly one task, and each task sums its
 // contributions in a fixed order, so results are bit-identical for any thread count.
-//  - Pass 1, one task per (batch b, query head h, tile of kTileQ query rows): D_i = dO_i . o_i
-//    for its rows (kept for pass 2), dq for its rows, and a partial dalpha_h. The partials are
-//    summed serially afterwards in task order.
-//  - Pass 2, one task per (batch b, KV head g, tile of kTileKv key rows): dk and dv for its key
-//    rows, summed over the H/G query heads of group g and all query rows. dbias is accumulated
-//    here too (in fp32, converted once at the end). When dbias broadcasts over the batch or the
-//    heads, tasks for different b (or g) would add into the same dbias element, so those loops
-//    move inside the task (a task then covers every b, or every g, of its key tile).
+//  - Rows pass, one task per (batch b, query head h, tile of kTileQ query rows): D_i = dO_i . o_i
+//    for its rows, and a partial dalpha_h. The partials are summed serially afterwards in task
+//    order.
+//  - Then one of two plans (fused_backward_applies):
+//    - Fused, one task per (batch b, KV head g): for each key tile in order, dk and dv of its
+//      rows and the tile's share of dq = dU K for every query row of the group's heads, added
+//      into an fp32 accumulator the task owns. Five products per pair of tiles.
+//    - Two passes, for more and smaller tasks: a dq pass, one task per query tile, over the key
+//      tiles in order, then a dk/dv pass, one task per (b, g, tile of kTileKv key rows). The
+//      scores and dP are then computed twice: seven products per pair of tiles.
+//    Both add each dq element's terms in the same order (keys ascending, the same products),
+//    so they give the same bits (tests/cpu/test_cpu_tiled.cc checks it).
+//  - dk and dv are summed over the H/G query heads of group g and all query rows. dbias is
+//    accumulated there too (in fp32, converted once at the end). When dbias broadcasts over the
+//    batch or the heads, tasks for different b (or g) would add into the same dbias element, so
+//    those loops move inside a key task (a task then covers every b, or every g, of its key
+//    tile), and only the two-pass plan is used.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,6 +45,24 @@ struct BiasGradAccumulator {
     return ((bb * heads + hh) * rows + ii) * cols + j;
   }
 };
+
+// The dbias accumulator's batch and head extents: 1 where dbias broadcasts over that dimension.
+// A CP tile's sequences sit at different global rows, so they stay apart even when dbias
+// broadcasts over the batch (write_bias_grad then adds each at its own position).
+int64_t dbias_batches(const AttentionProblem& p) {
+  return p.dbias_layout.stride_batch != 0 || p.cp.aux_global ? p.batch : 1;
+}
+int64_t dbias_heads(const AttentionProblem& p) {
+  return p.dbias_layout.stride_head != 0 ? p.heads_q : 1;
+}
+// Whether tasks of different batches (KV heads) would add into the same dbias elements, so one
+// key task must cover them all.
+bool dbias_folds_batches(const AttentionProblem& p) {
+  return p.wants_dbias && dbias_batches(p) == 1 && p.batch > 1;
+}
+bool dbias_folds_groups(const AttentionProblem& p) {
+  return p.wants_dbias && dbias_heads(p) == 1 && p.heads_kv > 1;
+}
 
 struct BackwardState {
   const AttentionProblem& p;
@@ -109,8 +136,31 @@ struct QueryTile {
   int64_t batch, head, row0, rows;
 };
 
-// Pass 1: D, dq and the partial dalpha of one query tile.
-double query_tile_backward(BackwardState& st, const QueryTile& tile) {
+// The rows pass of one query tile: D (into st.delta) and the tile's partial dalpha.
+double query_tile_rows(BackwardState& st, const QueryTile& tile) {
+  const AttentionProblem& p = st.p;
+  const int64_t b = tile.batch, h = tile.head, i0 = tile.row0, rows = tile.rows;
+  const int64_t dv = p.head_dim_v;
+  std::vector<float> d_o(size_t(rows * dv)), o(size_t(rows * dv));  // [rows, dv]
+  gather_rows(p.d_o, p.do_rows, b, i0, rows, h, dv, d_o.data());
+  gather_rows(p.o, p.o_rows, b, i0, rows, h, dv, o.data());
+  double dalpha = 0.0;
+  const double sigma = sink_logit(p, h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const float lse = st.lse[p.lse_offset(b, h, i)];
+    // Rows without a visible key (padded rows included) take no part in any gradient.
+    if (visible_keys(p, b, i).empty() || lse == kNegativeInfinity) continue;
+    double dot = 0.0;
+    for (int64_t c = 0; c < dv; ++c) dot += double(d_o[size_t(r * dv + c)]) * o[size_t(r * dv + c)];
+    st.delta[size_t(p.lse_offset(b, h, i))] = float(dot);
+    if (p.wants_dsoftmax_offset) dalpha -= std::exp(sigma - double(lse)) * dot;
+  }
+  return dalpha;
+}
+
+// The two-pass plan's dq of one query tile, over the key tiles in order.
+void query_tile_dq(const BackwardState& st, const QueryTile& tile) {
   const AttentionProblem& p = st.p;
   const int64_t b = tile.batch, h = tile.head, i0 = tile.row0, rows = tile.rows;
   const int64_t g = p.kv_head(h);
@@ -118,39 +168,29 @@ double query_tile_backward(BackwardState& st, const QueryTile& tile) {
 
   std::vector<KeyRange> ranges(static_cast<size_t>(rows));
   std::vector<float> lse(static_cast<size_t>(rows)), delta(size_t(rows), 0.0f);
-  std::vector<float> d_o(size_t(rows * dv)), o(size_t(rows * dv));  // [rows, dv]
-  gather_rows(p.d_o, p.do_rows, b, i0, rows, h, dv, d_o.data());
-  gather_rows(p.o, p.o_rows, b, i0, rows, h, dv, o.data());
-
   int64_t keys_begin = std::numeric_limits<int64_t>::max(), keys_end = 0;
-  double dalpha = 0.0;
-  const double sigma = sink_logit(p, h);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     KeyRange range = visible_keys(p, b, i);
     lse[size_t(r)] = st.lse[p.lse_offset(b, h, i)];
-    // Rows without a visible key (padded rows included) take no part in any gradient.
     if (range.empty() || lse[size_t(r)] == kNegativeInfinity) range = {0, 0};
     ranges[size_t(r)] = range;
     if (range.empty()) continue;
-    double dot = 0.0;
-    for (int64_t c = 0; c < dv; ++c) dot += double(d_o[size_t(r * dv + c)]) * o[size_t(r * dv + c)];
-    delta[size_t(r)] = float(dot);
-    st.delta[size_t(p.lse_offset(b, h, i))] = float(dot);
-    if (p.wants_dsoftmax_offset) dalpha -= std::exp(sigma - double(lse[size_t(r)])) * dot;
+    delta[size_t(r)] = st.delta[size_t(p.lse_offset(b, h, i))];
     keys_begin = std::min(keys_begin, range.begin);
     keys_end = std::max(keys_end, range.end);
   }
 
   std::vector<float> dq(size_t(rows * dqk), 0.0f);  // [rows, dqk]
   if (keys_begin < keys_end) {
-    std::vector<float> q(size_t(rows * dqk));       // [rows, dqk]
-    std::vector<float> k(size_t(kTileKv * dqk));    // [cols, dqk]
-    std::vector<float> k_t(size_t(kTileKv * dqk));  // [dqk, cols]
-    std::vector<float> v(size_t(kTileKv * dv));     // [cols, dv]
-    std::vector<float> v_t(size_t(kTileKv * dv));   // [dv, cols]
+    std::vector<float> q(size_t(rows * dqk)), d_o(size_t(rows * dv));  // [rows, dqk], [rows, dv]
+    std::vector<float> k(size_t(kTileKv * dqk));                       // [cols, dqk]
+    std::vector<float> k_t(size_t(kTileKv * dqk));                     // [dqk, cols]
+    std::vector<float> v(size_t(kTileKv * dv));                        // [cols, dv]
+    std::vector<float> v_t(size_t(kTileKv * dv));                      // [dv, cols]
     TileGrad grad;
     gather_rows(p.q, p.q_rows, b, i0, rows, h, dqk, q.data());
+    gather_rows(p.d_o, p.do_rows, b, i0, rows, h, dv, d_o.data());
     for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTileKv) {
       const int64_t cols = std::min(kTileKv, keys_end - j0);
       gather_rows(p.k, p.k_rows, b, j0, cols, g, dqk, k.data());
@@ -164,19 +204,20 @@ double query_tile_backward(BackwardState& st, const QueryTile& tile) {
     for (float& value : dq) value *= st.scale;
   }
   scatter_rows(p.dq, p.dq_rows, b, i0, rows, h, dqk, dq.data());
-  return dalpha;
 }
 
-// Pass 2 work unit: key rows [j0, j0 + kTileKv) of batches [b_begin, b_end) and KV heads
-// [g_begin, g_end).
+// The two-pass plan's key task: key rows [j0, j0 + kTileKv) of batches [b_begin, b_end) and KV
+// heads [g_begin, g_end).
 struct KeyTask {
   int64_t b_begin, b_end, g_begin, g_end, j0;
 };
 
 // Accumulates dk (unscaled) and dv of live key rows [j0, j0 + cols) into dk [cols, dqk] and
-// dv_acc [cols, dv], summed over the heads of group g and every query row that sees them.
+// dv_acc [cols, dv], summed over the heads of group g and every query row that sees them. When
+// dq_group is not null (the fused plan) it also adds these keys' share of dq (unscaled) into
+// dq_group [group heads, q_extent(b), dqk], the group's accumulator.
 void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t cols,
-                         float* dk, float* dv_acc) {
+                         float* dk, float* dv_acc, float* dq_group) {
   const AttentionProblem& p = st.p;
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   std::vector<float> k(size_t(cols * dqk)), k_t(size_t(cols * dqk));  // [cols, dqk], [dqk, cols]
@@ -219,6 +260,10 @@ void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, in
                      k_t.data(), v_t.data(), lse.data(), delta.data(), grad);
       accumulate_transposed_product(grad.pd.data(), d_o.data(), rows, cols, dv, dv_acc);
       accumulate_transposed_product(grad.du.data(), q.data(), rows, cols, dqk, dk);
+      if (dq_group != nullptr) {
+        float* dq_rows = dq_group + ((h - g * group) * extent + first) * dqk;
+        accumulate_product(grad.du.data(), k.data(), rows, cols, dqk, dq_rows);
+      }
       if (st.dbias) {
         // This task owns dbias columns [j0, j0 + cols) of its (b, h) (or of every b / h that
         // the bias broadcasts over, see the file comment).
@@ -233,20 +278,39 @@ void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, in
   }
 }
 
-// Key rows [j0, j0 + rows) of KV head g of batch b: dk, dv (and dbias columns). Rows past the
-// sequence's own length (bshd padding) are written as zeros and never read.
-void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t rows_out) {
+// Key rows [j0, j0 + rows) of KV head g of batch b: dk, dv (and dbias columns, and dq_group's
+// terms: accumulate_key_tile). Rows past the sequence's own length (bshd padding) are written as
+// zeros and never read.
+void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t rows_out,
+                       float* dq_group) {
   const AttentionProblem& p = st.p;
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   // [rows_out, dqk] and [rows_out, dv]; the first `cols` rows are the live keys.
   std::vector<float> dk(size_t(rows_out * dqk), 0.0f), dv_acc(size_t(rows_out * dv), 0.0f);
   const int64_t cols = std::clamp<int64_t>(p.seqlen_kv[b] - j0, 0, rows_out);
   if (cols > 0) {
-    accumulate_key_tile(st, b, g, j0, cols, dk.data(), dv_acc.data());
+    accumulate_key_tile(st, b, g, j0, cols, dk.data(), dv_acc.data(), dq_group);
     for (float& value : dk) value *= st.scale;
   }
   scatter_rows(p.dk, p.dk_rows, b, j0, rows_out, g, dqk, dk.data());
   scatter_rows(p.dv, p.dv_rows, b, j0, rows_out, g, dv, dv_acc.data());
+}
+
+// The fused plan's task: every key tile of KV head g of batch b in order, then dq of the
+// group's query heads.
+void key_head_backward(BackwardState& st, int64_t b, int64_t g) {
+  const AttentionProblem& p = st.p;
+  const int64_t dqk = p.head_dim_qk, group = p.group_size();
+  const int64_t q_rows = q_extent(p, b), kv_rows = kv_extent(p, b);
+  std::vector<float> dq_group(size_t(group * q_rows * dqk), 0.0f);
+  for (int64_t j0 = 0; j0 < kv_rows; j0 += kTileKv) {
+    key_tile_backward(st, b, g, j0, std::min(kTileKv, kv_rows - j0), dq_group.data());
+  }
+  for (float& value : dq_group) value *= st.scale;
+  for (int64_t n = 0; n < group; ++n) {
+    scatter_rows(p.dq, p.dq_rows, b, 0, q_rows, g * group + n, dqk,
+                 dq_group.data() + n * q_rows * dqk);
+  }
 }
 
 void write_bias_grad(const AttentionProblem& p, const BiasGradAccumulator& acc) {
@@ -283,6 +347,19 @@ void write_bias_grad(const AttentionProblem& p, const BiasGradAccumulator& acc) 
 
 }  // namespace
 
+bool fused_backward_applies(const AttentionProblem& p, int threads) {
+  if (dbias_folds_batches(p) || dbias_folds_groups(p)) return false;
+  const int64_t tasks = p.batch * p.heads_kv, workers = std::max(threads, 1);
+  int64_t longest_q = 0;
+  for (int64_t b = 0; b < p.batch; ++b) longest_q = std::max(longest_q, q_extent(p, b));
+  const int64_t accumulator_bytes = p.group_size() * longest_q * p.head_dim_qk * 4;
+  if (std::min(tasks, workers) * accumulator_bytes > kFusedAccumulatorBytes) return false;
+  // Per pair of tiles the fused plan runs 5 products to the two passes' 7, in fewer tasks: fused
+  // when ceil(tasks / workers) rounds of 5 take no longer than tasks / workers rounds of 7.
+  const int64_t rounds = (tasks + workers - 1) / workers;
+  return 5 * workers * rounds <= 7 * tasks;
+}
+
 void tiled_backward(const AttentionProblem& p) {
   BackwardState st(p);
 
@@ -295,7 +372,7 @@ void tiled_backward(const AttentionProblem& p) {
     zero_packed_rows(p.dv, p.dv_rows, kv_gaps, p.heads_kv, p.head_dim_v);
   }
 
-  // Pass 1: D, dq, dalpha partials.
+  // D and the dalpha partials, one task per query tile.
   std::vector<QueryTile> query_tiles;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t extent = q_extent(p, b);
@@ -307,7 +384,7 @@ void tiled_backward(const AttentionProblem& p) {
   }
   std::vector<double> dalpha_partial(query_tiles.size(), 0.0);
   parallel_for(int64_t(query_tiles.size()), [&](int64_t index) {
-    dalpha_partial[size_t(index)] = query_tile_backward(st, query_tiles[size_t(index)]);
+    dalpha_partial[size_t(index)] = query_tile_rows(st, query_tiles[size_t(index)]);
   });
   if (p.wants_dsoftmax_offset) {
     std::vector<double> dalpha(size_t(p.heads_q), 0.0);
@@ -317,43 +394,46 @@ void tiled_backward(const AttentionProblem& p) {
     for (int64_t h = 0; h < p.heads_q; ++h) store(p.dsoftmax_offset, h, dalpha[size_t(h)]);
   }
 
-  // Pass 2: dk, dv (and dbias).
-  bool fold_batches = false, fold_groups = false;
   if (p.wants_dbias) {
     st.dbias = true;
     st.dbias_pre = p.bias_type == BiasType::kPreScale;
     BiasGradAccumulator& acc = st.bias_grad;
-    // A CP tile's sequences sit at different global rows: keep them apart even when dbias
-    // broadcasts over the batch (write_bias_grad then adds each at its own position).
-    acc.batches = p.dbias_layout.stride_batch != 0 || p.cp.aux_global ? p.batch : 1;
-    acc.heads = p.dbias_layout.stride_head != 0 ? p.heads_q : 1;
+    acc.batches = dbias_batches(p);
+    acc.heads = dbias_heads(p);
     acc.rows = p.dbias_layout.stride_q != 0 ? p.max_seqlen_q : 1;
     acc.cols = p.max_seqlen_kv;
     acc.values.assign(size_t(acc.batches * acc.heads * acc.rows * acc.cols), 0.0f);
-    fold_batches = acc.batches == 1 && p.batch > 1;
-    fold_groups = acc.heads == 1 && p.heads_kv > 1;
   }
-  std::vector<KeyTask> key_tasks;
-  const int64_t batch_step = fold_batches ? p.batch : 1;
-  const int64_t group_step = fold_groups ? p.heads_kv : 1;
-  for (int64_t b = 0; b < p.batch; b += batch_step) {
-    int64_t extent = 0;
-    for (int64_t bb = b; bb < b + batch_step; ++bb) extent = std::max(extent, kv_extent(p, bb));
-    for (int64_t g = 0; g < p.heads_kv; g += group_step) {
-      for (int64_t j0 = 0; j0 < extent; j0 += kTileKv) {
-        key_tasks.push_back({b, b + batch_step, g, g + group_step, j0});
+
+  if (fused_backward_applies(p, num_threads())) {
+    parallel_for(p.batch * p.heads_kv, [&](int64_t index) {
+      key_head_backward(st, index / p.heads_kv, index % p.heads_kv);
+    });
+  } else {
+    parallel_for(int64_t(query_tiles.size()),
+                 [&](int64_t index) { query_tile_dq(st, query_tiles[size_t(index)]); });
+    std::vector<KeyTask> key_tasks;
+    const int64_t batch_step = dbias_folds_batches(p) ? p.batch : 1;
+    const int64_t group_step = dbias_folds_groups(p) ? p.heads_kv : 1;
+    for (int64_t b = 0; b < p.batch; b += batch_step) {
+      int64_t extent = 0;
+      for (int64_t bb = b; bb < b + batch_step; ++bb) extent = std::max(extent, kv_extent(p, bb));
+      for (int64_t g = 0; g < p.heads_kv; g += group_step) {
+        for (int64_t j0 = 0; j0 < extent; j0 += kTileKv) {
+          key_tasks.push_back({b, b + batch_step, g, g + group_step, j0});
+        }
       }
     }
+    parallel_for(int64_t(key_tasks.size()), [&](int64_t index) {
+      const KeyTask& task = key_tasks[size_t(index)];
+      for (int64_t b = task.b_begin; b < task.b_end; ++b) {
+        const int64_t cols = std::min(kTileKv, kv_extent(p, b) - task.j0);
+        if (cols <= 0) continue;
+        for (int64_t g = task.g_begin; g < task.g_end; ++g)
+          key_tile_backward(st, b, g, task.j0, cols, nullptr);
+      }
+    });
   }
-  parallel_for(int64_t(key_tasks.size()), [&](int64_t index) {
-    const KeyTask& task = key_tasks[size_t(index)];
-    for (int64_t b = task.b_begin; b < task.b_end; ++b) {
-      const int64_t cols = std::min(kTileKv, kv_extent(p, b) - task.j0);
-      if (cols <= 0) continue;
-      for (int64_t g = task.g_begin; g < task.g_end; ++g)
-        key_tile_backward(st, b, g, task.j0, cols);
-    }
-  });
   if (st.dbias) write_bias_grad(p, st.bias_grad);
 }
 

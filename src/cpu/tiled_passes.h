@@ -1,6 +1,8 @@
 // Entry points of the tiled CPU backend's two passes (the Backend class is in tiled_backend.cc).
 #pragma once
 
+#include <cstdint>
+
 #include "core/problem.h"
 
 namespace dpa::cpu {
@@ -12,5 +14,14 @@ void tiled_forward(const AttentionProblem& problem);
 // FA2-style backward (P recomputed from the saved LSE): writes dq, dk, dv and, when requested,
 // dbias and dsoftmax_offset (DESIGN.md §4). Every element of every output is written.
 void tiled_backward(const AttentionProblem& problem);
+
+// The fused backward's dq accumulators (one per running task, [H/G, rows, head dim] fp32) may
+// take at most this much memory together; past it the backward runs its two passes.
+constexpr int64_t kFusedAccumulatorBytes = int64_t(512) << 20;
+
+// Whether tiled_backward runs its fused plan (one task per batch and KV head, five products per
+// pair of tiles) rather than its two passes (seven) with `threads` threads: see
+// tiled_backward.cc. Both plans give the same bits.
+bool fused_backward_applies(const AttentionProblem& problem, int threads);
 
 }  // namespace dpa::cpu

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "cpu/tiled_passes.h"
 #include "support/attention_case.h"
 #include "support/drawn_case.h"
 
@@ -80,6 +81,22 @@ void expect_feature_matters(const CaseSpec& with, const CaseSpec& without, doubl
   EXPECT_GT(moved, 10.0 * tolerance) << "the feature barely changes the reference";
 }
 
+// Threads that make tiled_backward run its fused plan (kFusedPlanThreads) and its two passes
+// (kTwoPassThreads) for base_spec's 2 batches x 2 KV heads (CpuTiled.BackwardPlanFollowsThreads).
+constexpr int kFusedPlanThreads = 1;
+constexpr int kTwoPassThreads = 16;
+
+// The backward's two plans give the same bits (tiled_backward.cc).
+void expect_backward_plans_agree(const CaseSpec& spec) {
+  const CaseTensors tensors = make_case(spec);
+  cpu::set_num_threads(kFusedPlanThreads);
+  const std::vector<unsigned char> fused = bytes_of(run_case(spec, tensors, BackendKind::kCpu));
+  cpu::set_num_threads(kTwoPassThreads);
+  const std::vector<unsigned char> two_pass = bytes_of(run_case(spec, tensors, BackendKind::kCpu));
+  cpu::set_num_threads(0);
+  EXPECT_EQ(fused, two_pass) << "the backward's fused and two-pass plans differ";
+}
+
 // A named configuration; `without` (when set) removes the feature under test.
 struct TiledCase {
   std::string name;
@@ -121,6 +138,7 @@ TEST_P(CpuTiledMatchesExact, AllOutputs) {
     spec.dtype = param.dtype;
   }
   expect_matches_exact(spec, tolerance);
+  expect_backward_plans_agree(spec);
 }
 
 void causal(CaseSpec& s) { s.config.mask_type = MaskType::kCausal; }
@@ -734,6 +752,34 @@ TEST(CpuTiled, ConcurrentTinyJobsDoNotRace) {
   for (std::thread& caller : callers) caller.join();
   EXPECT_EQ(total.load(), 8 * 2000 * 2);
   cpu::set_num_threads(0);
+}
+
+// The plan rule of tiled_backward.cc: fused while the (batch, KV head) tasks keep the threads
+// busy enough to pay for its fewer products, never when dbias folds tasks together or the dq
+// accumulators would pass kFusedAccumulatorBytes.
+TEST(CpuTiled, BackwardPlanFollowsThreads) {
+  AttentionProblem p;
+  p.batch = 2;
+  p.heads_q = 4;
+  p.heads_kv = 2;
+  p.max_seqlen_q = 97;
+  p.head_dim_qk = 32;
+  EXPECT_TRUE(cpu::fused_backward_applies(p, kFusedPlanThreads));
+  // 4 tasks on N threads: fused when 5 N ceil(4 / N) <= 7 x 4.
+  EXPECT_TRUE(cpu::fused_backward_applies(p, 2));   // 20
+  EXPECT_FALSE(cpu::fused_backward_applies(p, 3));  // 30
+  EXPECT_TRUE(cpu::fused_backward_applies(p, 5));   // 25
+  EXPECT_FALSE(cpu::fused_backward_applies(p, 6));  // 30
+  EXPECT_FALSE(cpu::fused_backward_applies(p, kTwoPassThreads));
+
+  AttentionProblem folded = p;  // dbias [1, H, sq, skv] sums over the batch
+  folded.wants_dbias = true;
+  folded.dbias_layout.stride_head = 1;
+  EXPECT_FALSE(cpu::fused_backward_applies(folded, kFusedPlanThreads));
+
+  AttentionProblem large = p;  // 2 heads x 2^22 rows x 32 x 4 bytes: 1 GiB per task
+  large.max_seqlen_q = int64_t(1) << 22;
+  EXPECT_FALSE(cpu::fused_backward_applies(large, kFusedPlanThreads));
 }
 
 // Host tensors pick the tiled backend when nothing is forced.
