@@ -1,4 +1,5 @@
-// Entry points of the tiled CPU backend's two passes (the Backend class is in tiled_backend.cc).
+// Entry points of the tiled CPU backend: its forward and its backward (the Backend class is in
+// tiled_backend.cc).
 #pragma once
 
 #include <cstdint>

@@ -702,7 +702,7 @@ CaseSpec determinism_spec() {
   spec.config.softcap = 3.0;
   spec.config.dropout = 0.1;
   spec.config.bias_type = BiasType::kPostScale;
-  spec.bias_shape = {1, 1, 150, 200};  // dbias sums over b and h: the folded pass-2 path
+  spec.bias_shape = {1, 1, 150, 200};  // dbias sums over b and h: folded key tasks
   return spec;
 }
 
