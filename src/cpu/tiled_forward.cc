@@ -3,9 +3,8 @@
 // fp32). A task owns its rows of o and lse, so tasks never share an output element and the
 // result does not depend on the number of threads. K (transposed) and V of each (batch, KV
 // head) are converted to fp32 once, before the query tiles that read them, instead of by every
-// query tile: in rounds of (batch, KV head) pairs whose copies fit kForwardCopyBytes.
+// query tile: in rounds of (batch, KV head) pairs whose copies fit kConvertedKeyValueBytes.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -29,7 +28,7 @@ struct KeyValueRows {
   std::vector<float> k_t, v;
 };
 
-std::atomic<int64_t> copy_budget{0};  // set_forward_copy_budget; 0: kForwardCopyBytes
+constexpr int64_t kConvertedKeyValueBytes = int64_t(256) << 20;
 
 int64_t converted_bytes(const AttentionProblem& p, int64_t b) {
   return kv_extent(p, b) * (p.head_dim_qk + p.head_dim_v) * int64_t(sizeof(float));
@@ -134,8 +133,6 @@ void forward_tile(const AttentionProblem& p, const LogitTransform& transform,
 
 }  // namespace
 
-void set_forward_copy_budget(int64_t bytes) { copy_budget.store(bytes); }
-
 void tiled_forward(const AttentionProblem& p) {
   if (p.format == Format::kTHD) {
     // Rows between padded sequences belong to no sequence: o = 0, lse = the empty-row value.
@@ -148,12 +145,11 @@ void tiled_forward(const AttentionProblem& p) {
   }
   const LogitTransform transform(p);
   const int64_t pairs = p.batch * p.heads_kv;
-  const int64_t budget = copy_budget.load() > 0 ? copy_budget.load() : kForwardCopyBytes;
   std::vector<KeyValueRows> kv(static_cast<size_t>(pairs));  // indexed b * G + g
   for (int64_t first = 0; first < pairs;) {
     // A round: the pairs from `first` whose copies fit the budget (at least one).
     int64_t end = first + 1, bytes = converted_bytes(p, first / p.heads_kv);
-    while (end < pairs && bytes + converted_bytes(p, end / p.heads_kv) <= budget) {
+    while (end < pairs && bytes + converted_bytes(p, end / p.heads_kv) <= kConvertedKeyValueBytes) {
       bytes += converted_bytes(p, end / p.heads_kv);
       ++end;
     }

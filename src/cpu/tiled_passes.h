@@ -12,12 +12,6 @@ namespace dpa::cpu {
 // including padded rows and thd gap rows (o = 0, lse = the empty-row value).
 void tiled_forward(const AttentionProblem& problem);
 
-// The forward's fp32 copies of K (transposed) and V are made in rounds of (batch, KV head) pairs
-// whose copies fit this much memory (one pair at least).
-constexpr int64_t kForwardCopyBytes = int64_t(256) << 20;
-// Sets that budget for later calls (tests: a small one runs several rounds); 0 restores it.
-void set_forward_copy_budget(int64_t bytes);
-
 // FA2-style backward (P recomputed from the saved LSE): writes dq, dk, dv and, when requested,
 // dbias and dsoftmax_offset (DESIGN.md §4). Every element of every output is written.
 void tiled_backward(const AttentionProblem& problem);

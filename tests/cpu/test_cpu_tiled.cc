@@ -783,20 +783,6 @@ TEST(CpuTiled, BackwardPlanFollowsThreads) {
   EXPECT_FALSE(cpu::fused_backward_applies(large, kFusedPlanThreads));
 }
 
-// The forward's copies of K and V in one round or one (batch, KV head) pair per round: the same
-// bytes (the rounds only bound the copies' memory).
-TEST(CpuTiled, ForwardCopyRoundsGiveTheSameBits) {
-  CaseSpec spec = base_spec(DType::kBFloat16);
-  spec.config.mask_type = MaskType::kCausal;
-  spec.config.softcap = 5.0;
-  const CaseTensors tensors = make_case(spec);
-  const std::vector<unsigned char> one_round = bytes_of(run_case(spec, tensors, BackendKind::kCpu));
-  cpu::set_forward_copy_budget(1);
-  const std::vector<unsigned char> per_pair = bytes_of(run_case(spec, tensors, BackendKind::kCpu));
-  cpu::set_forward_copy_budget(0);
-  EXPECT_EQ(per_pair, one_round);
-}
-
 // Host tensors pick the tiled backend when nothing is forced.
 TEST(CpuTiled, IsTheDefaultForHostTensors) {
   CaseSpec spec = base_spec(DType::kFloat32);
