@@ -100,8 +100,8 @@ void tile_gradients(const BackwardState& st, int64_t b, int64_t h, int64_t i0, i
   float* s = out.pd.data();
   float* dp = out.ds.data();
   float* t = out.du.data();
-  matmul_transposed(q, k_t, cols, rows, cols, p.head_dim_qk, s);
-  matmul_transposed(d_o, v_t, cols, rows, cols, p.head_dim_v, dp);
+  matmul_transposed(q, k_t, rows, cols, p.head_dim_qk, s);
+  matmul_transposed(d_o, v_t, rows, cols, p.head_dim_v, dp);
   st.transform.apply(b, h, i0, rows, ranges, j0, cols, s, softcap ? t : nullptr);
 
   for (int64_t r = 0; r < rows; ++r) {

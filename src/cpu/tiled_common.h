@@ -84,10 +84,8 @@ void dropout_multipliers(const AttentionProblem& p, int64_t b, int64_t h, int64_
 // The vector kernels (tiled_kernels.cc). Each output element is updated in a fixed order that
 // does not depend on the vector width, so every instruction-set clone gives the same bits.
 
-// c [m, n] = a [m, d] . bt [d, n] (bt is the right-hand factor already transposed; its rows are
-// bt_stride floats apart, n for a contiguous factor).
-void matmul_transposed(const float* a, const float* bt, int64_t bt_stride, int64_t m, int64_t n,
-                       int64_t d, float* c);
+// c [m, n] = a [m, d] . bt [d, n] (bt is the right-hand factor already transposed).
+void matmul_transposed(const float* a, const float* bt, int64_t m, int64_t n, int64_t d, float* c);
 
 // c [m, d] += w [m, n] . x [n, d]. Zero weights (masked or dropped pairs) are skipped.
 void accumulate_product(const float* w, const float* x, int64_t m, int64_t n, int64_t d, float* c);

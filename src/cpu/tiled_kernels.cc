@@ -45,11 +45,11 @@ constexpr int64_t kBlockRows = 4;
 #define DPA_LOAD_VEC(vec, ptr) std::memcpy(&(vec), (ptr), sizeof(vec))
 #define DPA_STORE_VEC(ptr, vec) std::memcpy((ptr), &(vec), sizeof(vec))
 
-// c [m, n] = a [m, d] . bt [d, n] (bt is the right-hand factor already transposed; its rows are
-// bt_stride floats apart). Every element is c_rc = (((0 + a_r0 bt_0c) + a_r1 bt_1c) + ...).
+// c [m, n] = a [m, d] . bt [d, n] (bt is the right-hand factor already transposed).
+// Every element is c_rc = (((0 + a_r0 bt_0c) + a_r1 bt_1c) + ...).
 template <int W>
-DPA_ALWAYS_INLINE void matmul_transposed_impl(const float* a, const float* bt, int64_t bt_stride,
-                                              int64_t m, int64_t n, int64_t d, float* c) {
+DPA_ALWAYS_INLINE void matmul_transposed_impl(const float* a, const float* bt, int64_t m, int64_t n,
+                                              int64_t d, float* c) {
   using Vec = typename VecOf<W>::type;
   int64_t r0 = 0;
   for (; r0 + kBlockRows <= m; r0 += kBlockRows) {
@@ -58,8 +58,8 @@ DPA_ALWAYS_INLINE void matmul_transposed_impl(const float* a, const float* bt, i
       Vec acc[kBlockRows][2] = {};
       for (int64_t k = 0; k < d; ++k) {
         Vec b0, b1;
-        DPA_LOAD_VEC(b0, bt + k * bt_stride + c0);
-        DPA_LOAD_VEC(b1, bt + k * bt_stride + c0 + W);
+        DPA_LOAD_VEC(b0, bt + k * n + c0);
+        DPA_LOAD_VEC(b1, bt + k * n + c0 + W);
         for (int64_t rr = 0; rr < kBlockRows; ++rr) {
           const float factor = a[(r0 + rr) * d + k];
           acc[rr][0] += factor * b0;
@@ -76,7 +76,7 @@ DPA_ALWAYS_INLINE void matmul_transposed_impl(const float* a, const float* bt, i
       for (int64_t col = c0; col < n; ++col) crow[col] = 0.0f;
       for (int64_t k = 0; k < d; ++k) {
         const float factor = a[r * d + k];
-        const float* brow = bt + k * bt_stride;
+        const float* brow = bt + k * n;
         for (int64_t col = c0; col < n; ++col) crow[col] += factor * brow[col];
       }
     }
@@ -86,7 +86,7 @@ DPA_ALWAYS_INLINE void matmul_transposed_impl(const float* a, const float* bt, i
     for (int64_t col = 0; col < n; ++col) crow[col] = 0.0f;
     for (int64_t k = 0; k < d; ++k) {
       const float factor = a[r * d + k];
-      const float* brow = bt + k * bt_stride;
+      const float* brow = bt + k * n;
       for (int64_t col = 0; col < n; ++col) crow[col] += factor * brow[col];
     }
   }
@@ -333,9 +333,9 @@ bool cpu_has_avx2() {
 }
 
 __attribute__((target("avx2"))) void matmul_transposed_avx2(const float* a, const float* bt,
-                                                            int64_t bt_stride, int64_t m, int64_t n,
-                                                            int64_t d, float* c) {
-  matmul_transposed_impl<8>(a, bt, bt_stride, m, n, d, c);
+                                                            int64_t m, int64_t n, int64_t d,
+                                                            float* c) {
+  matmul_transposed_impl<8>(a, bt, m, n, d, c);
 }
 __attribute__((target("avx2"))) void accumulate_product_avx2(const float* w, const float* x,
                                                              int64_t m, int64_t n, int64_t d,
@@ -365,12 +365,11 @@ __attribute__((target("avx2"))) float sum_in_lanes_avx2(const float* x, int64_t 
 }  // namespace
 #endif
 
-void matmul_transposed(const float* a, const float* bt, int64_t bt_stride, int64_t m, int64_t n,
-                       int64_t d, float* c) {
+void matmul_transposed(const float* a, const float* bt, int64_t m, int64_t n, int64_t d, float* c) {
 #if defined(DPA_CPU_AVX2_DISPATCH)
-  if (cpu_has_avx2()) return matmul_transposed_avx2(a, bt, bt_stride, m, n, d, c);
+  if (cpu_has_avx2()) return matmul_transposed_avx2(a, bt, m, n, d, c);
 #endif
-  matmul_transposed_impl<4>(a, bt, bt_stride, m, n, d, c);
+  matmul_transposed_impl<4>(a, bt, m, n, d, c);
 }
 
 void accumulate_product(const float* w, const float* x, int64_t m, int64_t n, int64_t d, float* c) {
