@@ -206,12 +206,6 @@ void query_tile_dq(const BackwardState& st, const QueryTile& tile) {
   scatter_rows(p.dq, p.dq_rows, b, i0, rows, h, dqk, dq.data());
 }
 
-// The fused plan's rows of one (batch, KV head) task, [group heads, q_extent(b), head dim]
-// fp32: q and dO gathered once, and the dq accumulator.
-struct GroupRows {
-  std::vector<float> q, d_o, dq;
-};
-
 // The two-pass plan's key task: key rows [j0, j0 + kTileKv) of batches [b_begin, b_end) and KV
 // heads [g_begin, g_end).
 struct KeyTask {
@@ -220,10 +214,10 @@ struct KeyTask {
 
 // Accumulates dk (unscaled) and dv of live key rows [j0, j0 + cols) into dk [cols, dqk] and
 // dv_acc [cols, dv], summed over the heads of group g and every query row that sees them. When
-// `group` is not null (the fused plan) it also adds these keys' share of dq (unscaled) into
-// the group's accumulator, and reads q and dO from its fp32 copies instead of gathering them.
+// dq_group is not null (the fused plan) it also adds these keys' share of dq (unscaled) into
+// dq_group [group heads, q_extent(b), dqk], the group's accumulator.
 void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t cols,
-                         float* dk, float* dv_acc, GroupRows* group_rows) {
+                         float* dk, float* dv_acc, float* dq_group) {
   const AttentionProblem& p = st.p;
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   std::vector<float> k(size_t(cols * dqk)), k_t(size_t(cols * dqk));  // [cols, dqk], [dqk, cols]
@@ -260,22 +254,14 @@ void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, in
         ranges[size_t(r)] = visible_keys(p, b, i);
         if (lse[size_t(r)] == kNegativeInfinity) ranges[size_t(r)] = {0, 0};
       }
-      const float* q_tile = q.data();
-      const float* d_o_tile = d_o.data();
-      if (group_rows != nullptr) {
-        const int64_t row = (h - g * group) * extent + first;
-        q_tile = group_rows->q.data() + row * dqk;
-        d_o_tile = group_rows->d_o.data() + row * dv;
-      } else {
-        gather_rows(p.q, p.q_rows, b, first, rows, h, dqk, q.data());
-        gather_rows(p.d_o, p.do_rows, b, first, rows, h, dv, d_o.data());
-      }
-      tile_gradients(st, b, h, first, rows, ranges.data(), j0, cols, q_tile, d_o_tile, k_t.data(),
-                     v_t.data(), lse.data(), delta.data(), grad);
-      accumulate_transposed_product(grad.pd.data(), d_o_tile, rows, cols, dv, dv_acc);
-      accumulate_transposed_product(grad.du.data(), q_tile, rows, cols, dqk, dk);
-      if (group_rows != nullptr) {
-        float* dq_rows = group_rows->dq.data() + ((h - g * group) * extent + first) * dqk;
+      gather_rows(p.q, p.q_rows, b, first, rows, h, dqk, q.data());
+      gather_rows(p.d_o, p.do_rows, b, first, rows, h, dv, d_o.data());
+      tile_gradients(st, b, h, first, rows, ranges.data(), j0, cols, q.data(), d_o.data(),
+                     k_t.data(), v_t.data(), lse.data(), delta.data(), grad);
+      accumulate_transposed_product(grad.pd.data(), d_o.data(), rows, cols, dv, dv_acc);
+      accumulate_transposed_product(grad.du.data(), q.data(), rows, cols, dqk, dk);
+      if (dq_group != nullptr) {
+        float* dq_rows = dq_group + ((h - g * group) * extent + first) * dqk;
         accumulate_product(grad.du.data(), k.data(), rows, cols, dqk, dq_rows);
       }
       if (st.dbias) {
@@ -292,18 +278,18 @@ void accumulate_key_tile(BackwardState& st, int64_t b, int64_t g, int64_t j0, in
   }
 }
 
-// Key rows [j0, j0 + rows) of KV head g of batch b: dk, dv (and dbias columns, and group_rows'
+// Key rows [j0, j0 + rows) of KV head g of batch b: dk, dv (and dbias columns, and dq_group's
 // terms: accumulate_key_tile). Rows past the sequence's own length (bshd padding) are written as
 // zeros and never read.
 void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int64_t rows_out,
-                       GroupRows* group_rows) {
+                       float* dq_group) {
   const AttentionProblem& p = st.p;
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   // [rows_out, dqk] and [rows_out, dv]; the first `cols` rows are the live keys.
   std::vector<float> dk(size_t(rows_out * dqk), 0.0f), dv_acc(size_t(rows_out * dv), 0.0f);
   const int64_t cols = std::clamp<int64_t>(p.seqlen_kv[b] - j0, 0, rows_out);
   if (cols > 0) {
-    accumulate_key_tile(st, b, g, j0, cols, dk.data(), dv_acc.data(), group_rows);
+    accumulate_key_tile(st, b, g, j0, cols, dk.data(), dv_acc.data(), dq_group);
     for (float& value : dk) value *= st.scale;
   }
   scatter_rows(p.dk, p.dk_rows, b, j0, rows_out, g, dqk, dk.data());
@@ -314,24 +300,16 @@ void key_tile_backward(BackwardState& st, int64_t b, int64_t g, int64_t j0, int6
 // group's query heads.
 void key_head_backward(BackwardState& st, int64_t b, int64_t g) {
   const AttentionProblem& p = st.p;
-  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v, group = p.group_size();
+  const int64_t dqk = p.head_dim_qk, group = p.group_size();
   const int64_t q_rows = q_extent(p, b), kv_rows = kv_extent(p, b);
-  GroupRows rows;
-  rows.dq.assign(size_t(group * q_rows * dqk), 0.0f);
-  rows.q.resize(rows.dq.size());
-  rows.d_o.resize(size_t(group * q_rows * dv));
-  for (int64_t n = 0; n < group; ++n) {
-    gather_rows(p.q, p.q_rows, b, 0, q_rows, g * group + n, dqk, rows.q.data() + n * q_rows * dqk);
-    gather_rows(p.d_o, p.do_rows, b, 0, q_rows, g * group + n, dv,
-                rows.d_o.data() + n * q_rows * dv);
-  }
+  std::vector<float> dq_group(size_t(group * q_rows * dqk), 0.0f);
   for (int64_t j0 = 0; j0 < kv_rows; j0 += kTileKv) {
-    key_tile_backward(st, b, g, j0, std::min(kTileKv, kv_rows - j0), &rows);
+    key_tile_backward(st, b, g, j0, std::min(kTileKv, kv_rows - j0), dq_group.data());
   }
-  for (float& value : rows.dq) value *= st.scale;
+  for (float& value : dq_group) value *= st.scale;
   for (int64_t n = 0; n < group; ++n) {
     scatter_rows(p.dq, p.dq_rows, b, 0, q_rows, g * group + n, dqk,
-                 rows.dq.data() + n * q_rows * dqk);
+                 dq_group.data() + n * q_rows * dqk);
   }
 }
 
@@ -374,8 +352,7 @@ bool fused_backward_applies(const AttentionProblem& p, int threads) {
   const int64_t tasks = p.batch * p.heads_kv, workers = std::max(threads, 1);
   int64_t longest_q = 0;
   for (int64_t b = 0; b < p.batch; ++b) longest_q = std::max(longest_q, q_extent(p, b));
-  const int64_t accumulator_bytes =
-      p.group_size() * longest_q * (2 * p.head_dim_qk + p.head_dim_v) * 4;
+  const int64_t accumulator_bytes = p.group_size() * longest_q * p.head_dim_qk * 4;
   if (std::min(tasks, workers) * accumulator_bytes > kFusedAccumulatorBytes) return false;
   // Per pair of tiles the fused plan runs 5 products to the two passes' 7, in fewer tasks: fused
   // when ceil(tasks / workers) rounds of 5 take no longer than tasks / workers rounds of 7.

@@ -16,9 +16,8 @@ void tiled_forward(const AttentionProblem& problem);
 // dbias and dsoftmax_offset (DESIGN.md §4). Every element of every output is written.
 void tiled_backward(const AttentionProblem& problem);
 
-// The fused backward's rows (per running task: fp32 copies of q and dO and the dq accumulator of
-// its H/G query heads) may take at most this much memory together; past it the backward runs
-// its two passes.
+// The fused backward's dq accumulators (one per running task, [H/G, rows, head dim] fp32) may
+// take at most this much memory together; past it the backward runs its two passes.
 constexpr int64_t kFusedAccumulatorBytes = int64_t(512) << 20;
 
 // Whether tiled_backward runs its fused plan (one task per batch and KV head, five products per

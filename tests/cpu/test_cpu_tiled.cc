@@ -755,8 +755,8 @@ TEST(CpuTiled, ConcurrentTinyJobsDoNotRace) {
 }
 
 // The plan rule of tiled_backward.cc: fused while the (batch, KV head) tasks keep the threads
-// busy enough to pay for its fewer products, never when dbias folds tasks together or the rows
-// it keeps would pass kFusedAccumulatorBytes.
+// busy enough to pay for its fewer products, never when dbias folds tasks together or the dq
+// accumulators would pass kFusedAccumulatorBytes.
 TEST(CpuTiled, BackwardPlanFollowsThreads) {
   AttentionProblem p;
   p.batch = 2;
@@ -764,7 +764,6 @@ TEST(CpuTiled, BackwardPlanFollowsThreads) {
   p.heads_kv = 2;
   p.max_seqlen_q = 97;
   p.head_dim_qk = 32;
-  p.head_dim_v = 32;
   EXPECT_TRUE(cpu::fused_backward_applies(p, kFusedPlanThreads));
   // 4 tasks on N threads: fused when 5 N ceil(4 / N) <= 7 x 4.
   EXPECT_TRUE(cpu::fused_backward_applies(p, 2));   // 20
@@ -778,7 +777,7 @@ TEST(CpuTiled, BackwardPlanFollowsThreads) {
   folded.dbias_layout.stride_head = 1;
   EXPECT_FALSE(cpu::fused_backward_applies(folded, kFusedPlanThreads));
 
-  AttentionProblem large = p;  // 2 heads x 2^22 rows x (q, dO, dq) 96 x 4 bytes: 3 GiB a task
+  AttentionProblem large = p;  // 2 heads x 2^22 rows x 32 x 4 bytes: 1 GiB per task
   large.max_seqlen_q = int64_t(1) << 22;
   EXPECT_FALSE(cpu::fused_backward_applies(large, kFusedPlanThreads));
 }
