@@ -14,7 +14,8 @@
 //      tiles in order, then a dk/dv pass, one task per (b, g, tile of kTileKv key rows). The
 //      scores and dP are then computed twice: seven products per pair of tiles.
 //    Both add each dq element's terms in the same order (keys ascending, the same products),
-//    so they give the same bits (tests/cpu/test_cpu_tiled.cc checks it).
+//    so they give the same bits for finite inputs (docs/cpu_backend.md;
+//    tests/cpu/test_cpu_tiled.cc).
 //  - dk and dv are summed over the H/G query heads of group g and all query rows. dbias is
 //    accumulated there too (in fp32, converted once at the end). When dbias broadcasts over the
 //    batch or the heads, tasks for different b (or g) would add into the same dbias element, so

@@ -22,7 +22,7 @@ constexpr int64_t kFusedAccumulatorBytes = int64_t(512) << 20;
 
 // Whether tiled_backward runs its fused plan (one task per batch and KV head, five products per
 // pair of tiles) rather than its two passes (seven) with `threads` threads: see
-// tiled_backward.cc. Both plans give the same bits.
+// tiled_backward.cc. Both plans give the same bits for finite inputs.
 bool fused_backward_applies(const AttentionProblem& problem, int threads);
 
 }  // namespace dpa::cpu

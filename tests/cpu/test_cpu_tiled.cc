@@ -82,9 +82,10 @@ void expect_feature_matters(const CaseSpec& with, const CaseSpec& without, doubl
 }
 
 // Threads that make tiled_backward run its fused plan (kFusedPlanThreads) and its two passes
-// (kTwoPassThreads) for base_spec's 2 batches x 2 KV heads (CpuTiled.BackwardPlanFollowsThreads).
+// (kTwoPassThreads) for every case here with fewer than 46 (batch, KV head) tasks, unless dbias
+// folds them (then two passes both times; CpuTiled.BackwardPlanFollowsThreads).
 constexpr int kFusedPlanThreads = 1;
-constexpr int kTwoPassThreads = 16;
+constexpr int kTwoPassThreads = 64;
 
 // The backward's two plans give the same bits (tiled_backward.cc).
 void expect_backward_plans_agree(const CaseSpec& spec) {
@@ -421,6 +422,7 @@ std::vector<TiledCase> feature_cases() {
       {"post_bias_batch", bias(BiasType::kPostScale, {2, 1, 97, 97}), bias_off},
       {"post_bias_row", bias(BiasType::kPostScale, {1, 1, 1, 97}), bias_off},
       {"pre_bias_bh_row", bias(BiasType::kPreScale, {2, 4, 1, 97}), bias_off},
+      {"post_bias_full", bias(BiasType::kPostScale, {2, 4, 97, 97}), bias_off},
       {"post_bias_heads_broadcast_g4",
        [=](CaseSpec& s) {
          bias(BiasType::kPostScale, {2, 1, 97, 97})(s);
@@ -706,15 +708,23 @@ CaseSpec determinism_spec() {
   return spec;
 }
 
+// Without a broadcast dbias: 1 and 2 threads run the fused backward, 3 and 8 its two passes.
+CaseSpec fused_determinism_spec() {
+  CaseSpec spec = determinism_spec();
+  spec.bias_shape = {2, 4, 150, 200};
+  return spec;
+}
+
 TEST(CpuTiled, BitIdenticalForAnyThreadCount) {
-  const CaseSpec spec = determinism_spec();
-  const CaseTensors tensors = make_case(spec);
-  cpu::set_num_threads(1);
-  const std::vector<unsigned char> serial = bytes_of(run_case(spec, tensors, BackendKind::kCpu));
-  for (int threads : {2, 3, 8}) {
-    cpu::set_num_threads(threads);
-    EXPECT_EQ(bytes_of(run_case(spec, tensors, BackendKind::kCpu)), serial)
-        << threads << " threads";
+  for (const CaseSpec& spec : {determinism_spec(), fused_determinism_spec()}) {
+    const CaseTensors tensors = make_case(spec);
+    cpu::set_num_threads(1);
+    const std::vector<unsigned char> serial = bytes_of(run_case(spec, tensors, BackendKind::kCpu));
+    for (int threads : {2, 3, 8}) {
+      cpu::set_num_threads(threads);
+      EXPECT_EQ(bytes_of(run_case(spec, tensors, BackendKind::kCpu)), serial)
+          << threads << " threads";
+    }
   }
   cpu::set_num_threads(0);
 }
