@@ -16,6 +16,12 @@ void tiled_forward(const AttentionProblem& problem);
 // dbias and dsoftmax_offset (DESIGN.md §4). Every element of every output is written.
 void tiled_backward(const AttentionProblem& problem);
 
+// The forward's query heads per task (dividing the group's H/G): each key tile is gathered once
+// for them all. The most that leave at least kForwardTasksPerThread tasks per thread of
+// `threads`, else 1. Any choice gives the same bits.
+constexpr int64_t kForwardTasksPerThread = 4;
+int64_t forward_heads_per_task(const AttentionProblem& problem, int threads);
+
 // The fused backward's dq accumulators (one per running task, [H/G, rows, head dim] fp32) may
 // take at most this much memory together; past it the backward runs its two passes.
 constexpr int64_t kFusedAccumulatorBytes = int64_t(512) << 20;

@@ -792,6 +792,26 @@ TEST(CpuTiled, BackwardPlanFollowsThreads) {
   EXPECT_FALSE(cpu::fused_backward_applies(large, kFusedPlanThreads));
 }
 
+// The forward gathers each key tile once for as many of a group's query heads as leave four
+// tasks per thread (any split gives the same bits: the plan comparisons above run it at 1 and 64
+// threads).
+TEST(CpuTiled, ForwardHeadsPerTaskFollowsThreads) {
+  AttentionProblem p;
+  p.batch = 2;
+  p.heads_q = 12;
+  p.heads_kv = 2;       // groups of 6
+  p.max_seqlen_q = 97;  // 2 query tiles per sequence: 4 in all
+  // 4 tiles x 2 KV heads x (6 / heads) tasks >= 4 threads.
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 1), 6);   // 8 tasks
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 2), 6);   // 8
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 3), 3);   // 16 >= 12 (6 heads make 8)
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 4), 3);   // 16 >= 16
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 5), 2);   // 24 >= 20
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 12), 1);  // 48 tasks at most
+  p.heads_kv = 12;                                   // no groups
+  EXPECT_EQ(cpu::forward_heads_per_task(p, 1), 1);
+}
+
 // Host tensors pick the tiled backend when nothing is forced.
 TEST(CpuTiled, IsTheDefaultForHostTensors) {
   CaseSpec spec = base_spec(DType::kFloat32);
