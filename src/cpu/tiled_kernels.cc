@@ -11,6 +11,7 @@
 // widths). Timings: docs/cpu_backend.md.
 #include <cstring>
 
+#include "core/float_convert.h"
 #include "cpu/tiled_common.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -39,12 +40,6 @@ struct IntVecOf {
 };
 
 constexpr int64_t kBlockRows = 4;
-
-DPA_ALWAYS_INLINE uint32_t bits_of(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  return bits;
-}
 
 // Unaligned vector loads and stores. Macros, not functions: a function taking or returning a
 // 32-byte vector would have a different ABI with and without AVX (-Wpsabi).
@@ -125,7 +120,9 @@ DPA_ALWAYS_INLINE void accumulate_strided_impl(const float* w, int64_t row_strid
         const float w2 = weight(r0 + 2, j), w3 = weight(r0 + 3, j);
         // All four +-0 iff their bits but the signs are 0: integer operations, where four float
         // compares (each NaN-aware) took about 40% of this kernel's time (perf, session 38).
-        if (((bits_of(w0) | bits_of(w1) | bits_of(w2) | bits_of(w3)) << 1) == 0) continue;
+        if (((float_to_bits(w0) | float_to_bits(w1) | float_to_bits(w2) | float_to_bits(w3))
+             << 1) == 0)
+          continue;
         Vec x0, x1;
         DPA_LOAD_VEC(x0, x + j * d + k0);
         DPA_LOAD_VEC(x1, x + j * d + k0 + W);

@@ -83,7 +83,9 @@ void expect_feature_matters(const CaseSpec& with, const CaseSpec& without, doubl
 
 // Threads that make tiled_backward run its fused plan (kFusedPlanThreads) and its two passes
 // (kTwoPassThreads) for every case here with fewer than 46 (batch, KV head) tasks, unless dbias
-// folds them (then two passes both times; CpuTiled.BackwardPlanFollowsThreads).
+// folds them (then two passes both times; CpuTiled.BackwardPlanFollowsThreads). They also give
+// the forward its whole groups of query heads per task and one head per task
+// (CpuTiled.ForwardHeadsPerTaskFollowsThreads), so the comparison checks both forward splits.
 constexpr int kFusedPlanThreads = 1;
 constexpr int kTwoPassThreads = 64;
 
