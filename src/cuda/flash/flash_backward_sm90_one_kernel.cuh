@@ -1,6 +1,6 @@
 // The single-kernel wgmma backward (sm_90a, head dims 64 and 128): FlashAttention-2's five
 // GEMMs per tile instead of the atomic-free pair's seven (flash_backward_sm90_ws.cuh), paid for
-// with dq accumulated in an fp32 workspace through vector reductions (red.global.add.v4.f32),
+// with dq accumulated in an fp32 workspace through vector reductions (red.global.add.f32),
 // whose order varies from run to run unless deterministic mode orders them (kDeterministic:
 // key block by key block, through a flag per query tile). With dropout the producer warpgroup
 // draws each query tile's
@@ -16,14 +16,15 @@
 // and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
 // consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
 // operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and, while dk runs,
-// stores dq_tile to shared memory (fp32); the producer warpgroup, otherwise
-// idle between its copies, adds that tile to the workspace (coalesced 16-byte reductions), so
-// the consumers issue no global reductions.
-// launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
+// adds dq_tile to the workspace from its registers (8-byte reductions). Deterministic mode instead
+// stores dq_tile to shared memory (fp32), and the producer warpgroup, otherwise idle between its
+// copies, adds the tile in key-block order. launch_flash_backward_sm90_one_kernel then converts the
+// workspace to dq (times scale).
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_operands.cuh"
 #include "cuda/ptx/gpu_flag.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/red.cuh"
 
@@ -221,6 +222,11 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // releasing store. That thread is warp 1's first: the releasing store stalls its warp until the
 // reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait
 // for that.
+// Whether the consumers add their dq fragments to the workspace themselves, from registers
+// (add_dq_fragments), rather than storing the tile to shared memory for the producer to add.
+// Deterministic mode keeps the producer's form: one thread of it orders the whole tile.
+constexpr bool one_kernel_dq_from_registers(bool deterministic) { return !deterministic; }
+
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
@@ -288,8 +294,11 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
     }
   };
+  constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDeterministic);
   auto add_previous_dq_tile = [&](int it) {
-    if (it >= kStages) add_dq_tile(it - kStages);
+    if constexpr (kAddsDq) {
+      if (it >= kStages) add_dq_tile(it - kStages);
+    }
   };
   if constexpr (kDropout) {
     auto add_and_draw = [&](int it, int stage) {
@@ -301,26 +310,64 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     produce_key_block_iterations<Traits, !kDeterministic>(
         bp, kb, l, [](int, int) {}, add_previous_dq_tile);
   }
+  if constexpr (kAddsDq) {
 #pragma unroll 1
-  for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
+    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
+  }
 }
 
-// Writes a consumer's packed operands (dU^T or P^T: its 64 keys from `key_row0`, kSteps * 16
-// query columns from 8 * first_chunk) into a 128-byte-swizzled key-major tile of 64 query
-// columns: operand word (kk, e) holds rows g + 8 (e & 1) of n8 tile 2 kk + e / 2, columns 2q and
-// 2q + 1.
+// Writes a warp's packed operands (dU^T or P^T: its 16 keys from `warp_row0`, kSteps * 16 query
+// columns from 8 * first_chunk) into a 128-byte-swizzled key-major tile of 64 query columns.
+// Operand word (kk, e) holds rows g + 8 (e & 1) of n8 tile 2 kk + e / 2, columns 2q and 2q + 1:
+// matrix e of an stmatrix.x4, whose rows are 16-byte chunks of the tile, so a warp stores each
+// step's 512 bytes with one instruction (four st.shared.b32 per thread and step before).
 template <int kSteps>
 __device__ __forceinline__ void store_key_major_operands(uint32_t tile,
-                                                         const uint32_t (&a)[kSteps][4], int row,
-                                                         int quad_col, int first_chunk = 0) {
+                                                         const uint32_t (&a)[kSteps][4],
+                                                         int warp_row0, int first_chunk = 0) {
+  // This lane addresses row lane % 8 of matrix lane / 8.
+  const int lane = int(threadIdx.x) % 32, matrix = lane / 8;
+  const int row_in_block = lane % 8 + 8 * (matrix & 1);  // warp_row0 is a multiple of 16
+  const uint32_t row = tile + uint32_t(warp_row0 + row_in_block) * 128;
 #pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk)
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const int chunk = first_chunk + 2 * kk + matrix / 2;
+    ptx::stmatrix_x4(row + ((chunk ^ (lane % 8)) << 4), a[kk]);
+  }
+}
+
+// Adds a warp's dq fragments (iteration it's 64 query rows; `row` the thread's first, columns
+// [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK: one 8-byte reduction per row
+// and n8 tile, so a warp's reduction fills whole 32-byte sectors (8 rows x 32 bytes), as a
+// 16-byte one after a quad's lanes trade pairs would, without the shuffles and selects. A tile
+// inside the sequence takes one uniform branch; only the last tile's reductions are tested (a
+// test per reduction costs ptxas a branch and a BSSY / BSYNC pair each, predicated or not).
+template <int kDimQK, int kN>
+__device__ __forceinline__ void add_dq_fragments(const FlashBackwardParams& bp, const KeyBlock& kb,
+                                                 int it, const float (&dq_tile)[kN / 8][4], int row,
+                                                 int quad_col, int column0) {
+  constexpr int kTileRows = 64;
+  const int i0 = kb.first_query(it), i = i0 + row;
+  const bool inside[2] = {i < kb.seqlen_q, i + 8 < kb.seqlen_q};
+  float* accum = bp.dq_accum +
+                 row_workspace_index(bp.fwd, kb.batch, kb.head(it), inside[0] ? i : i0) * kDimQK +
+                 column0 + 2 * quad_col;
+  auto add = [&](float* address, int t, int half) {
+    ptx::red_add_v2(address + half * 8 * kDimQK + 8 * t,
+                    make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]));
+  };
+  if (i0 + kTileRows <= kb.seqlen_q) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = row + 8 * (e & 1), t = first_chunk + 2 * kk + e / 2;
-      const uint32_t address = tile + r * 128 + ((t ^ (r % 8)) << 4) + 4 * quad_col;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(a[kk][e]) : "memory");
-    }
+    for (int t = 0; t < kN / 8; ++t)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) add(accum, t, half);
+  } else {
+#pragma unroll
+    for (int t = 0; t < kN / 8; ++t)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        if (inside[half]) add(accum, t, half);
+  }
 }
 
 // kDropout: the form with keep bits (drawing them costs the producer registers, and its spills
@@ -337,6 +384,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
   constexpr int kDqStride = Traits::kDqStride;
+  constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDeterministic);
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
   const OneKernelBackwardLayout<Traits> l(shared_storage);
@@ -355,7 +403,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   init_key_block_barriers<Traits>(bp, l);
-  if (threadIdx.x == 0) {
+  if (!kDqFromRegisters && threadIdx.x == 0) {
     ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
     ptx::mbarrier_init(l.dq_empty(), 128);
   }
@@ -449,12 +497,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // dU^T of both consumers into shared memory; the buffer's previous reader (iteration
       // it - 2's dq) finished before the previous iteration's barrier.
-      store_key_major_operands(du_shared(buffer), du_operand, key_row, quad_col);
+      store_key_major_operands(du_shared(buffer), du_operand, key_row - quad_row);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(1, kConsumerThreads);
 
       // dq_tile = dU K over the block's 128 keys, this consumer's dq columns, then dk += dU^T Q,
-      // so that dk runs while the dq tile is stored.
+      // so that dk runs while the dq tile is added (or stored).
       ptx::fence_accumulators(dk_acc);
       ptx::wgmma_fence();
 #pragma unroll
@@ -469,18 +517,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dv_acc);
       ptx::fence_accumulators(dq_tile);
       ptx::fence_registers(pd_operand);
-      // The producer has added the previous tile (its rows are free).
-      if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
+      if constexpr (kDqFromRegisters) {
+        add_dq_fragments<kDimQK, kDqColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row,
+                                             quad_col, dq_column0);
+      } else {
+        // The producer has added the previous tile (its rows are free).
+        if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* row = l.dq + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
-                     2 * quad_col;
+        for (int half = 0; half < 2; ++half) {
+          float* row = l.dq + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
+                       2 * quad_col;
 #pragma unroll
-        for (int t = 0; t < kDqColumns / 8; ++t)
-          *reinterpret_cast<float2*>(row + 8 * t) =
-              make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
+          for (int t = 0; t < kDqColumns / 8; ++t)
+            *reinterpret_cast<float2*>(row + 8 * t) =
+                make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
+        }
+        ptx::mbarrier_arrive(l.dq_full());  // release: the rows above are visible
       }
-      ptx::mbarrier_arrive(l.dq_full());  // release: the rows above are visible
 
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dk_acc);

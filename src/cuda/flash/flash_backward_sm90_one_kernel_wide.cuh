@@ -17,11 +17,11 @@
 //   - issues dv[:, c] += P^T dO[:, c], dq_tile = dU K[:, c] (both MN-major), then
 //     dk[:, c] += dU^T Q[:, c] (A K-major and B MN-major, both in shared memory), over its
 //     columns of each;
-//   - while dk runs, adds dq_tile (64 rows x its dk columns) to the fp32 workspace with 16-byte
-//     reductions (red.global.add.v4.f32, two lanes of a quad trading a pair so each holds four
-//     adjacent columns of one row).
+//   - while dk runs, adds dq_tile (64 rows x its dk columns) to the fp32 workspace from its
+//     registers (add_dq_fragments: 8-byte reductions, red.global.add.v2.f32), as the narrow
+//     form does outside deterministic mode.
 // At 256 the shared memory is full (K, V, two stages of Q and dO: 192 KB, plus 32 KB of P^T / dU^T
-// buffers), so dq is not staged there as the narrow one-kernel backward stages it.
+// buffers), so dq is never staged there, as the narrow form stages it in deterministic mode.
 // launch_flash_backward_sm90 then converts the workspace to dq (times scale). kDeterministic:
 // each dq tile is added in key-block order, as the narrow form's producer adds it (the grid in
 // key-block chains; a flag per query tile, bp.dq_order), but from the consumers' registers: the
@@ -159,33 +159,6 @@ __device__ __forceinline__ void hand_over_dq_tile(const FlashBackwardParams& bp,
   if (first_lane) ptx::store_release_gpu(order, key_block + 1);
 }
 
-// Adds a consumer's dq tile (iteration it's 64 query rows; `row` the thread's first, columns
-// [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK. Lanes q and q ^ 1 of a quad
-// trade one pair per n8 tile: the even lane then holds four adjacent columns of row g, the odd one
-// of row g + 8.
-template <int kDimQK, int kN>
-__device__ __forceinline__ void add_dq_tile(const FlashBackwardParams& bp, const KeyBlock& kb,
-                                            int it, const float (&dq_tile)[kN / 8][4], int row,
-                                            int quad_col, int column0) {
-  const FlashForwardParams& p = bp.fwd;
-  const bool odd = quad_col & 1;
-  const int i = kb.first_query(it) + row + (odd ? 8 : 0);
-  const int column = column0 + 2 * (quad_col & ~1);
-  const bool inside = i < kb.seqlen_q;
-  float* accum =
-      bp.dq_accum + row_workspace_index(p, kb.batch, kb.head(it), inside ? i : 0) * kDimQK + column;
-#pragma unroll
-  for (int t = 0; t < kN / 8; ++t) {
-    const float send0 = odd ? dq_tile[t][0] : dq_tile[t][2];
-    const float send1 = odd ? dq_tile[t][1] : dq_tile[t][3];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    const float4 sum = odd ? make_float4(got0, got1, dq_tile[t][2], dq_tile[t][3])
-                           : make_float4(dq_tile[t][0], dq_tile[t][1], got0, got1);
-    if (inside) ptx::red_add_v4(accum + 8 * t, sum);
-  }
-}
-
 // The wide kernel's S^T or dP^T columns: acc = A B^T over kK with A the block's 64 key rows (a
 // K-major tile of 64 rows) and B the 32 query rows from b_row0 of a K-major tile of 64 rows.
 template <typename Element, int kN, int kK>
@@ -306,9 +279,9 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       {
         uint32_t operand[kQueryColumns / 16][4];
         pack_operands<Element>(s, operand);
-        store_key_major_operands(l.pt(buffer), operand, key_row, quad_col, query_column0 / 8);
+        store_key_major_operands(l.pt(buffer), operand, key_row - quad_row, query_column0 / 8);
         pack_operands<Element>(dp, operand);
-        store_key_major_operands(l.dut(buffer), operand, key_row, quad_col, query_column0 / 8);
+        store_key_major_operands(l.dut(buffer), operand, key_row - quad_row, query_column0 / 8);
       }
       // Both consumers' columns are written (and, two iterations back, were last read: each
       // consumer waits for its products before the next iteration's barrier).
@@ -336,8 +309,8 @@ __device__ __forceinline__ void consume_wide_key_block(const FlashBackwardParams
       ptx::fence_accumulators(dq_tile);
       // Deterministic mode: the previous key block has handed this tile on (hand_over_dq_tile).
       if constexpr (kDeterministic) ptx::mbarrier_wait(l.dq_ready(stage), (it / kStages) & 1);
-      add_dq_tile<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row, quad_col,
-                                      qk_column0);
+      add_dq_fragments<kDimQK, kQkColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row,
+                                           quad_col, qk_column0);
       if constexpr (kDeterministic) arrive_dq_added();
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(dk_acc);
