@@ -16,9 +16,10 @@
 // and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
 // consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
 // operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and, while dk runs,
-// adds dq_tile to the workspace from its registers (8-byte reductions). Deterministic mode instead
-// stores dq_tile to shared memory (fp32), and the producer warpgroup, otherwise idle between its
-// copies, adds the tile in key-block order. launch_flash_backward_sm90_one_kernel then converts the
+// stores dq_tile to shared memory (fp32); the producer warpgroup, otherwise idle between its
+// copies, adds that tile to the workspace (coalesced 16-byte reductions), so the consumers issue
+// no global reductions. The dropout form's consumers add dq_tile from their registers instead
+// (one_kernel_dq_from_registers). launch_flash_backward_sm90_one_kernel then converts the
 // workspace to dq (times scale).
 #pragma once
 
@@ -223,9 +224,14 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait
 // for that.
 // Whether the consumers add their dq fragments to the workspace themselves, from registers
-// (add_dq_fragments), rather than storing the tile to shared memory for the producer to add.
-// Deterministic mode keeps the producer's form: one thread of it orders the whole tile.
-constexpr bool one_kernel_dq_from_registers(bool deterministic) { return !deterministic; }
+// (add_dq_fragments), rather than storing the tile to shared memory for the producer to add:
+// only in the dropout form, whose producer's Philox draws delayed the adds (1.01-1.02x at d128
+// with dropout; docs/perf.md, session 39). Without dropout the consumers' own reductions cost
+// them far more than the hand-off (d128 0.81x, d64 0.89x, same run), and deterministic mode
+// orders a whole tile by one producer thread.
+constexpr bool one_kernel_dq_from_registers(bool dropout, bool deterministic) {
+  return dropout && !deterministic;
+}
 
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
@@ -294,7 +300,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
     }
   };
-  constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDeterministic);
+  constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDropout, kDeterministic);
   auto add_previous_dq_tile = [&](int it) {
     if constexpr (kAddsDq) {
       if (it >= kStages) add_dq_tile(it - kStages);
@@ -384,7 +390,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
   constexpr int kDqStride = Traits::kDqStride;
-  constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDeterministic);
+  constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDropout, kDeterministic);
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
   const OneKernelBackwardLayout<Traits> l(shared_storage);
@@ -502,7 +508,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::named_barrier_sync(1, kConsumerThreads);
 
       // dq_tile = dU K over the block's 128 keys, this consumer's dq columns, then dk += dU^T Q,
-      // so that dk runs while the dq tile is added (or stored).
+      // so that dk runs while the dq tile is stored (or added).
       ptx::fence_accumulators(dk_acc);
       ptx::wgmma_fence();
 #pragma unroll
