@@ -18,7 +18,7 @@
 // operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and, while dk runs,
 // stores dq_tile to shared memory (fp32); the producer warpgroup, otherwise idle between its
 // copies, adds that tile to the workspace (coalesced 16-byte reductions), so the consumers issue
-// no global reductions. The dropout form's consumers add dq_tile from their registers instead
+// no global reductions. Head dim 64's dropout form adds dq_tile from the consumers' registers
 // (one_kernel_dq_from_registers). launch_flash_backward_sm90_one_kernel then converts the
 // workspace to dq (times scale).
 #pragma once
@@ -225,12 +225,13 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 // for that.
 // Whether the consumers add their dq fragments to the workspace themselves, from registers
 // (add_dq_fragments), rather than storing the tile to shared memory for the producer to add:
-// only in the dropout form, whose producer's Philox draws delayed the adds (1.01-1.02x at d128
-// with dropout; docs/perf.md, session 39). Without dropout the consumers' own reductions cost
-// them far more than the hand-off (d128 0.81x, d64 0.89x, same run), and deterministic mode
-// orders a whole tile by one producer thread.
-constexpr bool one_kernel_dq_from_registers(bool dropout, bool deterministic) {
-  return dropout && !deterministic;
+// only in head dim 64's dropout form, whose producer's Philox draws delayed the adds (1.11x at
+// d64 with dropout, 1.08x on the gpt-oss window of 1024; docs/perf.md, session 39). Elsewhere
+// the consumers' own reductions cost them more than the hand-off: d128 0.81x and d64 0.89x
+// without dropout, d128 causal softcap with dropout 0.93x. Deterministic mode orders a whole
+// tile by one producer thread.
+constexpr bool one_kernel_dq_from_registers(int head_dim_qk, bool dropout, bool deterministic) {
+  return head_dim_qk == 64 && dropout && !deterministic;
 }
 
 template <typename Traits, bool kDropout, bool kDeterministic>
@@ -300,7 +301,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
     }
   };
-  constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDropout, kDeterministic);
+  constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
   auto add_previous_dq_tile = [&](int it) {
     if constexpr (kAddsDq) {
       if (it >= kStages) add_dq_tile(it - kStages);
@@ -390,7 +391,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
   constexpr int kDqStride = Traits::kDqStride;
-  constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDropout, kDeterministic);
+  constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
 
   extern __shared__ __align__(1024) unsigned char shared_storage[];
   const OneKernelBackwardLayout<Traits> l(shared_storage);
