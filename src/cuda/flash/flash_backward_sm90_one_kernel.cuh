@@ -211,18 +211,6 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
     out[16 * r] = static_cast<unsigned char>(bytes[r / 4] >> (8 * (r % 4)));
 }
 
-// The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
-// and, once the consumers have stored iteration j's dq tiles, their sum (rows inside the
-// sequence) added to the workspace, a warp per row and pass, 16 bytes per lane. The consumers
-// store iteration it - kStages's dq tile just before releasing its stage, so that tile is added
-// right after iteration it's copies are issued, and, with dropout, before iteration it's keep
-// bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
-// kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
-// waits until the tile's flag names this block, when the previous key block adds to the tile
-// too, and after every producer thread's reductions (a barrier) hands the tile on with a
-// releasing store. That thread is warp 1's first: the releasing store stalls its warp until the
-// reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait
-// for that.
 // Whether the consumers add their dq fragments to the workspace themselves, from registers
 // (add_dq_fragments), rather than storing the tile to shared memory for the producer to add:
 // only in head dim 64's dropout form, whose producer's Philox draws delayed the adds (1.11x at
@@ -234,6 +222,19 @@ constexpr bool one_kernel_dq_from_registers(int head_dim_qk, bool dropout, bool 
   return head_dim_qk == 64 && dropout && !deterministic;
 }
 
+// The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
+// and, once the consumers have stored iteration j's dq tiles, their sum (rows inside the
+// sequence) added to the workspace, a warp per row and pass, 16 bytes per lane (except where the
+// consumers add them: one_kernel_dq_from_registers). The consumers
+// store iteration it - kStages's dq tile just before releasing its stage, so that tile is added
+// right after iteration it's copies are issued, and, with dropout, before iteration it's keep
+// bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
+// kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
+// waits until the tile's flag names this block, when the previous key block adds to the tile
+// too, and after every producer thread's reductions (a barrier) hands the tile on with a
+// releasing store. That thread is warp 1's first: the releasing store stalls its warp until the
+// reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait
+// for that.
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
