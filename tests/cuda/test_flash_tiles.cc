@@ -151,15 +151,15 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
     int bytes;
   };
   const Expected cases[] = {
-      {90, 128, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128)},
-      {90, 64, 64, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(64, 64)},
-      {90, 256, 256, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(256, 256)},
-      {90, 192, 192, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 192)},
-      {90, 192, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128)},
+      {90, 128, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128, false)},
+      {90, 64, 64, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(64, 64, false)},
+      {90, 256, 256, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(256, 256, false)},
+      {90, 192, 192, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 192, false)},
+      {90, 192, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128, false)},
       {90, 96, 96, false, F::kMmaSync, flash_backward_shared_bytes(96, 96)},
-      {90, 128, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128)},
+      {90, 128, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128, true)},
       {90, 256, 256, true, F::kMmaSync, flash_backward_shared_bytes(256, 256)},
-      {90, 192, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128)},
+      {90, 192, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128, true)},
       {80, 128, 128, false, F::kMmaSync, flash_backward_shared_bytes(128, 128)},
   };
   for (const Expected& e : cases) {
@@ -173,8 +173,17 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
             flash_backward_shared_bytes(128, 128));
   // The families' sizes differ: a rule that checked one family's bytes for another would be
   // checking the wrong number.
-  EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128),
+  EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128, false),
             flash_backward_shared_bytes(128, 128));
+  // The narrow form's two dq tiles without dropout and one tile and the keep words with it.
+  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(128, 128, false) -
+                flash_backward_one_kernel_shared_bytes(128, 128, true),
+            64 * 128 * 4 - 2 * 256 * 4);
+  // Head dim 64 keeps one tile either way: the keep words are all that dropout adds.
+  EXPECT_EQ(flash_backward_one_kernel_dq_buffers(64, false), 1);
+  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(64, 64, true) -
+                flash_backward_one_kernel_shared_bytes(64, 64, false),
+            2 * 256 * 4);
 }
 
 // The one-kernel backward takes dropout at head dims 64, 128, 192 and 192 / 128, not at 256 (its
@@ -217,6 +226,48 @@ TEST(FlashTiles, OneKernelKeyBlockFollowsTheForm) {
   EXPECT_EQ(flash_backward_one_kernel_block_n(256, 256), 64);
   EXPECT_EQ(flash_backward_one_kernel_block_n(192, 192), 64);
   EXPECT_EQ(flash_backward_one_kernel_block_n(192, 128), 64);
+}
+
+// The narrow form's dq tile in fragment order: every element of a 64-row tile has its own float
+// (a bijection onto the tile's 64 x dqk floats), and dq_fragment_position inverts it as the
+// conversion pass reads the tile, a float4 at a time.
+TEST(FlashTiles, NarrowDqTileInFragmentOrderCoversTheTileOnce) {
+  for (int dim : {64, 128}) {
+    std::vector<int> hits(size_t(64 * dim), 0);
+    for (int row = 0; row < 64; ++row)
+      for (int column = 0; column < dim; ++column) {
+        const int offset = dq_fragment_offset(row, column, dim);
+        ASSERT_GE(offset, 0);
+        ASSERT_LT(offset, 64 * dim);
+        ++hits[size_t(offset)];
+      }
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), 64 * dim) << "dim " << dim;
+    // The conversion pass's reads: float4 i holds two columns of row r and of row r + 8.
+    for (int i = 0; i < 16 * dim; ++i) {
+      const DqFragmentPosition at = dq_fragment_position(i, dim);
+      for (int e = 0; e < 2; ++e) {
+        EXPECT_EQ(dq_fragment_offset(at.row, at.column + e, dim), 4 * i + e) << "float4 " << i;
+        EXPECT_EQ(dq_fragment_offset(at.row + 8, at.column + e, dim), 4 * i + 2 + e)
+            << "float4 " << i;
+      }
+    }
+  }
+  // The consumers' stores: element e of n8 tile t of warpgroup thread w (wgmma's accumulator
+  // fragment: rows 16 (w / 32) + g and + 8, columns 2q and 2q + 1 of the tile) of consumer c.
+  for (int dim : {64, 128})
+    for (int c = 0; c < 2; ++c)
+      for (int w = 0; w < 128; ++w)
+        for (int t = 0; t < dim / 16; ++t)
+          for (int e = 0; e < 4; ++e) {
+            const int row = w / 32 * 16 + w % 32 / 4 + 8 * (e / 2);
+            const int column = c * dim / 2 + 8 * t + 2 * (w % 4) + e % 2;
+            ASSERT_EQ(dq_fragment_offset(row, column, dim), c * 32 * dim + 512 * t + 4 * w + e)
+                << "dim " << dim << ", thread " << w << ", tile " << t << ", element " << e;
+          }
+  EXPECT_EQ(dq_workspace_rows(0), 0);
+  EXPECT_EQ(dq_workspace_rows(1), 64);
+  EXPECT_EQ(dq_workspace_rows(64), 64);
+  EXPECT_EQ(dq_workspace_rows(1025), 1088);
 }
 
 // The wide form's consumers split the head dims in whole 64-column blocks, each keeping some of

@@ -51,7 +51,7 @@ size_t dq_order_count(const AttentionProblem& p) {
 
 // The backward's own buffers, by family.
 struct FlashBackwardBuffers {
-  size_t dq_accum = 0;    // fp32 [b, H, sq, dqk], one-kernel family only
+  size_t dq_accum = 0;    // fp32 [b, H, sq rounded up to whole tiles, dqk], one-kernel family
   size_t dq_order = 0;    // int32 [b, H, query tiles], the one-kernel family in deterministic mode
   size_t row_delta = 0;   // fp32 [b, H, sq] D_i
   size_t row_dalpha = 0;  // fp32 [b, H, sq] per-row sink gradient terms
@@ -61,7 +61,8 @@ FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBack
   const size_t rows = size_t(p.batch * p.heads_q * p.max_seqlen_q);
   FlashBackwardBuffers sizes;
   if (family == FlashBackwardFamily::kOneKernel) {
-    sizes.dq_accum = rows * size_t(p.head_dim_qk) * sizeof(float);
+    sizes.dq_accum = size_t(p.batch * p.heads_q * dq_workspace_rows(p.max_seqlen_q)) *
+                     size_t(p.head_dim_qk) * sizeof(float);
     if (p.deterministic) sizes.dq_order = dq_order_count(p) * sizeof(int);
   }
   sizes.row_delta = rows * sizeof(float);

@@ -26,6 +26,7 @@
 #include "cuda/flash/flash_backward_tile_math.cuh"
 #include "cuda/flash/flash_forward_kernel.cuh"
 #include "cuda/flash/flash_tile_math.cuh"
+#include "cuda/flash/flash_tiles.h"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
 
@@ -145,6 +146,14 @@ __device__ __forceinline__ float row_lse_log2(const FlashForwardParams& p, int b
 __device__ __forceinline__ int64_t row_workspace_index(const FlashForwardParams& p, int batch,
                                                        int head, int i) {
   return (int64_t(batch) * p.heads_q + head) * p.max_seqlen_q + i;
+}
+
+// Row i of (batch, head) in the one-kernel family's dq workspace, whose rows per head are rounded
+// up to whole 64-row tiles (dq_workspace_rows); times dqk, its first float. A narrow form's tile
+// of rows [i0, i0 + 64) starts at row i0's.
+__device__ __forceinline__ int64_t dq_workspace_row(const FlashForwardParams& p, int batch,
+                                                    int head, int i) {
+  return (int64_t(batch) * p.heads_q + head) * dq_workspace_rows(p.max_seqlen_q) + i;
 }
 
 // Stores fp32 fragments (a slab's rows g and g + 8, kDim columns) times `factor` as Element

@@ -55,25 +55,36 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
       launch_backward_kernel(kernel, grid_of(Wide::kBlockN), Wide::kThreads, Wide::kSharedBytes, p,
                              stream);
   } else if constexpr (flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV)) {
-    using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV>;
+    // The dropout form's traits differ in shared memory (its keep words, one dq tile).
+    using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, false>;
+    using OneKernelDropout = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, true>;
     const bool dropout = f.dropout_threshold != 0;
     auto kernel =
-        dropout ? (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, true, true>
-                                 : flash_backward_one_kernel_sm90_kernel<OneKernel, true, false>)
-                : (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, false, true>
-                                 : flash_backward_one_kernel_sm90_kernel<OneKernel, false, false>);
+        dropout
+            ? (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernelDropout, true, true>
+                             : flash_backward_one_kernel_sm90_kernel<OneKernelDropout, true, false>)
+            : (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, false, true>
+                             : flash_backward_one_kernel_sm90_kernel<OneKernel, false, false>);
     if (f.max_seqlen_kv > 0)
       launch_backward_kernel(kernel, grid_of(OneKernel::kBlockN), OneKernel::kThreads,
-                             OneKernel::kSharedBytes, p, stream);
+                             dropout ? OneKernelDropout::kSharedBytes : OneKernel::kSharedBytes, p,
+                             stream);
   } else {
     // The host sets p.one_kernel only where flash_backward_family allows it.
     throw Error(ErrorCode::kInternal, "",
                 "one-kernel backward asked for head dims it does not take");
   }
   if (f.max_seqlen_q > 0) {
-    flash_backward_convert_dq_kernel<Element, kHeadDimQK>
-        <<<backward_row_grid(f.max_seqlen_q, f.heads_q, f.batch, kHeadDimQK),
-           kBackwardRowBlockThreads, 0, stream>>>(p);
+    if constexpr (flash_backward_one_kernel_wide_eligible(kHeadDimQK, kHeadDimV)) {
+      flash_backward_convert_dq_kernel<Element, kHeadDimQK>
+          <<<backward_row_grid(f.max_seqlen_q, f.heads_q, f.batch, kHeadDimQK),
+             kBackwardRowBlockThreads, 0, stream>>>(p);
+    } else if constexpr (flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV)) {
+      const dim3 grid(unsigned(dq_workspace_rows(f.max_seqlen_q) / kOneKernelBackwardBlockM),
+                      unsigned(f.heads_q), unsigned(f.batch));
+      flash_backward_convert_dq_fragments_kernel<Element, kHeadDimQK>
+          <<<grid, kBackwardRowBlockThreads, 0, stream>>>(p);
+    }
     DPA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -85,10 +96,12 @@ void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t st
   if (f.batch == 0 || f.heads_q == 0) return;
   const unsigned batch = unsigned(f.batch);
   if (f.max_seqlen_q > 0) {
-    // Also zeroes the one-kernel family's dq workspace (p.dq_accum).
+    // Also zeroes the one-kernel family's dq workspace (p.dq_accum), whose rows per head are
+    // rounded up to whole tiles.
+    const int64_t rows = p.one_kernel ? dq_workspace_rows(f.max_seqlen_q) : f.max_seqlen_q;
     flash_backward_prepare_kernel<Element, kHeadDimQK, kHeadDimV>
-        <<<backward_row_grid(f.max_seqlen_q, f.heads_q, f.batch, kHeadDimV),
-           kBackwardRowBlockThreads, 0, stream>>>(p);
+        <<<backward_row_grid(rows, f.heads_q, f.batch, kHeadDimV), kBackwardRowBlockThreads, 0,
+           stream>>>(p);
     DPA_CUDA_CHECK_LAUNCH();
   }
   if (p.one_kernel)

@@ -23,9 +23,10 @@ struct FlashBackwardParams {
 
   float scale = 1.f;  // the softmax scale (natural units): dq and dk carry it
   // The single-kernel form (sm_90a) instead of the mma.sync pair
-  // (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`, [b, H, max_sq, head_dim_qk]
-  // fp32 zeroed by the prepare kernel (flash_backward_rows.cuh), then converted; in any order
-  // unless dq_order is set.
+  // (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`, [b, H, max_sq rounded up to
+  // whole 64-row tiles (dq_workspace_rows), head_dim_qk] fp32, each tile in fragment order for
+  // the narrow form (dq_fragment_offset), zeroed by the prepare kernel (flash_backward_rows.cuh),
+  // then converted; in any order unless dq_order is set.
   bool one_kernel = false;
   float* dq_accum = nullptr;
   // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the

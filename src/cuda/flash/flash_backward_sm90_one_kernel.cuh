@@ -16,11 +16,12 @@
 // and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
 // consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
 // operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and, while dk runs,
-// stores dq_tile to shared memory (fp32); the producer warpgroup, otherwise idle between its
-// copies, adds that tile to the workspace (coalesced 16-byte reductions), so the consumers issue
-// no global reductions. Head dim 64's dropout form adds dq_tile from the consumers' registers
-// (one_kernel_dq_from_registers). launch_flash_backward_sm90_one_kernel then converts the
-// workspace to dq (times scale).
+// stores dq_tile to shared memory (fp32, in fragment order, one of two tiles); the producer
+// warpgroup's thread 32 has the copy engine add it to the workspace (one bulk reduction per
+// tile), so the consumers issue no global reductions. The dropout form keeps one tile, which the
+// producer's threads read and add (16-byte reductions), and at head dim 64 adds dq_tile from the
+// consumers' registers instead (one_kernel_dq_from_registers).
+// launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
 #include "cuda/flash/flash_backward_sm90_operands.cuh"
@@ -28,15 +29,18 @@
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/red.cuh"
+#include "cuda/ptx/tma.cuh"
 
 namespace dpa::cuda {
 
 // The one-kernel backward's block: 128 keys, 64-row query tiles, a producer warpgroup and two
-// consumers; two dU^T buffers of the block's 128 keys (double-buffered) and one fp32 dq tile
-// in shared memory (OneKernelBackwardLayout).
-template <typename ElementT, int kHeadDimQKT, int kHeadDimVT>
+// consumers; two dU^T buffers of the block's 128 keys (double-buffered) and kDqBuffers fp32 dq
+// tiles in shared memory (OneKernelBackwardLayout). kDropout: the form with keep bits, whose
+// words take the room of the second dq tile.
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT, bool kDropoutT>
 struct FlashBackwardSm90OneKernelTraits {
   using Element = ElementT;
+  static constexpr bool kDropout = kDropoutT;
   static constexpr int kHeadDimQK = kHeadDimQKT, kHeadDimV = kHeadDimVT;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
   static constexpr int kConsumerThreads = 256;
@@ -46,23 +50,27 @@ struct FlashBackwardSm90OneKernelTraits {
   // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
   // which ptxas serialises).
   static constexpr int kDqColumns = kHeadDimQK / 2;
-  static constexpr int kBarrierBytes = 64;
-  // The dq tiles' rows in shared memory (fp32), padded (kOneKernelBackwardDqPadding says why).
-  static constexpr int kDqStride = kHeadDimQK + kOneKernelBackwardDqPadding;
+  static constexpr int kBarrierBytes = 128;
+  // The dq tiles in shared memory (fp32), in fragment order as in the workspace
+  // (dq_fragment_offset): each consumer's half is kDqHalf floats.
+  static constexpr int kDqFloats = kBlockM * kHeadDimQK, kDqHalf = kDqFloats / 2;
+  static constexpr int kDqBuffers = flash_backward_one_kernel_dq_buffers(kHeadDimQK, kDropout);
   // Dropout keep bits per stage: one 32-bit word per consumer thread (draw_query_tile_keep_words).
   static constexpr int kKeepWords = kBlockN / 16 * 32;
-  // K and V of the block, kStages of Q and dO, of the rows' LSE and D and of the keep words, the
-  // dU^T buffers, the dq tile, barriers, 1 KB of alignment.
+  static constexpr int kKeepBytes = kDropout ? kStages * kKeepWords * 4 : 0;
+  // K and V of the block, kStages of Q and dO and of the rows' LSE and D, the dU^T buffers, the
+  // dq tiles, the keep words, barriers, 1 KB of alignment.
   static constexpr int kSharedBytes =
       2 * (kBlockN + kStages * kBlockM) * (kHeadDimQK + kHeadDimV) + kStages * 2 * kBlockM * 4 +
-      kDuBytes + kBlockM * kDqStride * 4 + kStages * kKeepWords * 4 + kBarrierBytes + 1024;
+      kDuBytes + kDqBuffers * kDqFloats * 4 + kKeepBytes + kBarrierBytes + 1024;
   static_assert(flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV),
                 "head dims 64 or 128");
   static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
-  static_assert(2 * kStages + 3 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(2 * kStages + 1 + 2 * kDqBuffers <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
-  static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
+  static_assert(kSharedBytes ==
+                    flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV, kDropout),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
   static_assert(kDqColumns == 32 || kDqColumns == 64,
                 "a consumer's dq columns lie inside one 64-column swizzle block of K");
@@ -79,8 +87,8 @@ struct OneKernelBackwardLayout {
   static constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   static constexpr int kStages = Traits::kStages;
   uint32_t k, v, stages, du, barriers;
-  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kBlockM rows
-  uint32_t* keep;           // kStages x Traits::kKeepWords
+  float *lse, *delta, *dq;  // kStages x kBlockM, kStages x kBlockM, kDqBuffers tiles
+  uint32_t* keep;           // kStages x Traits::kKeepWords, with dropout
 
   __device__ explicit OneKernelBackwardLayout(unsigned char* storage) {
     const uint32_t base = (ptx::shared_address(storage) + 1023u) & ~1023u;
@@ -92,9 +100,9 @@ struct OneKernelBackwardLayout {
     lse = reinterpret_cast<float*>(storage + (statistics - ptx::shared_address(storage)));
     delta = lse + kStages * kBlockM;
     dq = delta + kStages * kBlockM;
-    keep = reinterpret_cast<uint32_t*>(dq + kBlockM * Traits::kDqStride);
-    barriers = statistics + kStages * 2 * kBlockM * 4 + kBlockM * Traits::kDqStride * 4 +
-               kStages * Traits::kKeepWords * 4;
+    keep = reinterpret_cast<uint32_t*>(dq + Traits::kDqBuffers * Traits::kDqFloats);
+    barriers = statistics + kStages * 2 * kBlockM * 4 + Traits::kDqBuffers * Traits::kDqFloats * 4 +
+               Traits::kKeepBytes;
   }
   __device__ uint32_t q(int stage) const { return stages + uint32_t(stage) * kBlockM * kDimQK * 2; }
   __device__ uint32_t d_o(int stage) const {
@@ -103,9 +111,13 @@ struct OneKernelBackwardLayout {
   __device__ uint32_t full(int stage) const { return barriers + 8u * stage; }
   __device__ uint32_t empty(int stage) const { return barriers + 8u * (kStages + stage); }
   __device__ uint32_t kv() const { return barriers + 8u * (2 * kStages); }
-  // The dq tile stored by the consumers / added to the workspace by the producer.
-  __device__ uint32_t dq_full() const { return kv() + 8u; }
-  __device__ uint32_t dq_empty() const { return kv() + 16u; }
+  // dq tile `buffer` (iteration it's is it % kDqBuffers), stored by the consumers (full) and
+  // added to the workspace by the producer (empty: read, the consumers may store the next).
+  __device__ float* dq_tile(int buffer) const { return dq + buffer * Traits::kDqFloats; }
+  __device__ uint32_t dq_full(int buffer) const { return kv() + 8u * (1 + buffer); }
+  __device__ uint32_t dq_empty(int buffer) const {
+    return kv() + 8u * (1 + Traits::kDqBuffers + buffer);
+  }
 };
 
 // Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
@@ -212,8 +224,8 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
 }
 
 // Whether the consumers add their dq fragments to the workspace themselves, from registers
-// (add_dq_fragments), rather than storing the tile to shared memory for the producer to add:
-// only in head dim 64's dropout form, whose producer's Philox draws delayed the adds (1.11x at
+// (add_dq_fragments_in_order), rather than storing the tile to shared memory for the producer to
+// add: only in head dim 64's dropout form, whose producer's Philox draws delayed the adds (1.11x at
 // d64 with dropout, 1.08x on the gpt-oss window of 1024; docs/perf.md, session 39). Elsewhere
 // the consumers' own reductions cost them more than the hand-off: d128 0.81x and d64 0.89x
 // without dropout, d128 causal softcap with dropout 0.93x. Deterministic mode orders a whole
@@ -222,13 +234,25 @@ constexpr bool one_kernel_dq_from_registers(int head_dim_qk, bool dropout, bool 
   return head_dim_qk == 64 && dropout && !deterministic;
 }
 
+// Whether producer thread 32 alone has the copy engine add each dq tile to the workspace (one
+// bulk reduction per tile, its buffer freed once the engine has read it, an iteration later),
+// rather than the producer's 128 threads reading the tile and adding it: where two tiles
+// alternate (flash_backward_one_kernel_dq_buffers), outside deterministic mode. There each
+// tile's sums had to land before the tile was handed to the next key block, so the engine's
+// latency stalled the hand-off (0.88-0.93x at d128, docs/perf.md, session 40).
+template <typename Traits, bool kDeterministic>
+constexpr bool one_kernel_dq_by_bulk_reduction() {
+  return Traits::kDqBuffers == 2 && !kDeterministic;
+}
+
 // The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
-// and, once the consumers have stored iteration j's dq tiles, their sum (rows inside the
-// sequence) added to the workspace, a warp per row and pass, 16 bytes per lane (except where the
-// consumers add them: one_kernel_dq_from_registers). The consumers
-// store iteration it - kStages's dq tile just before releasing its stage, so that tile is added
-// right after iteration it's copies are issued, and, with dropout, before iteration it's keep
-// bits are drawn (the consumers wait for that tile's rows to be read before they store the next).
+// and, once the consumers have stored iteration j's dq tile, the tile added to the workspace
+// (both in fragment order): by one bulk reduction of the copy engine where
+// one_kernel_dq_by_bulk_reduction, else by the 128 threads' 16-byte reductions, by neither where
+// the consumers add it themselves (one_kernel_dq_from_registers). The
+// consumers store iteration it - kStages's dq tile just before releasing its stage, so that tile is
+// added right after iteration it's copies are issued, and, with dropout, before iteration it's keep
+// bits are drawn (the consumers wait for that tile to be read before they store the next).
 // kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
 // waits until the tile's flag names this block, when the previous key block adds to the tile
 // too, and after every producer thread's reductions (a barrier) hands the tile on with a
@@ -239,67 +263,75 @@ template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kDimQK = Traits::kHeadDimQK;
-  constexpr int kStages = Traits::kStages, kDqStride = Traits::kDqStride;
+  constexpr int kStages = Traits::kStages;
   constexpr int kProducerBarrier = 2;  // the consumers use named barrier 1
-  constexpr int kHandOffThread = 32;   // deterministic mode's waits and releases
+  constexpr int kHandOffThread = 32;   // the bulk reductions; deterministic mode's hand-offs
   const FlashForwardParams& p = bp.fwd;
   const int key_block = kb.j0 / kBlockN;
   // The query tiles the previous key block adds to (empty for the first).
   const QueryTileSpan previous =
       key_block_query_tiles(kb.j0 - kBlockN, kBlockN, kBlockM, kb.seqlen_q, kb.seqlen_kv,
                             kb.diagonal, p.window_left, p.window_right);
+  constexpr int kBuffers = Traits::kDqBuffers;
+  constexpr bool kBulk = one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>();
   auto add_dq_tile = [&](int j) {
-    ptx::mbarrier_wait(l.dq_full(), j & 1);
-    const int head = kb.head(j), i0 = kb.first_query(j);
-    int* order = nullptr;
-    if constexpr (kDeterministic) {
-      const int tile = i0 / kBlockM;
-      order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
-      if (threadIdx.x == kHandOffThread && previous.first <= tile && tile <= previous.last)
-        while (ptx::load_acquire_gpu(order) != key_block) {
-        }
-      ptx::named_barrier_sync(kProducerBarrier, 128);
-    }
-    constexpr int kLanesPerRow = kDimQK / 4, kRowsPerPass = 128 / kLanesPerRow;
-    const int first_row = int(threadIdx.x) / kLanesPerRow;
-    const int column = 4 * (int(threadIdx.x) % kLanesPerRow);
-    if constexpr (kDropout) {
-      // One pass at a time: this form's producer registers hold the Philox draws' context.
-#pragma unroll 1
-      for (int row = first_row; row < kBlockM; row += kRowsPerPass) {
-        if (i0 + row >= kb.seqlen_q) break;
-        const float4 sum = *reinterpret_cast<const float4*>(l.dq + row * kDqStride + column);
-        ptx::red_add_v4(
-            bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + row) * kDimQK + column, sum);
-      }
+    const int buffer = j % kBuffers, head = kb.head(j), i0 = kb.first_query(j);
+    // The tile and its workspace range are both in fragment order, rows past the sequence
+    // included (the workspace rounds them up).
+    float* accum_tile = bp.dq_accum + dq_workspace_row(p, kb.batch, head, i0) * kDimQK;
+    if constexpr (kBulk) {
+      if (threadIdx.x != kHandOffThread) return;
+      ptx::mbarrier_wait(l.dq_full(buffer), (j / kBuffers) & 1);
+      ptx::bulk_reduce_add_f32(accum_tile, ptx::shared_address(l.dq_tile(buffer)),
+                               Traits::kDqFloats * 4);
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read<1>();  // tile j - 1 is read: its buffer is free
+      if (j > 0) ptx::mbarrier_arrive(l.dq_empty((j - 1) % kBuffers));
     } else {
-      // A warp per row and pass, 16 bytes per lane, the shared loads of kLoadsInFlight passes
-      // issued before their reductions (one at a time, the loop waited out each load's latency
-      // while the consumers waited for the tile to be freed: session 16's profile). In
-      // deterministic mode the loop is also the hand-off's critical path: with the statistics
-      // loaded ahead, batched measured 8.11 ms against one at a time's 8.48 (d128).
-      constexpr int kPasses = kBlockM / kRowsPerPass, kLoadsInFlight = 4;
-      static_assert(kPasses % kLoadsInFlight == 0, "whole batches of passes");
-      const int rows = kb.seqlen_q - i0;  // the tile's rows inside the sequence
-      float* accum =
-          bp.dq_accum + row_workspace_index(p, kb.batch, head, i0 + first_row) * kDimQK + column;
-      const float* tile = l.dq + first_row * kDqStride + column;
-#pragma unroll 1
-      for (int pass = 0; pass < kPasses; pass += kLoadsInFlight) {
-        float4 sums[kLoadsInFlight];
-#pragma unroll
-        for (int k = 0; k < kLoadsInFlight; ++k)
-          sums[k] = *reinterpret_cast<const float4*>(tile + (pass + k) * kRowsPerPass * kDqStride);
-#pragma unroll
-        for (int k = 0; k < kLoadsInFlight; ++k)
-          if (first_row + (pass + k) * kRowsPerPass < rows)
-            ptx::red_add_v4(accum + int64_t(pass + k) * kRowsPerPass * kDimQK, sums[k]);
+      int* order = nullptr;
+      bool waits_for_previous = false;
+      if constexpr (kDeterministic) {
+        const int tile = i0 / kBlockM;
+        order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
+        waits_for_previous = previous.first <= tile && tile <= previous.last;
       }
-    }
-    ptx::mbarrier_arrive(l.dq_empty());  // the tiles' rows are read
-    if constexpr (kDeterministic) {
-      ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
-      if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
+      ptx::mbarrier_wait(l.dq_full(buffer), (j / kBuffers) & 1);
+      if constexpr (kDeterministic) {
+        if (threadIdx.x == kHandOffThread && waits_for_previous)
+          while (ptx::load_acquire_gpu(order) != key_block) {
+          }
+        ptx::named_barrier_sync(kProducerBarrier, 128);
+      }
+      // A float4 per thread and pass, in order.
+      constexpr int kPasses = Traits::kDqFloats / 4 / 128;
+      const float4* tile = reinterpret_cast<const float4*>(l.dq_tile(buffer)) + threadIdx.x;
+      float4* accum = reinterpret_cast<float4*>(accum_tile) + threadIdx.x;
+      if constexpr (kDropout) {
+        // One pass at a time: this form's producer registers hold the Philox draws' context.
+#pragma unroll 1
+        for (int pass = 0; pass < kPasses; ++pass)
+          ptx::red_add_v4(accum + pass * 128, tile[pass * 128]);
+      } else {
+        // The shared loads of kLoadsInFlight passes issued before their reductions (one at a
+        // time, the loop waited out each load's latency while the consumers waited for the tile
+        // to be freed: session 16's profile).
+        constexpr int kLoadsInFlight = 4;
+        static_assert(kPasses % kLoadsInFlight == 0, "whole batches of passes");
+#pragma unroll 1
+        for (int pass = 0; pass < kPasses; pass += kLoadsInFlight) {
+          float4 sums[kLoadsInFlight];
+#pragma unroll
+          for (int k = 0; k < kLoadsInFlight; ++k) sums[k] = tile[(pass + k) * 128];
+#pragma unroll
+          for (int k = 0; k < kLoadsInFlight; ++k)
+            ptx::red_add_v4(accum + (pass + k) * 128, sums[k]);
+        }
+      }
+      ptx::mbarrier_arrive(l.dq_empty(buffer));  // the tile is read
+      if constexpr (kDeterministic) {
+        ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
+        if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
+      }
     }
   };
   constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
@@ -321,6 +353,8 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   if constexpr (kAddsDq) {
 #pragma unroll 1
     for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
+    // The engine reads the last tiles and makes their sums before the block's memory goes.
+    if (kBulk && threadIdx.x == kHandOffThread) ptx::bulk_wait_group<0>();
   }
 }
 
@@ -344,38 +378,24 @@ __device__ __forceinline__ void store_key_major_operands(uint32_t tile,
   }
 }
 
-// Adds a warp's dq fragments (iteration it's 64 query rows; `row` the thread's first, columns
-// [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK: one 8-byte reduction per row
-// and n8 tile, so a warp's reduction fills whole 32-byte sectors (8 rows x 32 bytes), as a
-// 16-byte one after a quad's lanes trade pairs would, without the shuffles and selects. A tile
-// inside the sequence takes one uniform branch; only the last tile's reductions are tested (a
-// test per reduction costs ptxas a branch and a BSSY / BSYNC pair each, predicated or not).
+// Adds a consumer's dq fragments (iteration it's tile, its half of the columns) to the fp32
+// workspace, whose tiles are in fragment order (dq_fragment_offset): one 16-byte reduction per
+// n8 tile, a warp's 512 bytes in order, rows past the sequence included (the workspace rounds
+// them up).
 template <int kDimQK, int kN>
-__device__ __forceinline__ void add_dq_fragments(const FlashBackwardParams& bp, const KeyBlock& kb,
-                                                 int it, const float (&dq_tile)[kN / 8][4], int row,
-                                                 int quad_col, int column0) {
-  constexpr int kTileRows = 64;
-  const int i0 = kb.first_query(it), i = i0 + row;
-  const bool inside[2] = {i < kb.seqlen_q, i + 8 < kb.seqlen_q};
-  float* accum = bp.dq_accum +
-                 row_workspace_index(bp.fwd, kb.batch, kb.head(it), inside[0] ? i : i0) * kDimQK +
-                 column0 + 2 * quad_col;
-  auto add = [&](float* address, int t, int half) {
-    ptx::red_add_v2(address + half * 8 * kDimQK + 8 * t,
-                    make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]));
-  };
-  if (i0 + kTileRows <= kb.seqlen_q) {
+__device__ __forceinline__ void add_dq_fragments_in_order(const FlashBackwardParams& bp,
+                                                          const KeyBlock& kb, int it,
+                                                          const float (&dq_tile)[kN / 8][4],
+                                                          int consumer) {
+  const int i0 = kb.first_query(it);
+  float4* accum = reinterpret_cast<float4*>(
+                      bp.dq_accum + dq_workspace_row(bp.fwd, kb.batch, kb.head(it), i0) * kDimQK +
+                      consumer * 32 * kDimQK) +
+                  threadIdx.x % 128;
 #pragma unroll
-    for (int t = 0; t < kN / 8; ++t)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) add(accum, t, half);
-  } else {
-#pragma unroll
-    for (int t = 0; t < kN / 8; ++t)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        if (inside[half]) add(accum, t, half);
-  }
+  for (int t = 0; t < kN / 8; ++t)
+    ptx::red_add_v4(accum + t * 128,
+                    make_float4(dq_tile[t][0], dq_tile[t][1], dq_tile[t][2], dq_tile[t][3]));
 }
 
 // kDropout: the form with keep bits (drawing them costs the producer registers, and its spills
@@ -391,9 +411,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
-  constexpr int kDqStride = Traits::kDqStride;
   constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
 
+  static_assert(Traits::kDropout == kDropout, "the traits' shared memory is the form's");
   extern __shared__ __align__(1024) unsigned char shared_storage[];
   const OneKernelBackwardLayout<Traits> l(shared_storage);
   auto du_shared = [&](int buffer) { return l.du + uint32_t(buffer) * kBlockN * kBlockM * 2; };
@@ -412,8 +432,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   init_key_block_barriers<Traits>(bp, l);
   if (!kDqFromRegisters && threadIdx.x == 0) {
-    ptx::mbarrier_init(l.dq_full(), Traits::kConsumerThreads);
-    ptx::mbarrier_init(l.dq_empty(), 128);
+    for (int buffer = 0; buffer < Traits::kDqBuffers; ++buffer) {
+      ptx::mbarrier_init(l.dq_full(buffer), Traits::kConsumerThreads);
+      // The copy engine's reads are waited for by one producer thread; else all 128 read.
+      ptx::mbarrier_init(l.dq_empty(buffer),
+                         one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() ? 1 : 128);
+    }
   }
   __syncthreads();
 
@@ -526,21 +550,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dq_tile);
       ptx::fence_registers(pd_operand);
       if constexpr (kDqFromRegisters) {
-        add_dq_fragments<kDimQK, kDqColumns>(bp, kb, it, dq_tile, warp_in_group * 16 + quad_row,
-                                             quad_col, dq_column0);
+        add_dq_fragments_in_order<kDimQK, kDqColumns>(bp, kb, it, dq_tile, consumer);
       } else {
-        // The producer has added the previous tile (its rows are free).
-        if (it > 0) ptx::mbarrier_wait(l.dq_empty(), (it - 1) & 1);
+        // The tile this buffer held (kDqBuffers iterations back) is read. Stored in fragment
+        // order (dq_fragment_offset): a warp's float4 stores fill 512 bytes in order.
+        constexpr int kBuffers = Traits::kDqBuffers;
+        const int dq_buffer = it % kBuffers;
+        if (it >= kBuffers) ptx::mbarrier_wait(l.dq_empty(dq_buffer), (it / kBuffers - 1) & 1);
+        // A 32-bit shared address: a generic pointer's two registers spilled the dropout form.
+        const uint32_t half =
+            ptx::shared_address(l.dq_tile(dq_buffer) + consumer * Traits::kDqHalf) +
+            (threadIdx.x % 128) * 16;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float* row = l.dq + (warp_in_group * 16 + quad_row + 8 * half) * kDqStride + dq_column0 +
-                       2 * quad_col;
-#pragma unroll
-          for (int t = 0; t < kDqColumns / 8; ++t)
-            *reinterpret_cast<float2*>(row + 8 * t) =
-                make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]);
-        }
-        ptx::mbarrier_arrive(l.dq_full());  // release: the rows above are visible
+        for (int t = 0; t < kDqColumns / 8; ++t)
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(half + t * 2048),
+                       "f"(dq_tile[t][0]), "f"(dq_tile[t][1]), "f"(dq_tile[t][2]),
+                       "f"(dq_tile[t][3])
+                       : "memory");
+        // The copy engine reads the tile through the async proxy.
+        if constexpr (one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>())
+          ptx::fence_proxy_async_shared();
+        ptx::mbarrier_arrive(l.dq_full(dq_buffer));  // release: the tile above is visible
       }
 
       ptx::wgmma_wait<0>();

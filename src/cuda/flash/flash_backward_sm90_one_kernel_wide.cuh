@@ -78,7 +78,8 @@ struct FlashBackwardSm90OneKernelWideTraits {
   // full and empty per stage, K and V's, and deterministic mode's dq_ready per stage.
   static_assert(3 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
-  static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV),
+  static_assert(kSharedBytes ==
+                    flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV, kTakesDropout),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
   static_assert(!kTakesDropout || kKeepWords == kConsumerThreads / 2,
                 "one keep word per thread of a consumer: both read their key group's words");
@@ -157,6 +158,40 @@ __device__ __forceinline__ void hand_over_dq_tile(const FlashBackwardParams& bp,
   __syncwarp();
   ptx::named_barrier_sync(Traits::kDqOrderBarrier, Traits::kConsumerThreads + 32);
   if (first_lane) ptx::store_release_gpu(order, key_block + 1);
+}
+
+// Adds a warp's dq fragments (iteration it's 64 query rows; `row` the thread's first, columns
+// [column0, column0 + kN)) to the fp32 workspace of rows of kDimQK: one 8-byte reduction per row
+// and n8 tile, so a warp's reduction fills whole 32-byte sectors (8 rows x 32 bytes), as a
+// 16-byte one after a quad's lanes trade pairs would, without the shuffles and selects. A tile
+// inside the sequence takes one uniform branch; only the last tile's reductions are tested (a
+// test per reduction costs ptxas a branch and a BSSY / BSYNC pair each, predicated or not).
+template <int kDimQK, int kN>
+__device__ __forceinline__ void add_dq_fragments(const FlashBackwardParams& bp, const KeyBlock& kb,
+                                                 int it, const float (&dq_tile)[kN / 8][4], int row,
+                                                 int quad_col, int column0) {
+  constexpr int kTileRows = 64;
+  const int i0 = kb.first_query(it), i = i0 + row;
+  const bool inside[2] = {i < kb.seqlen_q, i + 8 < kb.seqlen_q};
+  float* accum = bp.dq_accum +
+                 dq_workspace_row(bp.fwd, kb.batch, kb.head(it), inside[0] ? i : i0) * kDimQK +
+                 column0 + 2 * quad_col;
+  auto add = [&](float* address, int t, int half) {
+    ptx::red_add_v2(address + half * 8 * kDimQK + 8 * t,
+                    make_float2(dq_tile[t][2 * half], dq_tile[t][2 * half + 1]));
+  };
+  if (i0 + kTileRows <= kb.seqlen_q) {
+#pragma unroll
+    for (int t = 0; t < kN / 8; ++t)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) add(accum, t, half);
+  } else {
+#pragma unroll
+    for (int t = 0; t < kN / 8; ++t)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        if (inside[half]) add(accum, t, half);
+  }
 }
 
 // The wide kernel's S^T or dP^T columns: acc = A B^T over kK with A the block's 64 key rows (a

@@ -339,13 +339,24 @@ __device__ __forceinline__ void key_tile_probabilities_no_dropout(
   }
 }
 
+// A dropout select: a = kept ? a : 0, kept = keep & mask != 0 (one bit set). In PTX because nvcc
+// turns the test of a constant bit into a shift, an and and a compare (three SASS instructions
+// per bit, session 39's reading of the d128 dropout loop); as `and` then `setp`, ptxas moves the
+// tile's bits into predicates with R2P, seven at a time, and both selects of an element share them.
+__device__ __forceinline__ void keep_if_bit_set(uint32_t keep, uint32_t mask, float& a) {
+  asm("{\n .reg .pred kept;\n .reg .b32 bit;\n and.b32 bit, %1, %2;\n"
+      " setp.ne.b32 kept, bit, 0;\n selp.f32 %0, %0, 0f00000000, kept;\n}\n"
+      : "+f"(a)
+      : "r"(keep), "r"(mask));
+}
+
 // dP^T (in dp) becomes dU^T = P^T (dP^T - D) (1 - t^2) = P^T (4 dP^T - 4 D) r (1 - r); `delta`
 // per query column; the cap's derivative only with a cap (it is 1 without).
 // kDropout: element (t, e) is kept where bit 4 t + e of `keep` is set (draw_query_tile_keep_words):
 // dU^T goes through the kept dP^T / keep_prob (`dropout_scale`), and s becomes the kept P^T
-// without that factor (Pd^T up to it: the caller scales dv once at the end). Both selects of an
-// element use one bit test right there: tested apart, the compiler keeps the tile's 32 bits
-// as predicates packed into general registers, three instructions per bit.
+// without that factor (Pd^T up to it: the caller scales dv once at the end). Each select tests
+// its bit with keep_if_bit_set, right where it is used: tested apart in C++, the compiler kept
+// the tile's 32 bits as predicates packed into general registers, three instructions per bit.
 template <bool kDropout = false, int kMTiles>
 __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
                                                    float (&s)[kMTiles][4], float (&dp)[kMTiles][4],
@@ -360,10 +371,9 @@ __device__ __forceinline__ void key_tile_gradients(const FlashForwardParams& p,
   // element dropped.
   auto gradient = [&](float& s_element, float& dp_element, int bit, float dp_scale,
                       float minus_delta, float factor) {
-    const bool kept = !kDropout || (keep & (1u << bit)) != 0u;
-    const float dp_kept = kept ? dp_element : 0.f;
-    dp_element = s_element * fmaf(dp_kept, dp_scale, minus_delta) * factor;
-    if constexpr (kDropout) s_element = kept ? s_element : 0.f;
+    if constexpr (kDropout) keep_if_bit_set(keep, 1u << bit, dp_element);
+    dp_element = s_element * fmaf(dp_element, dp_scale, minus_delta) * factor;
+    if constexpr (kDropout) keep_if_bit_set(keep, 1u << bit, s_element);
   };
   if (!p.use_softcap) {
 #pragma unroll

@@ -359,22 +359,62 @@ constexpr int flash_backward_one_kernel_block_n(int head_dim_qk, int head_dim_v)
              ? 64
              : kOneKernelBackwardBlockN;
 }
-// The one-kernel backward's fp32 dq tile rows are padded by 8 floats: a warp's 8-byte stores
-// of its 8 rows (2q + 8t in row g) then put each half-warp's 4 rows on 32 distinct banks (row
-// g starts on bank 8g); a padding of 4 put rows g and g + 1 on 4 common banks, 4 wavefronts
-// per store instead of 2 (ncu, session 24: 138 M excess store wavefronts at d64).
-constexpr int kOneKernelBackwardDqPadding = 8;
-constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v) {
-  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 64,
+// The one-kernel family's fp32 dq workspace: [b, H, rows, dqk] with each (batch, head)'s rows
+// rounded up to whole 64-row query tiles, so that a tile is one contiguous range of 64 x dqk
+// floats. The narrow form keeps each tile in fragment order (dq_fragment_offset), the wide form
+// in row order.
+constexpr int64_t dq_workspace_rows(int64_t max_seqlen_q) {
+  return (max_seqlen_q + kOneKernelBackwardBlockM - 1) / kOneKernelBackwardBlockM *
+         kOneKernelBackwardBlockM;
+}
+
+// Where the narrow one-kernel backward keeps dq element (row, column) of a 64-row tile, in floats
+// from the tile's start: the consumers' accumulator fragments in register order. Consumer c owns
+// columns [c dqk / 2, (c + 1) dqk / 2) (its half: 32 dqk floats); in it, thread w of the
+// warpgroup (warp w / 32, quad row g = w % 32 / 4, quad column q = w % 4) holds for each n8
+// column tile t the float4 (row 16 (w / 32) + g, columns 8 t + 2q, + 1; row + 8, the same
+// columns) at t * 512 + 4 w. So a warp stores or loads 512 contiguous bytes per float4 (no bank
+// conflict, no padding), and a 16-float chunk (4 threads of a quad row) holds columns
+// 8 t .. 8 t + 7 of rows 16 (w / 32) + g and + 8.
+constexpr int dq_fragment_offset(int row, int column, int head_dim_qk) {
+  const int half = head_dim_qk / 2, consumer = column / half, c = column % half;
+  const int thread = row / 16 * 32 + row % 8 * 4 + c % 8 / 2;
+  return consumer * 32 * head_dim_qk + c / 8 * 512 + 4 * thread + row % 16 / 8 * 2 + c % 2;
+}
+
+// Where float4 `index` of a fragment-order dq tile lies (dq_fragment_offset's inverse, in
+// float4s): its x and y are columns `column` and + 1 of row `row`, its z and w the same columns of
+// row + 8 (one consumer thread's fragment of one n8 tile).
+struct DqFragmentPosition {
+  int row, column;
+};
+constexpr DqFragmentPosition dq_fragment_position(int index, int head_dim_qk) {
+  const int consumer = index / (8 * head_dim_qk), rest = index % (8 * head_dim_qk);
+  const int tile = rest / 128, thread = rest % 128;
+  return {thread / 32 * 16 + thread % 32 / 4,
+          consumer * head_dim_qk / 2 + 8 * tile + 2 * (thread % 4)};
+}
+
+// The narrow form's dq tiles in shared memory: two at head dim 128 without dropout, so that the
+// consumers store tile j + 1 while the copy engine still reads tile j (bulk reductions, one per
+// tile, outside deterministic mode); one otherwise, read and added by the producer's threads.
+// Dropout's keep words leave no room for a second tile at head dim 128, and at head dim 64 the
+// bulk form lost to the threads' adds (0.955-0.965x, docs/perf.md, session 40).
+constexpr int flash_backward_one_kernel_dq_buffers(int head_dim_qk, bool dropout) {
+  return head_dim_qk == 128 && !dropout ? 2 : 1;
+}
+constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v,
+                                                     bool dropout) {
+  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 128,
             block_m = kOneKernelBackwardBlockM;
   if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v))
     return flash_backward_wide_shared_bytes(
         head_dim_qk, head_dim_v, flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v));
   const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
-            keep_words = block_n / 16 * 32;
+            keep_words = dropout ? block_n / 16 * 32 : 0;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
-         block_m * (head_dim_qk + kOneKernelBackwardDqPadding) * 4 + stages * keep_words * 4 +
-         barriers + 1024;
+         flash_backward_one_kernel_dq_buffers(head_dim_qk, dropout) * block_m * head_dim_qk * 4 +
+         stages * keep_words * 4 + barriers + 1024;
 }
 
 // What a backward runs: its family and that family's shared memory per block. The selector's
@@ -389,7 +429,7 @@ constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int h
       flash_backward_family(arch, head_dim_qk, head_dim_v, dropout, requested);
   switch (family) {
     case FlashBackwardFamily::kOneKernel:
-      return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v)};
+      return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v, dropout)};
     case FlashBackwardFamily::kMmaSync:
     case FlashBackwardFamily::kAutomatic:
       break;

@@ -41,8 +41,8 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity)
 }
 
 // Orders this thread's generic-proxy shared-memory accesses (cp.async, st.shared, ldmatrix reads)
-// before its later async-proxy ones (wgmma reads, bulk copies into the same bytes); follow it
-// with a barrier where other threads' accesses must be ordered too.
+// before its later async-proxy ones (wgmma reads, bulk copies into or out of the same bytes);
+// follow it with a barrier where other threads' accesses must be ordered too.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

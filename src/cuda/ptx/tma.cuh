@@ -1,6 +1,7 @@
 // Thin wrappers over the sm_90 bulk copy PTX (TMA): a 4-d tile load from global to shared memory
 // that completes on an mbarrier's transaction count, the plain (non-tensor) bulk copy, the
-// barrier's expect-tx arrive, the async-proxy fence and the tensor-map prefetch. The tensor maps
+// barrier's expect-tx arrive, the bulk fp32 reduction into global memory with its group waits,
+// the async-proxy fence and the tensor-map prefetch. The tensor maps
 // come from cuda/tensor_map.h (host side).
 #pragma once
 
@@ -41,6 +42,34 @@ __device__ __forceinline__ void bulk_copy_to_shared(uint32_t shared_destination,
           "r"(shared_destination),
       "l"(global_source), "r"(bytes), "r"(barrier)
       : "memory");
+}
+
+// Adds `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 from shared memory to
+// global memory element by element, as one bulk reduction (the adds happen at L2), in this
+// thread's open bulk group (bulk_commit_group closes it). The shared bytes must be written
+// before it through the async proxy's view (fence_proxy_async_shared after generic stores).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* global_destination,
+                                                    uint32_t shared_source, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   global_destination),
+               "r"(shared_source), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups still read their shared source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups are incomplete (their writes made).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Fetches a tensor map's descriptor ahead of its first use.
