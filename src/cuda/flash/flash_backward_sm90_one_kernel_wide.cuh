@@ -170,7 +170,7 @@ template <int kDimQK, int kN>
 __device__ __forceinline__ void add_dq_fragments(const FlashBackwardParams& bp, const KeyBlock& kb,
                                                  int it, const float (&dq_tile)[kN / 8][4], int row,
                                                  int quad_col, int column0) {
-  constexpr int kTileRows = 64;
+  constexpr int kTileRows = kOneKernelBackwardBlockM;  // the query tile (the traits assert it)
   const int i0 = kb.first_query(it), i = i0 + row;
   const bool inside[2] = {i < kb.seqlen_q, i + 8 < kb.seqlen_q};
   float* accum = bp.dq_accum +
