@@ -223,6 +223,14 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   EXPECT_NE(caps.describe_plan(r).find("family one_kernel"), std::string::npos);
   EXPECT_NE(caps.describe_plan(r).find("in key-block order"), std::string::npos);
   r.deterministic = false;
+  EXPECT_NE(caps.describe_plan(r).find(", 64-row query tiles"), std::string::npos);
+  // Head dim 64 takes 128-row query tiles, and 64 under a narrow window.
+  r.head_dim_qk = r.head_dim_v = 64;
+  EXPECT_NE(caps.describe_plan(r).find(", 128-row query tiles"), std::string::npos);
+  r.window_span = 128;
+  EXPECT_NE(caps.describe_plan(r).find(", 64-row query tiles"), std::string::npos);
+  r.window_span = -1;
+  r.head_dim_qk = r.head_dim_v = 128;
   r.flash_backward_kernel = FlashBackwardKernel::kMmaSync;
   EXPECT_NE(caps.describe_plan(r).find("mma_sync"), std::string::npos);
 }

@@ -151,39 +151,57 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
     int bytes;
   };
   const Expected cases[] = {
-      {90, 128, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128, false)},
-      {90, 64, 64, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(64, 64, false)},
-      {90, 256, 256, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(256, 256, false)},
-      {90, 192, 192, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 192, false)},
-      {90, 192, 128, false, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128, false)},
+      {90, 128, 128, false, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(128, 128, false, 64)},
+      {90, 64, 64, false, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(64, 64, false, 128)},
+      {90, 256, 256, false, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(256, 256, false, 64)},
+      {90, 192, 192, false, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(192, 192, false, 64)},
+      {90, 192, 128, false, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(192, 128, false, 64)},
       {90, 96, 96, false, F::kMmaSync, flash_backward_shared_bytes(96, 96)},
-      {90, 128, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(128, 128, true)},
+      {90, 128, 128, true, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(128, 128, true, 64)},
       {90, 256, 256, true, F::kMmaSync, flash_backward_shared_bytes(256, 256)},
-      {90, 192, 128, true, F::kOneKernel, flash_backward_one_kernel_shared_bytes(192, 128, true)},
+      {90, 192, 128, true, F::kOneKernel,
+       flash_backward_one_kernel_shared_bytes(192, 128, true, 64)},
       {80, 128, 128, false, F::kMmaSync, flash_backward_shared_bytes(128, 128)},
   };
   for (const Expected& e : cases) {
     const FlashBackwardPlan plan =
-        flash_backward_plan(e.arch, e.dqk, e.dv, e.dropout, F::kAutomatic);
+        flash_backward_plan(e.arch, e.dqk, e.dv, e.dropout, F::kAutomatic, -1);
     EXPECT_EQ(plan.family, e.family) << e.arch << " " << e.dqk;
     EXPECT_EQ(plan.shared_bytes, e.bytes) << e.arch << " " << e.dqk;
     EXPECT_LE(plan.shared_bytes, 227 * 1024);
   }
-  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, F::kMmaSync).shared_bytes,
+  EXPECT_EQ(flash_backward_plan(90, 128, 128, false, F::kMmaSync, -1).shared_bytes,
             flash_backward_shared_bytes(128, 128));
+  // Head dim 64's tiles follow the window, and so do their bytes.
+  EXPECT_EQ(flash_backward_plan(90, 64, 64, false, F::kAutomatic, 128).shared_bytes,
+            flash_backward_one_kernel_shared_bytes(64, 64, false, 64));
+  EXPECT_EQ(flash_backward_plan(90, 64, 64, false, F::kAutomatic, 128).query_tile_rows, 64);
+  EXPECT_EQ(flash_backward_plan(90, 64, 64, false, F::kAutomatic, 1024).query_tile_rows, 128);
   // The families' sizes differ: a rule that checked one family's bytes for another would be
   // checking the wrong number.
-  EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128, false),
+  EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128, false, 64),
             flash_backward_shared_bytes(128, 128));
   // The narrow form's two dq tiles without dropout and one tile and the keep words with it.
-  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(128, 128, false) -
-                flash_backward_one_kernel_shared_bytes(128, 128, true),
+  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(128, 128, false, 64) -
+                flash_backward_one_kernel_shared_bytes(128, 128, true, 64),
             64 * 128 * 4 - 2 * 256 * 4);
-  // Head dim 64 keeps one tile either way: the keep words are all that dropout adds.
+  // Head dim 64 keeps one dq tile either way; without dropout its query tiles are 128 rows: K and
+  // V, two stages of Q and dO, their rows' LSE and D, two dU^T buffers of 128 x 128, the dq tile,
+  // the barriers and the alignment pad.
   EXPECT_EQ(flash_backward_one_kernel_dq_buffers(64, false), 1);
-  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(64, 64, true) -
-                flash_backward_one_kernel_shared_bytes(64, 64, false),
-            2 * 256 * 4);
+  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(64, 64, false, 128),
+            2 * 128 * 128 + 2 * 2 * 128 * 128 + 2 * 2 * 128 * 4 + 2 * 128 * 128 * 2 + 128 * 64 * 4 +
+                128 + 1024);
+  // With dropout, 64-row tiles and the keep words.
+  EXPECT_EQ(flash_backward_one_kernel_shared_bytes(64, 64, true, 64),
+            2 * 128 * 128 + 2 * 2 * 64 * 128 + 2 * 2 * 64 * 4 + 2 * 128 * 64 * 2 + 64 * 64 * 4 +
+                2 * 256 * 4 + 128 + 1024);
 }
 
 // The one-kernel backward takes dropout at head dims 64, 128, 192 and 192 / 128, not at 256 (its
@@ -242,12 +260,16 @@ TEST(FlashTiles, NarrowDqTileInFragmentOrderCoversTheTileOnce) {
         ++hits[size_t(offset)];
       }
     EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), 64 * dim) << "dim " << dim;
-    // The conversion pass's reads: float4 i holds two columns of row r and of row r + 8.
-    for (int i = 0; i < 16 * dim; ++i) {
+    // The reads of the conversion pass and of the kernel's dq writes: float4 i holds two columns
+    // of row r and of row r + 8, over two 64-row tiles in a row (a 128-row query tile).
+    for (int i = 0; i < 2 * 16 * dim; ++i) {
       const DqFragmentPosition at = dq_fragment_position(i, dim);
+      const int tile = i / (16 * dim), in_tile = i % (16 * dim);
+      ASSERT_EQ(at.row / 64, tile) << "float4 " << i;
       for (int e = 0; e < 2; ++e) {
-        EXPECT_EQ(dq_fragment_offset(at.row, at.column + e, dim), 4 * i + e) << "float4 " << i;
-        EXPECT_EQ(dq_fragment_offset(at.row + 8, at.column + e, dim), 4 * i + 2 + e)
+        EXPECT_EQ(dq_fragment_offset(at.row % 64, at.column + e, dim), 4 * in_tile + e)
+            << "float4 " << i;
+        EXPECT_EQ(dq_fragment_offset(at.row % 64 + 8, at.column + e, dim), 4 * in_tile + 2 + e)
             << "float4 " << i;
       }
     }
@@ -264,10 +286,35 @@ TEST(FlashTiles, NarrowDqTileInFragmentOrderCoversTheTileOnce) {
             ASSERT_EQ(dq_fragment_offset(row, column, dim), c * 32 * dim + 512 * t + 4 * w + e)
                 << "dim " << dim << ", thread " << w << ", tile " << t << ", element " << e;
           }
+  // Whole 128-row tiles, so that either form's tiles are whole ranges of the workspace.
   EXPECT_EQ(dq_workspace_rows(0), 0);
-  EXPECT_EQ(dq_workspace_rows(1), 64);
-  EXPECT_EQ(dq_workspace_rows(64), 64);
-  EXPECT_EQ(dq_workspace_rows(1025), 1088);
+  EXPECT_EQ(dq_workspace_rows(1), 128);
+  EXPECT_EQ(dq_workspace_rows(128), 128);
+  EXPECT_EQ(dq_workspace_rows(129), 256);
+  EXPECT_EQ(dq_workspace_rows(1025), 1152);
+}
+
+// The narrow form's query tile: 128 rows only at head dim 64 without dropout (the dropout form's
+// keep words cover 64 queries) and without a narrow window (at most kFlashNarrowWindowKeys keys
+// per query, as the forward's rule); 64 elsewhere, the wide form's included. Either divides the
+// workspace's rows.
+TEST(FlashTiles, NarrowQueryTileIs128RowsOnlyAtHeadDim64WithoutDropoutOrANarrowWindow) {
+  for (int64_t span : {int64_t(-1), kFlashNarrowWindowKeys + 1, int64_t(1024)}) {
+    EXPECT_EQ(flash_backward_one_kernel_block_m(64, 64, false, span), 128) << span;
+    EXPECT_EQ(flash_backward_one_kernel_block_m(64, 64, true, span), 64) << span;
+    EXPECT_EQ(flash_backward_one_kernel_block_m(128, 128, false, span), 64) << span;
+    EXPECT_EQ(flash_backward_one_kernel_block_m(128, 128, true, span), 64) << span;
+    EXPECT_EQ(flash_backward_one_kernel_block_m(256, 256, false, span), 64) << span;
+    EXPECT_EQ(flash_backward_one_kernel_block_m(192, 128, false, span), 64) << span;
+  }
+  for (int64_t span : {int64_t(1), int64_t(128), kFlashNarrowWindowKeys})
+    EXPECT_EQ(flash_backward_one_kernel_block_m(64, 64, false, span), 64) << span;
+  for (int rows : {1, 63, 64, 65, 127, 128, 129, 1000})
+    for (bool dropout : {false, true})
+      for (int dim : {64, 128, 256})
+        EXPECT_EQ(
+            dq_workspace_rows(rows) % flash_backward_one_kernel_block_m(dim, dim, dropout, -1), 0)
+            << rows;
 }
 
 // The wide form's consumers split the head dims in whole 64-column blocks, each keeping some of

@@ -33,7 +33,8 @@ int64_t packable_group(const FeatureRequest& r) {
 // The backward a request would run (the launch takes the same plan: flash_backward.cc).
 cuda::FlashBackwardPlan backward_plan(const FeatureRequest& r) {
   return cuda::flash_backward_plan(r.device_arch, int(r.head_dim_qk), int(r.head_dim_v), r.dropout,
-                                   cuda::requested_backward_family(r.flash_backward_kernel));
+                                   cuda::requested_backward_family(r.flash_backward_kernel),
+                                   r.window_span);
 }
 
 // The kernel family and tiles a request would run on, from the same functions the launch uses
@@ -48,7 +49,8 @@ std::string describe_flash_plan(const FeatureRequest& r) {
         return std::string(
                    "backward kernel family one_kernel (one kernel per key block, fp32 dq "
                    "reductions") +
-               (r.deterministic ? " in key-block order)" : ")") + shared;
+               (r.deterministic ? " in key-block order)" : ")") + ", " +
+               std::to_string(plan.query_tile_rows) + "-row query tiles" + shared;
       default:
         return "backward kernel family mma_sync (atomic-free pair)" + shared;
     }

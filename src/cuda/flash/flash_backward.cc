@@ -32,11 +32,10 @@ void launch_flash_backward(const FlashBackwardParams& p, DType dtype, int head_d
 namespace {
 
 // The plan the selector's rule checked (flash_backend.cc), from the same inputs.
-FlashBackwardFamily backward_family(const AttentionProblem& p) {
+FlashBackwardPlan backward_plan(const AttentionProblem& p) {
   return flash_backward_plan(p.device_arch, int(p.head_dim_qk), int(p.head_dim_v),
                              p.dropout_threshold != 0,
-                             requested_backward_family(p.flash_backward_kernel))
-      .family;
+                             requested_backward_family(p.flash_backward_kernel), p.window_span());
 }
 
 // The one-kernel backward's query tiles per (batch, head) in deterministic mode, and their
@@ -80,8 +79,8 @@ void plan_query_tile_maps(const AttentionProblem& p, FlashBackwardParams& bp) {
   const RowTensor d_o =
       row_tensor(p.d_o, p.do_rows, p.dtype, p.batch, p.max_seqlen_q, p.heads_q, p.head_dim_v);
   if (!tensor_map_can_address(q) || !tensor_map_can_address(d_o)) return;
-  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, kOneKernelBackwardBlockM);
-  const std::optional<CUtensorMap> do_map = encode_row_tensor_map(d_o, kOneKernelBackwardBlockM);
+  const std::optional<CUtensorMap> q_map = encode_row_tensor_map(q, bp.query_tile_rows);
+  const std::optional<CUtensorMap> do_map = encode_row_tensor_map(d_o, bp.query_tile_rows);
   if (!q_map || !do_map) return;
   bp.q_tile_map = *q_map;
   bp.do_tile_map = *do_map;
@@ -91,7 +90,7 @@ void plan_query_tile_maps(const AttentionProblem& p, FlashBackwardParams& bp) {
 }  // namespace
 
 size_t flash_backward_workspace_bytes(const AttentionProblem& p) {
-  const FlashBackwardBuffers sizes = flash_backward_buffers(p, backward_family(p));
+  const FlashBackwardBuffers sizes = flash_backward_buffers(p, backward_plan(p).family);
   return workspace_bytes_for({sequence_tables_bytes(p), sizes.dq_accum, sizes.dq_order,
                               sizes.row_delta, sizes.row_dalpha});
 }
@@ -114,8 +113,10 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   bp.dv = p.dv.data;
   copy_strides(p.dv_rows, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride);
   bp.scale = float(p.scale);
-  const FlashBackwardFamily family = backward_family(p);
+  const FlashBackwardPlan backward = backward_plan(p);
+  const FlashBackwardFamily family = backward.family;
   bp.one_kernel = family == FlashBackwardFamily::kOneKernel;
+  bp.query_tile_rows = backward.query_tile_rows;
   plan_query_tile_maps(p, bp);
 
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);

@@ -51,24 +51,44 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
       throw Error(ErrorCode::kInternal, "dropout",
                   "the wide one-kernel backward at this head dim has no keep bits");
     }
+    if (p.query_tile_rows != Wide::kBlockM)
+      throw Error(ErrorCode::kInternal, "",
+                  "one-kernel backward's query_tile_rows disagrees with its form");
     if (f.max_seqlen_kv > 0)
       launch_backward_kernel(kernel, grid_of(Wide::kBlockN), Wide::kThreads, Wide::kSharedBytes, p,
                              stream);
   } else if constexpr (flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV)) {
-    // The dropout form's traits differ in shared memory (its keep words, one dq tile).
-    using OneKernel = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, false>;
-    using OneKernelDropout = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, true>;
+    // The forms differ in shared memory (the dropout form's keep words and single dq tile, the
+    // 128-row tiles' stages), so each has its traits; the host's tile rows (flash_backward_plan's,
+    // also the tensor maps' boxes) pick one, and a value no form has is refused.
+    auto launch = [&](auto traits) {
+      using Traits = decltype(traits);
+      auto kernel = deterministic
+                        ? flash_backward_one_kernel_sm90_kernel<Traits, Traits::kDropout, true>
+                        : flash_backward_one_kernel_sm90_kernel<Traits, Traits::kDropout, false>;
+      if (f.max_seqlen_kv > 0)
+        launch_backward_kernel(kernel, grid_of(Traits::kBlockN), Traits::kThreads,
+                               Traits::kSharedBytes, p, stream);
+    };
+    using Rows64 = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, false, 64>;
+    using Rows64Dropout =
+        FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, true, 64>;
+    constexpr bool kTakes128 =
+        flash_backward_one_kernel_takes_128_rows(kHeadDimQK, kHeadDimV, false);
+    using Rows128 = FlashBackwardSm90OneKernelTraits<Element, kHeadDimQK, kHeadDimV, false,
+                                                     kTakes128 ? 128 : 64>;
     const bool dropout = f.dropout_threshold != 0;
-    auto kernel =
-        dropout
-            ? (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernelDropout, true, true>
-                             : flash_backward_one_kernel_sm90_kernel<OneKernelDropout, true, false>)
-            : (deterministic ? flash_backward_one_kernel_sm90_kernel<OneKernel, false, true>
-                             : flash_backward_one_kernel_sm90_kernel<OneKernel, false, false>);
-    if (f.max_seqlen_kv > 0)
-      launch_backward_kernel(kernel, grid_of(OneKernel::kBlockN), OneKernel::kThreads,
-                             dropout ? OneKernelDropout::kSharedBytes : OneKernel::kSharedBytes, p,
-                             stream);
+    if (p.query_tile_rows == 64) {
+      if (dropout)
+        launch(Rows64Dropout{});
+      else
+        launch(Rows64{});
+    } else if (kTakes128 && !dropout && p.query_tile_rows == 128) {
+      launch(Rows128{});
+    } else {
+      throw Error(ErrorCode::kInternal, "",
+                  "one-kernel backward's query_tile_rows disagrees with its forms");
+    }
   } else {
     // The host sets p.one_kernel only where flash_backward_family allows it.
     throw Error(ErrorCode::kInternal, "",

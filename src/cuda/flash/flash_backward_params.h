@@ -24,19 +24,23 @@ struct FlashBackwardParams {
   float scale = 1.f;  // the softmax scale (natural units): dq and dk carry it
   // The single-kernel form (sm_90a) instead of the mma.sync pair
   // (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`, [b, H, max_sq rounded up to
-  // whole 64-row tiles (dq_workspace_rows), head_dim_qk] fp32, each tile in fragment order for
-  // the narrow form (dq_fragment_offset), zeroed by the prepare kernel (flash_backward_rows.cuh),
-  // then converted; in any order unless dq_order is set.
+  // whole 128-row tiles (dq_workspace_rows), head_dim_qk] fp32, each 64-row tile in fragment order
+  // for the narrow form (dq_fragment_offset), zeroed by the prepare kernel
+  // (flash_backward_rows.cuh), then converted; in any order unless dq_order is set.
   bool one_kernel = false;
   float* dq_accum = nullptr;
+  // The narrow kernel's query tile (flash_backward_one_kernel_block_m), which the tensor maps'
+  // boxes have; the launch checks it against the kernel's form.
+  int query_tile_rows = 0;
   // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the
   // next key block whose dq partial may be added ([b, H, dq_order_tiles] int32, zeroed by the
-  // host; kDeterministicKeyChain); null otherwise. Key blocks run in chains of `key_chain`.
+  // host; kDeterministicKeyChain; a kernel with 128-row tiles uses the first half); null
+  // otherwise. Key blocks run in chains of `key_chain`.
   int* dq_order = nullptr;
   int dq_order_tiles = 0, key_chain = 0;
 
   // Bulk tensor copies (TMA) of each query tile's Q and dO in the one-kernel backward's producer:
-  // boxes of 64 rows (kOneKernelBackwardBlockM) by 64 columns (cuda/tensor_map.h). Only where
+  // boxes of query_tile_rows rows by 64 columns (cuda/tensor_map.h). Only where
   // every query sequence fills its tensor's rows, so that the rows past a sequence are past the
   // tensor and land as zeros (P^T = 0 there, but dk += dU^T Q and dv += P^T dO would turn a
   // non-finite row of other data into NaN). Otherwise the producer's threads copy with cp.async.

@@ -37,7 +37,9 @@ namespace dpa::cuda {
 // consumers; two dU^T buffers of the block's 128 keys (double-buffered) and kDqBuffers fp32 dq
 // tiles in shared memory (OneKernelBackwardLayout). kDropout: the form with keep bits, whose
 // words take the room of the second dq tile.
-template <typename ElementT, int kHeadDimQKT, int kHeadDimVT, bool kDropoutT>
+// kBlockMT: the query tile, 64 rows or, where flash_backward_one_kernel_takes_128_rows, 128 (the
+// launch takes flash_backward_plan's).
+template <typename ElementT, int kHeadDimQKT, int kHeadDimVT, bool kDropoutT, int kBlockMT>
 struct FlashBackwardSm90OneKernelTraits {
   using Element = ElementT;
   static constexpr bool kDropout = kDropoutT;
@@ -45,15 +47,20 @@ struct FlashBackwardSm90OneKernelTraits {
   static constexpr int kThreads = 384;  // producer warpgroup + two consumers
   static constexpr int kConsumerThreads = 256;
   static constexpr int kStages = 2;
-  static constexpr int kBlockN = kOneKernelBackwardBlockN, kBlockM = kOneKernelBackwardBlockM;
+  static constexpr int kBlockN = kOneKernelBackwardBlockN;
+  static constexpr int kBlockM = kBlockMT;
+  // 64-query swizzle blocks per query tile: the dU^T buffers' blocks (each kBlockN rows of 128
+  // bytes), the dq products' halves and the workspace's 64-row tiles.
+  static constexpr int kQueryBlocks = kBlockM / 64;
   static constexpr int kDuBytes = 2 * kBlockN * kBlockM * 2;
   // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
   // which ptxas serialises).
   static constexpr int kDqColumns = kHeadDimQK / 2;
   static constexpr int kBarrierBytes = 128;
   // The dq tiles in shared memory (fp32), in fragment order as in the workspace
-  // (dq_fragment_offset): each consumer's half is kDqHalf floats.
-  static constexpr int kDqFloats = kBlockM * kHeadDimQK, kDqHalf = kDqFloats / 2;
+  // (dq_fragment_offset): kQueryBlocks 64-row tiles in a row, each consumer's half of one is
+  // kDqHalf floats.
+  static constexpr int kDqFloats = kBlockM * kHeadDimQK, kDqHalf = 64 * kHeadDimQK / 2;
   static constexpr int kDqBuffers = flash_backward_one_kernel_dq_buffers(kHeadDimQK, kDropout);
   // Dropout keep bits per stage: one 32-bit word per consumer thread (draw_query_tile_keep_words).
   static constexpr int kKeepWords = kBlockN / 16 * 32;
@@ -65,17 +72,21 @@ struct FlashBackwardSm90OneKernelTraits {
       kDuBytes + kDqBuffers * kDqFloats * 4 + kKeepBytes + kBarrierBytes + 1024;
   static_assert(flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV),
                 "head dims 64 or 128");
-  static_assert(kBlockM * 2 == 128, "dU^T rows are one 128-byte swizzle block of queries");
+  static_assert(kBlockM == 64 ||
+                    (kBlockM == 128 &&
+                     flash_backward_one_kernel_takes_128_rows(kHeadDimQK, kHeadDimV, kDropout)),
+                "64-row tiles, or 128 where the form takes them");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
   static_assert(2 * kStages + 1 + 2 * kDqBuffers <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
-  static_assert(kSharedBytes ==
-                    flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV, kDropout),
+  static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV,
+                                                                       kDropout, kBlockM),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
   static_assert(kDqColumns == 32 || kDqColumns == 64,
                 "a consumer's dq columns lie inside one 64-column swizzle block of K");
   static_assert(kKeepWords == kConsumerThreads, "one keep word per consumer thread and stage");
-  static_assert(2 * kBlockM == 128, "every producer thread arrives after its keep-word stores");
+  static_assert(QueryTileRowStatistics<kBlockM>::kThreads == 128,
+                "every producer thread arrives after its keep-word stores");
 };
 
 // Shared-memory addresses of a one-kernel backward block (FlashBackwardSm90OneKernelTraits):
@@ -154,20 +165,21 @@ __device__ __forceinline__ void produce_key_block_iterations(const FlashBackward
   }
   produce_key_block<Element, Traits::kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
       bp.fwd, kb, l.k, l.v, l.kv());
-  float next_statistic = kStatisticsAhead ? query_tile_row_statistic<kBlockM>(bp, kb, 0) : 0.f;
+  QueryTileRowStatistics<kBlockM> next_statistics{};
+  if constexpr (kStatisticsAhead) next_statistics = query_tile_row_statistics<kBlockM>(bp, kb, 0);
 #pragma unroll 1
   for (int it = 0; it < kb.iterations; ++it) {
     const int stage = it % kStages;
-    float statistic = next_statistic;
+    QueryTileRowStatistics<kBlockM> statistics = next_statistics;
     if constexpr (kStatisticsAhead) {
       if (it + 1 < kb.iterations)
-        next_statistic = query_tile_row_statistic<kBlockM>(bp, kb, it + 1);
+        next_statistics = query_tile_row_statistics<kBlockM>(bp, kb, it + 1);
     }
     if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
-    if constexpr (!kStatisticsAhead) statistic = query_tile_row_statistic<kBlockM>(bp, kb, it);
+    if constexpr (!kStatisticsAhead) statistics = query_tile_row_statistics<kBlockM>(bp, kb, it);
     produce_query_tile<Element, kBlockM, Traits::kHeadDimQK, Traits::kHeadDimV>(
         bp, kb, it, l.q(stage), l.d_o(stage), l.lse + stage * kBlockM, l.delta + stage * kBlockM,
-        statistic, l.full(stage), [&] { tile_extras(it, stage); });
+        statistics, l.full(stage), [&] { tile_extras(it, stage); });
     after_copies(it);
   }
   ptx::cp_async_commit();
@@ -314,8 +326,9 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       } else {
         // The shared loads of kLoadsInFlight passes issued before their reductions (one at a
         // time, the loop waited out each load's latency while the consumers waited for the tile
-        // to be freed: session 16's profile).
-        constexpr int kLoadsInFlight = 4;
+        // to be freed: session 16's profile). Two at 128-row tiles, whose producer keeps 24
+        // registers.
+        constexpr int kLoadsInFlight = kBlockM == 128 ? 2 : 4;
         static_assert(kPasses % kLoadsInFlight == 0, "whole batches of passes");
 #pragma unroll 1
         for (int pass = 0; pass < kPasses; pass += kLoadsInFlight) {
@@ -363,18 +376,22 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
 // Operand word (kk, e) holds rows g + 8 (e & 1) of n8 tile 2 kk + e / 2, columns 2q and 2q + 1:
 // matrix e of an stmatrix.x4, whose rows are 16-byte chunks of the tile, so a warp stores each
 // step's 512 bytes with one instruction (four st.shared.b32 per thread and step before).
+// More than 4 steps (first_chunk 0) fill tiles of 64 query columns in a row, `block_bytes` apart:
+// steps 4 b .. 4 b + 3 go to tile b.
 template <int kSteps>
 __device__ __forceinline__ void store_key_major_operands(uint32_t tile,
                                                          const uint32_t (&a)[kSteps][4],
-                                                         int warp_row0, int first_chunk = 0) {
+                                                         int warp_row0, int first_chunk = 0,
+                                                         uint32_t block_bytes = 0) {
+  static_assert(kSteps <= 4 || kSteps % 4 == 0, "whole tiles of 64 query columns");
   // This lane addresses row lane % 8 of matrix lane / 8.
   const int lane = int(threadIdx.x) % 32, matrix = lane / 8;
   const int row_in_block = lane % 8 + 8 * (matrix & 1);  // warp_row0 is a multiple of 16
   const uint32_t row = tile + uint32_t(warp_row0 + row_in_block) * 128;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    const int chunk = first_chunk + 2 * kk + matrix / 2;
-    ptx::stmatrix_x4(row + ((chunk ^ (lane % 8)) << 4), a[kk]);
+    const int chunk = first_chunk + 2 * (kk % 4) + matrix / 2;
+    ptx::stmatrix_x4(row + (kk / 4) * block_bytes + ((chunk ^ (lane % 8)) << 4), a[kk]);
   }
 }
 
@@ -411,6 +428,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kDimQK = Traits::kHeadDimQK, kDimV = Traits::kHeadDimV;
   constexpr int kStages = Traits::kStages, kConsumerThreads = Traits::kConsumerThreads;
   constexpr int kMTiles = kBlockM / 8, kDqColumns = Traits::kDqColumns;
+  constexpr int kQueryBlocks = Traits::kQueryBlocks;
   constexpr bool kDqFromRegisters = one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
 
   static_assert(Traits::kDropout == kDropout, "the traits' shared memory is the form's");
@@ -448,13 +466,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup =
       kDimQK == 64 ? __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) : int(threadIdx.x / 128);
   if (warpgroup == 0) {
-    ptx::setmaxnreg_decrease<40>();
+    // At 128-row tiles the consumers' S^T and dP^T take 64 registers each: 240 for them and 24
+    // for the producer (FlashAttention-3's split) spill 80 bytes where 232 / 40 spilled 108,
+    // and put 9 local loads in the consumer loop instead of 23 (sm_90a, bf16).
+    ptx::setmaxnreg_decrease<kBlockM == 128 ? 24 : 40>();
     if (kb.iterations > 0)
       run_one_kernel_backward_producer<Traits, kDropout, kDeterministic>(bp, kb, l);
     return;
   }
 
-  ptx::setmaxnreg_increase<232>();
+  ptx::setmaxnreg_increase<kBlockM == 128 ? 240 : 232>();
   const int consumer = warpgroup - 1;
   const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
@@ -471,7 +492,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   zero_fragments(dk_acc);
   zero_fragments(dv_acc);
   if (kb.iterations > 0) {
-    float s[kMTiles][4], dp[kMTiles][4], dq_tile[kDqColumns / 8][4];
+    // dq_tile[b]: this consumer's dq columns of the tile's query rows 64 b .. 64 b + 63.
+    float s[kMTiles][4], dp[kMTiles][4], dq_tile[kQueryBlocks][kDqColumns / 8][4];
     uint32_t derivative[kMTiles][2];
     uint32_t pd_operand[kBlockM / 16][4], du_operand[kBlockM / 16][4];
 
@@ -506,7 +528,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // arithmetic that follows: here at head dim 64 without dropout, else after dU^T (Pd^T
       // needs the keep bits that key_tile_gradients applies; at head dim 128, P^T's operand
       // held beside S^T and dP^T spilled and serialised the wgmmas, ptxas C7512).
-      constexpr bool kEarlyDv = !kDropout && kDimV == 64;
+      constexpr bool kEarlyDv = !kDropout && kDimV == 64 && kBlockM == 64;
       auto issue_dv = [&] {
         pack_operands<Element>(s, pd_operand);
         ptx::fence_accumulators(dv_acc);
@@ -529,7 +551,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // dU^T of both consumers into shared memory; the buffer's previous reader (iteration
       // it - 2's dq) finished before the previous iteration's barrier.
-      store_key_major_operands(du_shared(buffer), du_operand, key_row - quad_row);
+      store_key_major_operands(du_shared(buffer), du_operand, key_row - quad_row, 0, kBlockN * 128);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(1, kConsumerThreads);
 
@@ -538,19 +560,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::fence_accumulators(dk_acc);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        ptx::wgmma_ss_mn_major<Element, kDqColumns>(
-            dq_tile, mn_major_descriptor(du_shared(buffer), kBlockN, kk),
-            mn_major_descriptor(k_columns, kBlockN, kk), kk > 0);
+      for (int b = 0; b < kQueryBlocks; ++b)
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          ptx::wgmma_ss_mn_major<Element, kDqColumns>(
+              dq_tile[b], mn_major_descriptor(du_shared(buffer) + b * kBlockN * 128, kBlockN, kk),
+              mn_major_descriptor(k_columns, kBlockN, kk), kk > 0);
       ptx::wgmma_commit();
       wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, l.q(stage));
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();  // dv and dq are done; dk may still run
       ptx::fence_accumulators(dv_acc);
-      ptx::fence_accumulators(dq_tile);
+#pragma unroll
+      for (int b = 0; b < kQueryBlocks; ++b) ptx::fence_accumulators(dq_tile[b]);
       ptx::fence_registers(pd_operand);
       if constexpr (kDqFromRegisters) {
-        add_dq_fragments_in_order<kDimQK, kDqColumns>(bp, kb, it, dq_tile, consumer);
+        static_assert(kQueryBlocks == 1, "the dropout form's 64-row tiles");
+        add_dq_fragments_in_order<kDimQK, kDqColumns>(bp, kb, it, dq_tile[0], consumer);
       } else {
         // The tile this buffer held (kDqBuffers iterations back) is read. Stored in fragment
         // order (dq_fragment_offset): a warp's float4 stores fill 512 bytes in order.
@@ -562,11 +588,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             ptx::shared_address(l.dq_tile(dq_buffer) + consumer * Traits::kDqHalf) +
             (threadIdx.x % 128) * 16;
 #pragma unroll
-        for (int t = 0; t < kDqColumns / 8; ++t)
-          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(half + t * 2048),
-                       "f"(dq_tile[t][0]), "f"(dq_tile[t][1]), "f"(dq_tile[t][2]),
-                       "f"(dq_tile[t][3])
-                       : "memory");
+        for (int b = 0; b < kQueryBlocks; ++b)
+#pragma unroll
+          for (int t = 0; t < kDqColumns / 8; ++t)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             half + b * (64 * kDimQK * 4) + t * 2048),
+                         "f"(dq_tile[b][t][0]), "f"(dq_tile[b][t][1]), "f"(dq_tile[b][t][2]),
+                         "f"(dq_tile[b][t][3])
+                         : "memory");
         // The copy engine reads the tile through the async proxy.
         if constexpr (one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>())
           ptx::fence_proxy_async_shared();

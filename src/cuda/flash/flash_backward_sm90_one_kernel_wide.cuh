@@ -78,8 +78,8 @@ struct FlashBackwardSm90OneKernelWideTraits {
   // full and empty per stage, K and V's, and deterministic mode's dq_ready per stage.
   static_assert(3 * kStages + 1 <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
-  static_assert(kSharedBytes ==
-                    flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV, kTakesDropout),
+  static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV,
+                                                                       kTakesDropout, kBlockM),
                 "flash_tiles.h's size (the selector's rule) matches this layout");
   static_assert(!kTakesDropout || kKeepWords == kConsumerThreads / 2,
                 "one keep word per thread of a consumer: both read their key group's words");

@@ -74,43 +74,59 @@ __device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, c
   ptx::cp_async_mbarrier_arrive_noinc(kv_barrier);
 }
 
-// The row statistic producer thread r < 2 kBlockM stores for iteration it, as loaded: row r's
-// LSE (row_lse_stored; produce_query_tile converts it) for r < kBlockM, else row r - kBlockM's
-// D. Loaded an iteration ahead of its store (produce_key_block_iterations), so the load's
-// latency is off the producer's path; nothing here reads the loaded value, which a conversion
-// beside the load did (ncu and SASS, session 25: the multiply right after the LDG).
+// The row statistics producer thread r stores for an iteration, as loaded: statistic
+// r + 128 k for k < kPerThread, where statistic s < kBlockM is row s's LSE (row_lse_stored;
+// produce_query_tile converts it) and s >= kBlockM row s - kBlockM's D (one each at 64-row
+// tiles, two at 128: the row's LSE and D).
 template <int kBlockM>
-__device__ __forceinline__ float query_tile_row_statistic(const FlashBackwardParams& bp,
-                                                          const KeyBlock& kb, int it) {
-  static_assert(2 * kBlockM <= 128, "the producer warpgroup stores each row's LSE and D");
-  const int r = int(threadIdx.x);
-  if (r >= 2 * kBlockM) return 0.f;
-  const int head = kb.head(it), i = kb.first_query(it) + r % kBlockM;
-  return r < kBlockM ? row_lse_stored(bp.fwd, kb.batch, head, i, kb.seqlen_q)
-                     : row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
+struct QueryTileRowStatistics {
+  static constexpr int kPerThread = (2 * kBlockM + 127) / 128;
+  // The producer threads that store any (each arrives once on the stage's `full` barrier).
+  static constexpr int kThreads = 2 * kBlockM < 128 ? 2 * kBlockM : 128;
+  float value[kPerThread];
+};
+
+// Iteration it's row statistics for this producer thread (QueryTileRowStatistics). Loaded an
+// iteration ahead of their store (produce_key_block_iterations), so the loads' latency is off the
+// producer's path; nothing here reads a loaded value, which a conversion beside the load did
+// (ncu and SASS, session 25: the multiply right after the LDG).
+template <int kBlockM>
+__device__ __forceinline__ QueryTileRowStatistics<kBlockM> query_tile_row_statistics(
+    const FlashBackwardParams& bp, const KeyBlock& kb, int it) {
+  static_assert(2 * kBlockM <= 2 * 128, "the producer warpgroup stores each row's LSE and D");
+  QueryTileRowStatistics<kBlockM> loaded;
+  const int head = kb.head(it), i0 = kb.first_query(it);
+#pragma unroll
+  for (int k = 0; k < loaded.kPerThread; ++k) {
+    const int s = int(threadIdx.x) + 128 * k, i = i0 + s % kBlockM;
+    loaded.value[k] = s >= 2 * kBlockM ? 0.f
+                      : s < kBlockM    ? row_lse_stored(bp.fwd, kb.batch, head, i, kb.seqlen_q)
+                                       : row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
+  }
+  return loaded;
 }
 
 // The arrivals that complete a stage's `full` mbarrier (produce_query_tile): the copies' (one
 // expect-tx arrival with TMA, else one cp.async arrival per producer thread) and one plain
-// arrival per stored row statistic.
+// arrival per producer thread that stores row statistics.
 template <int kBlockM>
 __device__ __forceinline__ uint32_t query_tile_full_arrivals(const FlashBackwardParams& bp) {
-  return (bp.tma_query_tiles ? 1u : 128u) + 2u * kBlockM;
+  return (bp.tma_query_tiles ? 1u : 128u) + uint32_t(QueryTileRowStatistics<kBlockM>::kThreads);
 }
 
-// Iteration it's Q and dO rows and its rows' LSE (in log2 units) and D (`row_statistic`, as
-// loaded by query_tile_row_statistic: plain stores by the first 2 kBlockM producer threads, each
-// followed by a plain arrive), all completing on `full_barrier` (query_tile_full_arrivals). The
-// rows are copied by TMA (bp.tma_query_tiles: thread 0 issues one 64-column box per tensor and
-// block of columns; rows past the tensor land as zeros) or by every producer thread with cp.async
-// (rows past the sequence zero-filled). `extras` runs in every producer thread before the
-// statistics' stores; what it stores is released with them by the threads that arrive.
+// Iteration it's Q and dO rows and its rows' LSE (in log2 units) and D (`statistics`, as loaded
+// by query_tile_row_statistics: plain stores by the first QueryTileRowStatistics::kThreads
+// producer threads, each followed by a plain arrive), all completing on `full_barrier`
+// (query_tile_full_arrivals). The rows are copied by TMA (bp.tma_query_tiles: thread 0 issues one
+// box of kBlockM rows and 64 columns per tensor and block of columns; rows past the tensor land
+// as zeros) or by every producer thread with cp.async (rows past the sequence zero-filled).
+// `extras` runs in every producer thread before the statistics' stores; what it stores is
+// released with them by the threads that arrive.
 template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras>
-__device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp,
-                                                   const KeyBlock& kb, int it, uint32_t q_shared,
-                                                   uint32_t do_shared, float* lse, float* delta,
-                                                   float row_statistic, uint32_t full_barrier,
-                                                   Extras extras) {
+__device__ __forceinline__ void produce_query_tile(
+    const FlashBackwardParams& bp, const KeyBlock& kb, int it, uint32_t q_shared,
+    uint32_t do_shared, float* lse, float* delta, const QueryTileRowStatistics<kBlockM>& statistics,
+    uint32_t full_barrier, Extras extras) {
   const FlashForwardParams& p = bp.fwd;
   const int i0 = kb.first_query(it);
   const int r = int(threadIdx.x);
@@ -140,12 +156,16 @@ __device__ __forceinline__ void produce_query_tile(const FlashBackwardParams& bp
     ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
   }
   extras();
-  if (r < 2 * kBlockM) {
-    if (r < kBlockM)
-      lse[r] = lse_log2_of(row_statistic);
-    else
-      delta[r - kBlockM] = row_statistic;
-    ptx::mbarrier_arrive(full_barrier);  // release: the store above is visible
+  if (r < statistics.kThreads) {
+#pragma unroll
+    for (int k = 0; k < statistics.kPerThread; ++k) {
+      const int s = r + 128 * k;
+      if (s < kBlockM)
+        lse[s] = lse_log2_of(statistics.value[k]);
+      else if (s < 2 * kBlockM)
+        delta[s - kBlockM] = statistics.value[k];
+    }
+    ptx::mbarrier_arrive(full_barrier);  // release: the stores above are visible
   }
 }
 

@@ -359,13 +359,35 @@ constexpr int flash_backward_one_kernel_block_n(int head_dim_qk, int head_dim_v)
              ? 64
              : kOneKernelBackwardBlockN;
 }
+// The narrow form's query tile: 128 rows at head dim 64 without dropout, whose consumers then
+// issue S^T and dP^T as one N = 128 product each and pay the barriers, waits and statistics'
+// loads once per 128 queries (FlashAttention-4's sm90 tile there; docs/cuda_flash.md: d64
+// 1.05x, deterministic 1.15x on an H100, docs/perf.md, session 41), except under a narrow window
+// (`window_span` at most kFlashNarrowWindowKeys, as the forward's rule), where a key block
+// visits few query tiles per head and the longer fill and drain of 128-row stages cost more
+// (gpt-oss window 128: 0.90-0.93x; window 1024: 1.00x). 64 elsewhere (head dim 128's
+// accumulators, and the dropout form's keep words of 64 queries, fill the registers). A
+// 128-row tile's dq is two workspace tiles of kOneKernelBackwardBlockM rows in a row.
+constexpr bool flash_backward_one_kernel_takes_128_rows(int head_dim_qk, int head_dim_v,
+                                                        bool dropout) {
+  return head_dim_qk == 64 && head_dim_v == 64 && !dropout;
+}
+constexpr int flash_backward_one_kernel_block_m(int head_dim_qk, int head_dim_v, bool dropout,
+                                                int64_t window_span) {
+  const bool narrow_window = window_span >= 0 && window_span <= kFlashNarrowWindowKeys;
+  return flash_backward_one_kernel_takes_128_rows(head_dim_qk, head_dim_v, dropout) &&
+                 !narrow_window
+             ? 2 * kOneKernelBackwardBlockM
+             : kOneKernelBackwardBlockM;
+}
 // The one-kernel family's fp32 dq workspace: [b, H, rows, dqk] with each (batch, head)'s rows
-// rounded up to whole 64-row query tiles, so that a tile is one contiguous range of 64 x dqk
-// floats. The narrow form keeps each tile in fragment order (dq_fragment_offset), the wide form
-// in row order.
+// rounded up to whole 128-row query tiles (the largest of any form), so that a tile of either
+// size is one contiguous range of floats: 64-row tiles of 64 x dqk floats, each in fragment
+// order for the narrow form (dq_fragment_offset), in row order for the wide form.
+constexpr int kDqWorkspaceRowMultiple = 2 * kOneKernelBackwardBlockM;
 constexpr int64_t dq_workspace_rows(int64_t max_seqlen_q) {
-  return (max_seqlen_q + kOneKernelBackwardBlockM - 1) / kOneKernelBackwardBlockM *
-         kOneKernelBackwardBlockM;
+  return (max_seqlen_q + kDqWorkspaceRowMultiple - 1) / kDqWorkspaceRowMultiple *
+         kDqWorkspaceRowMultiple;
 }
 
 // Where the narrow one-kernel backward keeps dq element (row, column) of a 64-row tile, in floats
@@ -382,16 +404,18 @@ constexpr int dq_fragment_offset(int row, int column, int head_dim_qk) {
   return consumer * 32 * head_dim_qk + c / 8 * 512 + 4 * thread + row % 16 / 8 * 2 + c % 2;
 }
 
-// Where float4 `index` of a fragment-order dq tile lies (dq_fragment_offset's inverse, in
-// float4s): its x and y are columns `column` and + 1 of row `row`, its z and w the same columns of
-// row + 8 (one consumer thread's fragment of one n8 tile).
+// Where float4 `index` of fragment-order dq tiles in a row lies (dq_fragment_offset's inverse, in
+// float4s; 64-row tile index / (16 dqk) of the row): its x and y are columns `column` and + 1 of
+// row `row`, its z and w the same columns of row + 8 (one consumer thread's fragment of one n8
+// tile).
 struct DqFragmentPosition {
   int row, column;
 };
 constexpr DqFragmentPosition dq_fragment_position(int index, int head_dim_qk) {
-  const int consumer = index / (8 * head_dim_qk), rest = index % (8 * head_dim_qk);
+  const int tile_rows = index / (16 * head_dim_qk) * 64;
+  const int consumer = index / (8 * head_dim_qk) % 2, rest = index % (8 * head_dim_qk);
   const int tile = rest / 128, thread = rest % 128;
-  return {thread / 32 * 16 + thread % 32 / 4,
+  return {tile_rows + thread / 32 * 16 + thread % 32 / 4,
           consumer * head_dim_qk / 2 + 8 * tile + 2 * (thread % 4)};
 }
 
@@ -403,10 +427,11 @@ constexpr DqFragmentPosition dq_fragment_position(int index, int head_dim_qk) {
 constexpr int flash_backward_one_kernel_dq_buffers(int head_dim_qk, bool dropout) {
   return head_dim_qk == 128 && !dropout ? 2 : 1;
 }
-constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v,
-                                                     bool dropout) {
-  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 128,
-            block_m = kOneKernelBackwardBlockM;
+// `block_m`: the narrow form's query tile (flash_backward_one_kernel_block_m; the wide form's is
+// 64 rows).
+constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_dim_v, bool dropout,
+                                                     int block_m) {
+  const int dims = head_dim_qk + head_dim_v, stages = 2, barriers = 128;
   if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v))
     return flash_backward_wide_shared_bytes(
         head_dim_qk, head_dim_v, flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v));
@@ -419,22 +444,33 @@ constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_d
 
 // What a backward runs: its family and that family's shared memory per block. The selector's
 // rule and the launch both take it, so what the rule accepts is what runs.
+// `query_tile_rows`: the one-kernel family's query tile (FlashBackwardParams::query_tile_rows),
+// from `window_span` (dpa::window_span in core/problem.h); 64 for the mma.sync pair, which does
+// not read it.
 struct FlashBackwardPlan {
   FlashBackwardFamily family;
   int shared_bytes;
+  int query_tile_rows;
 };
 constexpr FlashBackwardPlan flash_backward_plan(int arch, int head_dim_qk, int head_dim_v,
-                                                bool dropout, FlashBackwardFamily requested) {
+                                                bool dropout, FlashBackwardFamily requested,
+                                                int64_t window_span) {
   const FlashBackwardFamily family =
       flash_backward_family(arch, head_dim_qk, head_dim_v, dropout, requested);
   switch (family) {
-    case FlashBackwardFamily::kOneKernel:
-      return {family, flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v, dropout)};
+    case FlashBackwardFamily::kOneKernel: {
+      const int block_m =
+          flash_backward_one_kernel_block_m(head_dim_qk, head_dim_v, dropout, window_span);
+      return {family,
+              flash_backward_one_kernel_shared_bytes(head_dim_qk, head_dim_v, dropout, block_m),
+              block_m};
+    }
     case FlashBackwardFamily::kMmaSync:
     case FlashBackwardFamily::kAutomatic:
       break;
   }
-  return {FlashBackwardFamily::kMmaSync, flash_backward_shared_bytes(head_dim_qk, head_dim_v)};
+  return {FlashBackwardFamily::kMmaSync, flash_backward_shared_bytes(head_dim_qk, head_dim_v),
+          kOneKernelBackwardBlockM};
 }
 
 // The query rows [first, last] (empty when last < first) that see at least one key of
