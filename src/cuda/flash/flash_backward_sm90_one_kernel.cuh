@@ -24,6 +24,8 @@
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/flash/flash_backward_sm90_operands.cuh"
 #include "cuda/ptx/gpu_flag.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
@@ -132,51 +134,63 @@ struct OneKernelBackwardLayout {
 };
 
 // Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
-// form (`Layout` has full, empty and kv; the caller synchronises the block after).
+// form (`Layout` has full, empty and kv; the caller synchronises the block after). A stage is
+// full after `full_arrivals` (query_tile_full_arrivals).
 template <typename Traits, typename Layout>
-__device__ __forceinline__ void init_key_block_barriers(const FlashBackwardParams& bp,
-                                                        const Layout& l) {
+__device__ __forceinline__ void init_key_block_barriers(const Layout& l, uint32_t full_arrivals) {
   if (threadIdx.x != 0) return;
   for (int s = 0; s < Traits::kStages; ++s) {
-    ptx::mbarrier_init(l.full(s), query_tile_full_arrivals<Traits::kBlockM>(bp));
+    ptx::mbarrier_init(l.full(s), full_arrivals);
     ptx::mbarrier_init(l.empty(s), Traits::kConsumerThreads);
   }
   ptx::mbarrier_init(l.kv(), 128);
 }
 
-// The producer warpgroup's copies of a one-kernel backward block, either form: K and V once;
-// per iteration Q, dO and the rows' LSE and D into the next free stage, `tile_extras(it, stage)`
-// released with them, then `after_copies(it)`. kStatisticsAhead: each iteration's LSE and D are
-// loaded one iteration ahead, so the load's latency is off the producer's path (+1-5%, session
-// 16). Deterministic mode loads them in their own iteration: a load still in flight delays the
+// The producer warpgroup's first copies in a one-kernel backward block, either form: K and V,
+// completing on l.kv(). Run by all 128 producer threads.
+template <typename Traits, typename Layout>
+__device__ __forceinline__ void produce_key_block_operands(const FlashBackwardParams& bp,
+                                                           const KeyBlock& kb, const Layout& l) {
+  if (bp.tma_query_tiles && threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&bp.q_tile_map);
+    ptx::prefetch_tensor_map(&bp.do_tile_map);
+  }
+  produce_key_block<typename Traits::Element, Traits::kBlockN, Traits::kHeadDimQK,
+                    Traits::kHeadDimV>(bp.fwd, kb, l.k, l.v, l.kv());
+}
+
+// The producer's copies per iteration of a one-kernel backward block, either form (after
+// produce_key_block_operands): Q, dO and the rows' LSE and D into the next free stage,
+// `tile_extras(it, stage)` released with them, then `after_copies(it)`. Run by the first
+// kLoaders producer threads (all 128, or 64 where the producer splits: then the query tiles
+// come by TMA). kStatisticsAhead: each iteration's LSE and D are loaded one iteration ahead, so
+// the load's latency is off the producer's path (+1-5%, session 16). Deterministic mode's
+// 128-thread form loads them in their own iteration: a load still in flight delays the
 // releasing store that hands a dq tile to the next key block (measured 10% slower). Leaves no
 // copy of its threads in flight when it returns.
-template <typename Traits, bool kStatisticsAhead, typename Layout, typename TileExtras,
-          typename AfterCopies>
+template <typename Traits, bool kStatisticsAhead, int kLoaders = 128, typename Layout,
+          typename TileExtras, typename AfterCopies>
 __device__ __forceinline__ void produce_key_block_iterations(const FlashBackwardParams& bp,
                                                              const KeyBlock& kb, const Layout& l,
                                                              TileExtras tile_extras,
                                                              AfterCopies after_copies) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kStages = Traits::kStages;
-  if (bp.tma_query_tiles && threadIdx.x == 0) {
-    ptx::prefetch_tensor_map(&bp.q_tile_map);
-    ptx::prefetch_tensor_map(&bp.do_tile_map);
-  }
-  produce_key_block<Element, Traits::kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
-      bp.fwd, kb, l.k, l.v, l.kv());
-  QueryTileRowStatistics<kBlockM> next_statistics{};
-  if constexpr (kStatisticsAhead) next_statistics = query_tile_row_statistics<kBlockM>(bp, kb, 0);
+  using Statistics = QueryTileRowStatistics<kBlockM, kLoaders>;
+  Statistics next_statistics{};
+  if constexpr (kStatisticsAhead)
+    next_statistics = query_tile_row_statistics<kBlockM, kLoaders>(bp, kb, 0);
 #pragma unroll 1
   for (int it = 0; it < kb.iterations; ++it) {
     const int stage = it % kStages;
-    QueryTileRowStatistics<kBlockM> statistics = next_statistics;
+    Statistics statistics = next_statistics;
     if constexpr (kStatisticsAhead) {
       if (it + 1 < kb.iterations)
-        next_statistics = query_tile_row_statistics<kBlockM>(bp, kb, it + 1);
+        next_statistics = query_tile_row_statistics<kBlockM, kLoaders>(bp, kb, it + 1);
     }
     if (it >= kStages) ptx::mbarrier_wait(l.empty(stage), (it / kStages - 1) & 1);
-    if constexpr (!kStatisticsAhead) statistics = query_tile_row_statistics<kBlockM>(bp, kb, it);
+    if constexpr (!kStatisticsAhead)
+      statistics = query_tile_row_statistics<kBlockM, kLoaders>(bp, kb, it);
     produce_query_tile<Element, kBlockM, Traits::kHeadDimQK, Traits::kHeadDimV>(
         bp, kb, it, l.q(stage), l.d_o(stage), l.lse + stage * kBlockM, l.delta + stage * kBlockM,
         statistics, l.full(stage), [&] { tile_extras(it, stage); });
@@ -257,27 +271,40 @@ constexpr bool one_kernel_dq_by_bulk_reduction() {
   return Traits::kDqBuffers == 2 && !kDeterministic;
 }
 
+// Whether deterministic mode's producer splits (FlashAttention-3's form): warps 0-1 issue the
+// copies and store the rows' statistics (loaded an iteration ahead, two per thread), and warps
+// 2-3 add the dq tiles in key-block order in a loop of their own, so a block that waits for its
+// predecessor's hand-off stops only its dq adds, never its next copies (the 128-thread form
+// waits with all four warps: 1.21-1.25x the default time at d128, docs/perf.md). Only where TMA
+// copies the query tiles (one thread issues them), at 64-row tiles, without dropout (whose keep
+// bits take all 128 threads).
+template <typename Traits, bool kDropout, bool kDeterministic>
+__device__ __forceinline__ bool one_kernel_producer_splits(const FlashBackwardParams& bp) {
+  return kDeterministic && !kDropout && Traits::kBlockM == 64 && bp.tma_query_tiles;
+}
+constexpr int kSplitProducerLoaders = 64;  // warps 0-1; warps 2-3 add the dq tiles
+
 // The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
 // and, once the consumers have stored iteration j's dq tile, the tile added to the workspace
 // (both in fragment order): by one bulk reduction of the copy engine where
-// one_kernel_dq_by_bulk_reduction, else by the 128 threads' 16-byte reductions, by neither where
-// the consumers add it themselves (one_kernel_dq_from_registers). The
+// one_kernel_dq_by_bulk_reduction, else by the producer threads' 16-byte reductions, by neither
+// where the consumers add it themselves (one_kernel_dq_from_registers). The
 // consumers store iteration it - kStages's dq tile just before releasing its stage, so that tile is
 // added right after iteration it's copies are issued, and, with dropout, before iteration it's keep
 // bits are drawn (the consumers wait for that tile to be read before they store the next).
 // kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
 // waits until the tile's flag names this block, when the previous key block adds to the tile
-// too, and after every producer thread's reductions (a barrier) hands the tile on with a
-// releasing store. That thread is warp 1's first: the releasing store stalls its warp until the
-// reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait
-// for that.
+// too, and after every adding thread's reductions (a barrier) hands the tile on with a
+// releasing store. Where the producer splits (one_kernel_producer_splits), warps 2-3 add every
+// tile as soon as it is stored; else all 128 threads add it after the copies as above, and the
+// waiting thread is warp 1's first: the releasing store stalls its warp until the reductions
+// have landed, and warp 0's thread 0 issues the TMA copies, which should not wait for that.
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kDimQK = Traits::kHeadDimQK;
   constexpr int kStages = Traits::kStages;
   constexpr int kProducerBarrier = 2;  // the consumers use named barrier 1
-  constexpr int kHandOffThread = 32;   // the bulk reductions; deterministic mode's hand-offs
   const FlashForwardParams& p = bp.fwd;
   const int key_block = kb.j0 / kBlockN;
   // The query tiles the previous key block adds to (empty for the first).
@@ -286,7 +313,12 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
                             kb.diagonal, p.window_left, p.window_right);
   constexpr int kBuffers = Traits::kDqBuffers;
   constexpr bool kBulk = one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>();
-  auto add_dq_tile = [&](int j) {
+  // kAdders: the producer threads that add a tile (the last kAdders of the 128), as a type.
+  auto add_dq_tile = [&](int j, auto adders) {
+    constexpr int kAdders = decltype(adders)::value;
+    // The bulk reductions' thread and deterministic mode's hand-offs: the adders' first thread,
+    // or warp 1's first where all 128 add.
+    [[maybe_unused]] constexpr int kHandOffThread = kAdders == 128 ? 32 : 128 - kAdders;
     const int buffer = j % kBuffers, head = kb.head(j), i0 = kb.first_query(j);
     // The tile and its workspace range are both in fragment order, rows past the sequence
     // included (the workspace rounds them up).
@@ -300,8 +332,8 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       ptx::bulk_wait_group_read<1>();  // tile j - 1 is read: its buffer is free
       if (j > 0) ptx::mbarrier_arrive(l.dq_empty((j - 1) % kBuffers));
     } else {
-      int* order = nullptr;
-      bool waits_for_previous = false;
+      [[maybe_unused]] int* order = nullptr;
+      [[maybe_unused]] bool waits_for_previous = false;
       if constexpr (kDeterministic) {
         const int tile = i0 / kBlockM;
         order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
@@ -312,17 +344,18 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
         if (threadIdx.x == kHandOffThread && waits_for_previous)
           while (ptx::load_acquire_gpu(order) != key_block) {
           }
-        ptx::named_barrier_sync(kProducerBarrier, 128);
+        ptx::named_barrier_sync(kProducerBarrier, kAdders);
       }
       // A float4 per thread and pass, in order.
-      constexpr int kPasses = Traits::kDqFloats / 4 / 128;
-      const float4* tile = reinterpret_cast<const float4*>(l.dq_tile(buffer)) + threadIdx.x;
-      float4* accum = reinterpret_cast<float4*>(accum_tile) + threadIdx.x;
+      constexpr int kPasses = Traits::kDqFloats / 4 / kAdders;
+      const int adder = int(threadIdx.x) % kAdders;
+      const float4* tile = reinterpret_cast<const float4*>(l.dq_tile(buffer)) + adder;
+      float4* accum = reinterpret_cast<float4*>(accum_tile) + adder;
       if constexpr (kDropout) {
         // One pass at a time: this form's producer registers hold the Philox draws' context.
 #pragma unroll 1
         for (int pass = 0; pass < kPasses; ++pass)
-          ptx::red_add_v4(accum + pass * 128, tile[pass * 128]);
+          ptx::red_add_v4(accum + pass * kAdders, tile[pass * kAdders]);
       } else {
         // The shared loads of kLoadsInFlight passes issued before their reductions (one at a
         // time, the loop waited out each load's latency while the consumers waited for the tile
@@ -334,23 +367,39 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
         for (int pass = 0; pass < kPasses; pass += kLoadsInFlight) {
           float4 sums[kLoadsInFlight];
 #pragma unroll
-          for (int k = 0; k < kLoadsInFlight; ++k) sums[k] = tile[(pass + k) * 128];
+          for (int k = 0; k < kLoadsInFlight; ++k) sums[k] = tile[(pass + k) * kAdders];
 #pragma unroll
           for (int k = 0; k < kLoadsInFlight; ++k)
-            ptx::red_add_v4(accum + (pass + k) * 128, sums[k]);
+            ptx::red_add_v4(accum + (pass + k) * kAdders, sums[k]);
         }
       }
       ptx::mbarrier_arrive(l.dq_empty(buffer));  // the tile is read
       if constexpr (kDeterministic) {
-        ptx::named_barrier_sync(kProducerBarrier, 128);  // every thread's reductions are issued
+        ptx::named_barrier_sync(kProducerBarrier, kAdders);  // every adder's reductions issued
         if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);
       }
     }
   };
+  using AllAdd = std::integral_constant<int, 128>;
+  produce_key_block_operands<Traits>(bp, kb, l);
+  if constexpr (kDeterministic && !kDropout && kBlockM == 64) {
+    if (one_kernel_producer_splits<Traits, kDropout, kDeterministic>(bp)) {
+      constexpr int kLoaders = kSplitProducerLoaders;
+      if (threadIdx.x < kLoaders) {
+        produce_key_block_iterations<Traits, true, kLoaders>(
+            bp, kb, l, [](int, int) {}, [](int) {});
+      } else {
+#pragma unroll 1
+        for (int j = 0; j < kb.iterations; ++j)
+          add_dq_tile(j, std::integral_constant<int, 128 - kLoaders>{});
+      }
+      return;
+    }
+  }
   constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
   auto add_previous_dq_tile = [&](int it) {
     if constexpr (kAddsDq) {
-      if (it >= kStages) add_dq_tile(it - kStages);
+      if (it >= kStages) add_dq_tile(it - kStages, AllAdd{});
     }
   };
   if constexpr (kDropout) {
@@ -365,9 +414,9 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   }
   if constexpr (kAddsDq) {
 #pragma unroll 1
-    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
+    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j, AllAdd{});
     // The engine reads the last tiles and makes their sums before the block's memory goes.
-    if (kBulk && threadIdx.x == kHandOffThread) ptx::bulk_wait_group<0>();
+    if (kBulk && threadIdx.x == 32) ptx::bulk_wait_group<0>();
   }
 }
 
@@ -448,13 +497,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else if (!make_key_block(p, kBlockN, kBlockM, kb)) {
     return;
   }
-  init_key_block_barriers<Traits>(bp, l);
+  const bool producer_splits = one_kernel_producer_splits<Traits, kDropout, kDeterministic>(bp);
+  init_key_block_barriers<Traits>(
+      l, producer_splits ? query_tile_full_arrivals<kBlockM, kSplitProducerLoaders>(bp)
+                         : query_tile_full_arrivals<kBlockM>(bp));
   if (!kDqFromRegisters && threadIdx.x == 0) {
     for (int buffer = 0; buffer < Traits::kDqBuffers; ++buffer) {
       ptx::mbarrier_init(l.dq_full(buffer), Traits::kConsumerThreads);
-      // The copy engine's reads are waited for by one producer thread; else all 128 read.
+      // The copy engine's reads are waited for by one producer thread; else every adder reads.
       ptx::mbarrier_init(l.dq_empty(buffer),
-                         one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() ? 1 : 128);
+                         one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() ? 1
+                         : producer_splits ? 128 - kSplitProducerLoaders
+                                           : 128);
     }
   }
   __syncthreads();

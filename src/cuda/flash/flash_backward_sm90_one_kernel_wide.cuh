@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else if (!make_key_block(bp.fwd, Traits::kBlockN, Traits::kBlockM, kb)) {
     return;
   }
-  init_key_block_barriers<Traits>(bp, l);
+  init_key_block_barriers<Traits>(l, query_tile_full_arrivals<Traits::kBlockM>(bp));
   if (kDeterministic && threadIdx.x == 0)
     for (int s = 0; s < Traits::kStages; ++s) ptx::mbarrier_init(l.dq_ready(s), 1);
   __syncthreads();
@@ -401,6 +401,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_decrease<40>();
     if (kb.iterations == 0) return;
+    produce_key_block_operands<Traits>(bp, kb, l);
     // Deterministic mode: warp 3 hands each dq tile on an iteration behind the copies, and the
     // last one after them.
     const bool hands_over = kDeterministic && threadIdx.x / 32 == 3;

@@ -75,14 +75,15 @@ __device__ __forceinline__ void produce_key_block(const FlashForwardParams& p, c
 }
 
 // The row statistics producer thread r stores for an iteration, as loaded: statistic
-// r + 128 k for k < kPerThread, where statistic s < kBlockM is row s's LSE (row_lse_stored;
-// produce_query_tile converts it) and s >= kBlockM row s - kBlockM's D (one each at 64-row
-// tiles, two at 128: the row's LSE and D).
-template <int kBlockM>
+// r + kLoaders k for k < kPerThread, where statistic s < kBlockM is row s's LSE (row_lse_stored;
+// produce_query_tile converts it) and s >= kBlockM row s - kBlockM's D. kLoaders: the producer
+// threads that load them (all 128, or the first 64 where the producer splits: one each at
+// 64-row tiles and 128 loaders, else two or more).
+template <int kBlockM, int kLoaders = 128>
 struct QueryTileRowStatistics {
-  static constexpr int kPerThread = (2 * kBlockM + 127) / 128;
+  static constexpr int kPerThread = (2 * kBlockM + kLoaders - 1) / kLoaders;
   // The producer threads that store any (each arrives once on the stage's `full` barrier).
-  static constexpr int kThreads = 2 * kBlockM < 128 ? 2 * kBlockM : 128;
+  static constexpr int kThreads = 2 * kBlockM < kLoaders ? 2 * kBlockM : kLoaders;
   float value[kPerThread];
 };
 
@@ -90,15 +91,15 @@ struct QueryTileRowStatistics {
 // iteration ahead of their store (produce_key_block_iterations), so the loads' latency is off the
 // producer's path; nothing here reads a loaded value, which a conversion beside the load did
 // (ncu and SASS, session 25: the multiply right after the LDG).
-template <int kBlockM>
-__device__ __forceinline__ QueryTileRowStatistics<kBlockM> query_tile_row_statistics(
+template <int kBlockM, int kLoaders = 128>
+__device__ __forceinline__ QueryTileRowStatistics<kBlockM, kLoaders> query_tile_row_statistics(
     const FlashBackwardParams& bp, const KeyBlock& kb, int it) {
   static_assert(2 * kBlockM <= 2 * 128, "the producer warpgroup stores each row's LSE and D");
-  QueryTileRowStatistics<kBlockM> loaded;
+  QueryTileRowStatistics<kBlockM, kLoaders> loaded;
   const int head = kb.head(it), i0 = kb.first_query(it);
 #pragma unroll
   for (int k = 0; k < loaded.kPerThread; ++k) {
-    const int s = int(threadIdx.x) + 128 * k, i = i0 + s % kBlockM;
+    const int s = int(threadIdx.x) + kLoaders * k, i = i0 + s % kBlockM;
     loaded.value[k] = s >= 2 * kBlockM ? 0.f
                       : s < kBlockM    ? row_lse_stored(bp.fwd, kb.batch, head, i, kb.seqlen_q)
                                        : row_delta_of(bp, kb.batch, head, i, kb.seqlen_q);
@@ -109,9 +110,10 @@ __device__ __forceinline__ QueryTileRowStatistics<kBlockM> query_tile_row_statis
 // The arrivals that complete a stage's `full` mbarrier (produce_query_tile): the copies' (one
 // expect-tx arrival with TMA, else one cp.async arrival per producer thread) and one plain
 // arrival per producer thread that stores row statistics.
-template <int kBlockM>
+template <int kBlockM, int kLoaders = 128>
 __device__ __forceinline__ uint32_t query_tile_full_arrivals(const FlashBackwardParams& bp) {
-  return (bp.tma_query_tiles ? 1u : 128u) + uint32_t(QueryTileRowStatistics<kBlockM>::kThreads);
+  return (bp.tma_query_tiles ? 1u : 128u) +
+         uint32_t(QueryTileRowStatistics<kBlockM, kLoaders>::kThreads);
 }
 
 // Iteration it's Q and dO rows and its rows' LSE (in log2 units) and D (`statistics`, as loaded
@@ -119,14 +121,16 @@ __device__ __forceinline__ uint32_t query_tile_full_arrivals(const FlashBackward
 // producer threads, each followed by a plain arrive), all completing on `full_barrier`
 // (query_tile_full_arrivals). The rows are copied by TMA (bp.tma_query_tiles: thread 0 issues one
 // box of kBlockM rows and 64 columns per tensor and block of columns; rows past the tensor land
-// as zeros) or by every producer thread with cp.async (rows past the sequence zero-filled).
+// as zeros) or by all 128 producer threads with cp.async (rows past the sequence zero-filled:
+// so fewer than 128 loaders only with TMA, one_kernel_producer_splits' condition).
 // `extras` runs in every producer thread before the statistics' stores; what it stores is
 // released with them by the threads that arrive.
-template <typename Element, int kBlockM, int kDimQK, int kDimV, typename Extras>
+template <typename Element, int kBlockM, int kDimQK, int kDimV, int kLoaders, typename Extras>
 __device__ __forceinline__ void produce_query_tile(
     const FlashBackwardParams& bp, const KeyBlock& kb, int it, uint32_t q_shared,
-    uint32_t do_shared, float* lse, float* delta, const QueryTileRowStatistics<kBlockM>& statistics,
-    uint32_t full_barrier, Extras extras) {
+    uint32_t do_shared, float* lse, float* delta,
+    const QueryTileRowStatistics<kBlockM, kLoaders>& statistics, uint32_t full_barrier,
+    Extras extras) {
   const FlashForwardParams& p = bp.fwd;
   const int i0 = kb.first_query(it);
   const int r = int(threadIdx.x);
@@ -159,7 +163,7 @@ __device__ __forceinline__ void produce_query_tile(
   if (r < statistics.kThreads) {
 #pragma unroll
     for (int k = 0; k < statistics.kPerThread; ++k) {
-      const int s = r + 128 * k;
+      const int s = r + kLoaders * k;
       if (s < kBlockM)
         lse[s] = lse_log2_of(statistics.value[k]);
       else if (s < 2 * kBlockM)
