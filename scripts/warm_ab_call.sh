@@ -11,7 +11,8 @@
 #
 # Environment: WARM_DEADLINE_S (default 400: seconds from the start after which the sanitizers
 # get no time; the tests stop at 60% of it), DPA_CUDA_ARCHS (default 90a, as ab_call.sh's).
-# Writes OUTDIR/tests_shardN.log, OUTDIR/ab/, OUTDIR/TOOL.log and prints the summaries.
+# Writes OUTDIR/ab/ (ab.md, ab.log) and OUTDIR/logs.tar.gz (the build's summary, the test shards'
+# and the sanitizers' logs: the device tool returns 8 files at most) and prints the summaries.
 set -uo pipefail
 
 if [ $# -ne 5 ]; then
@@ -24,25 +25,26 @@ deadline="${WARM_DEADLINE_S:-400}"
 export DPA_CUDA_ARCHS="${DPA_CUDA_ARCHS:-90a}" DPA_CHECK_FAMILIES=""
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+logs="$(mktemp -d)"
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 tests="$root/build-device/tests/dpa_gpu_tests"
 
 AB_BASE_ROOT=/tmp/dpa-warm-base AB_START_BASE=1 bash "$root/scripts/ab_bench.sh" "$out/ab" \
   "$patch_file" "$rows"
-bash "$root/scripts/gpu_check.sh" "$out/check" build >/dev/null
-grep -i "build" "$out/check/summary.txt"
+bash "$root/scripts/gpu_check.sh" "$logs/check" build >/dev/null
+grep -i "build" "$logs/check/summary.txt"
 echo "warm_ab_call: built at $(elapsed) s"
 
 shards=4
 test_budget=$((deadline * 6 / 10 - $(elapsed)))
 for shard in $(seq 0 $((shards - 1))); do
   GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard timeout "$test_budget" "$tests" \
-    --gtest_filter="$filter" >"$out/tests_shard$shard.log" 2>&1 &
+    --gtest_filter="$filter" >"$logs/tests_shard$shard.log" 2>&1 &
 done
 wait
 for shard in $(seq 0 $((shards - 1))); do
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests? ran" "$out/tests_shard$shard.log" |
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests? ran" "$logs/tests_shard$shard.log" |
     sed "s/^/shard $shard: /"
 done
 echo "warm_ab_call: tests done at $(elapsed) s"
@@ -58,9 +60,10 @@ for tool in racecheck synccheck memcheck; do
     continue
   fi
   timeout "$left" compute-sanitizer --tool "$tool" "$tests" --gtest_filter="$sanitize_filter" \
-    >"$out/$tool.log" 2>&1
-  echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$out/$tool.log" |
+    >"$logs/$tool.log" 2>&1
+  echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$logs/$tool.log" |
     tr '\n' ' ')"
 done
+tar -czf "$out/logs.tar.gz" -C "$logs" .
 cat "$out/ab/ab.md" 2>/dev/null
 echo "warm_ab_call: $(elapsed) s"
