@@ -279,10 +279,15 @@ constexpr bool one_kernel_dq_by_bulk_reduction() {
 // copies the query tiles (one thread issues them), at 64-row tiles, without dropout (whose keep
 // bits take all 128 threads).
 template <typename Traits, bool kDropout, bool kDeterministic>
-__device__ __forceinline__ bool one_kernel_producer_splits(const FlashBackwardParams& bp) {
-  return kDeterministic && !kDropout && Traits::kBlockM == 64 && bp.tma_query_tiles;
+constexpr bool one_kernel_producer_can_split() {
+  return kDeterministic && !kDropout && Traits::kBlockM == 64;
 }
-constexpr int kSplitProducerLoaders = 64;  // warps 0-1; warps 2-3 add the dq tiles
+template <typename Traits, bool kDropout, bool kDeterministic>
+__device__ __forceinline__ bool one_kernel_producer_splits(const FlashBackwardParams& bp) {
+  return one_kernel_producer_can_split<Traits, kDropout, kDeterministic>() && bp.tma_query_tiles;
+}
+constexpr int kSplitProducerLoaders = 64;                          // warps 0-1
+constexpr int kSplitProducerAdders = 128 - kSplitProducerLoaders;  // warps 2-3
 
 // The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
 // and, once the consumers have stored iteration j's dq tile, the tile added to the workspace
@@ -305,6 +310,8 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kDimQK = Traits::kHeadDimQK;
   constexpr int kStages = Traits::kStages;
   constexpr int kProducerBarrier = 2;  // the consumers use named barrier 1
+  // Where all 128 threads add: the bulk reductions' thread and deterministic mode's hand-offs.
+  constexpr int kAllAddHandOffThread = 32;
   const FlashForwardParams& p = bp.fwd;
   const int key_block = kb.j0 / kBlockN;
   // The query tiles the previous key block adds to (empty for the first).
@@ -318,7 +325,8 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
     constexpr int kAdders = decltype(adders)::value;
     // The bulk reductions' thread and deterministic mode's hand-offs: the adders' first thread,
     // or warp 1's first where all 128 add.
-    [[maybe_unused]] constexpr int kHandOffThread = kAdders == 128 ? 32 : 128 - kAdders;
+    [[maybe_unused]] constexpr int kHandOffThread =
+        kAdders == 128 ? kAllAddHandOffThread : 128 - kAdders;
     const int buffer = j % kBuffers, head = kb.head(j), i0 = kb.first_query(j);
     // The tile and its workspace range are both in fragment order, rows past the sequence
     // included (the workspace rounds them up).
@@ -382,16 +390,15 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   };
   using AllAdd = std::integral_constant<int, 128>;
   produce_key_block_operands<Traits>(bp, kb, l);
-  if constexpr (kDeterministic && !kDropout && kBlockM == 64) {
+  if constexpr (one_kernel_producer_can_split<Traits, kDropout, kDeterministic>()) {
     if (one_kernel_producer_splits<Traits, kDropout, kDeterministic>(bp)) {
-      constexpr int kLoaders = kSplitProducerLoaders;
-      if (threadIdx.x < kLoaders) {
-        produce_key_block_iterations<Traits, true, kLoaders>(
+      if (threadIdx.x < kSplitProducerLoaders) {
+        produce_key_block_iterations<Traits, true, kSplitProducerLoaders>(
             bp, kb, l, [](int, int) {}, [](int) {});
       } else {
 #pragma unroll 1
         for (int j = 0; j < kb.iterations; ++j)
-          add_dq_tile(j, std::integral_constant<int, 128 - kLoaders>{});
+          add_dq_tile(j, std::integral_constant<int, kSplitProducerAdders>{});
       }
       return;
     }
@@ -416,7 +423,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
 #pragma unroll 1
     for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j, AllAdd{});
     // The engine reads the last tiles and makes their sums before the block's memory goes.
-    if (kBulk && threadIdx.x == 32) ptx::bulk_wait_group<0>();
+    if (kBulk && threadIdx.x == kAllAddHandOffThread) ptx::bulk_wait_group<0>();
   }
 }
 
@@ -507,7 +514,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // The copy engine's reads are waited for by one producer thread; else every adder reads.
       ptx::mbarrier_init(l.dq_empty(buffer),
                          one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() ? 1
-                         : producer_splits ? 128 - kSplitProducerLoaders
+                         : producer_splits ? kSplitProducerAdders
                                            : 128);
     }
   }
