@@ -187,14 +187,19 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
   // checking the wrong number.
   EXPECT_NE(flash_backward_one_kernel_shared_bytes(128, 128, false, 64),
             flash_backward_shared_bytes(128, 128));
-  // The narrow form's two dq tiles without dropout and one tile and the keep words with it.
+  // At head dim 128 the narrow form keeps two dq tiles either way; dropout's keep words take the
+  // room of the second dU^T buffer.
+  EXPECT_EQ(flash_backward_one_kernel_dq_buffers(128), 2);
+  EXPECT_EQ(flash_backward_one_kernel_du_buffers(128, false), 2);
+  EXPECT_EQ(flash_backward_one_kernel_du_buffers(128, true), 1);
   EXPECT_EQ(flash_backward_one_kernel_shared_bytes(128, 128, false, 64) -
                 flash_backward_one_kernel_shared_bytes(128, 128, true, 64),
-            64 * 128 * 4 - 2 * 256 * 4);
-  // Head dim 64 keeps one dq tile either way; without dropout its query tiles are 128 rows: K and
-  // V, two stages of Q and dO, their rows' LSE and D, two dU^T buffers of 128 x 128, the dq tile,
-  // the barriers and the alignment pad.
-  EXPECT_EQ(flash_backward_one_kernel_dq_buffers(64, false), 1);
+            128 * 64 * 2 - 2 * 256 * 4);
+  // Head dim 64 keeps one dq tile and two dU^T buffers either way; without dropout its query
+  // tiles are 128 rows: K and V, two stages of Q and dO, their rows' LSE and D, two dU^T buffers
+  // of 128 x 128, the dq tile, the barriers and the alignment pad.
+  EXPECT_EQ(flash_backward_one_kernel_dq_buffers(64), 1);
+  EXPECT_EQ(flash_backward_one_kernel_du_buffers(64, true), 2);
   EXPECT_EQ(flash_backward_one_kernel_shared_bytes(64, 64, false, 128),
             2 * 128 * 128 + 2 * 2 * 128 * 128 + 2 * 2 * 128 * 4 + 2 * 128 * 128 * 2 + 128 * 64 * 4 +
                 128 + 1024);

@@ -13,14 +13,14 @@
 //   S^T = K Q^T, dP^T = V dO^T                 (shared x shared, K-major)
 //   P^T, dU^T = P^T (dP^T - D) (1 - t^2)        (registers)
 //   dv += P^T dO                               (A from registers, dO MN-major)
-// and write dU^T to shared memory (key-major, double-buffered); after a barrier of both
-// consumers, each computes its half of the head dim of dq_tile = dU K over all 128 keys (both
-// operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and, while dk runs,
-// stores dq_tile to shared memory (fp32, in fragment order, one of two tiles); the producer
-// warpgroup's thread 32 has the copy engine add it to the workspace (one bulk reduction per
-// tile), so the consumers issue no global reductions. The dropout form keeps one tile, which the
-// producer's threads read and add (16-byte reductions), and at head dim 64 adds dq_tile from the
-// consumers' registers instead (one_kernel_dq_from_registers).
+// and write dU^T to shared memory (key-major, double-buffered but in d128's dropout form); after
+// a barrier of both consumers, each computes its half of the head dim of dq_tile = dU K over all
+// 128 keys (both operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and,
+// while dk runs, stores dq_tile to shared memory (fp32, in fragment order); at head dim 128 (two
+// tiles) the producer warpgroup's thread 32 has the copy engine add it to the workspace (one bulk
+// reduction per tile), so the consumers issue no global reductions. Head dim 64 keeps one tile,
+// which the producer's threads read and add (16-byte reductions), and its dropout form adds
+// dq_tile from the consumers' registers instead (one_kernel_dq_from_registers).
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
@@ -36,9 +36,9 @@
 namespace dpa::cuda {
 
 // The one-kernel backward's block: 128 keys, 64-row query tiles, a producer warpgroup and two
-// consumers; two dU^T buffers of the block's 128 keys (double-buffered) and kDqBuffers fp32 dq
-// tiles in shared memory (OneKernelBackwardLayout). kDropout: the form with keep bits, whose
-// words take the room of the second dq tile.
+// consumers; kDuBuffers dU^T buffers of the block's 128 keys and kDqBuffers fp32 dq tiles in
+// shared memory (OneKernelBackwardLayout). kDropout: the form with keep bits, whose words take
+// the room of the second dU^T buffer at head dim 128.
 // kBlockMT: the query tile, 64 rows or, where flash_backward_one_kernel_takes_128_rows, 128 (the
 // launch takes flash_backward_plan's).
 template <typename ElementT, int kHeadDimQKT, int kHeadDimVT, bool kDropoutT, int kBlockMT>
@@ -54,7 +54,8 @@ struct FlashBackwardSm90OneKernelTraits {
   // 64-query swizzle blocks per query tile: the dU^T buffers' blocks (each kBlockN rows of 128
   // bytes), the dq products' halves and the workspace's 64-row tiles.
   static constexpr int kQueryBlocks = kBlockM / 64;
-  static constexpr int kDuBytes = 2 * kBlockN * kBlockM * 2;
+  static constexpr int kDuBuffers = flash_backward_one_kernel_du_buffers(kHeadDimQK, kDropout);
+  static constexpr int kDuBytes = kDuBuffers * kBlockN * kBlockM * 2;
   // dq columns per consumer: half the head dim each (so neither holds its wgmmas in a branch,
   // which ptxas serialises).
   static constexpr int kDqColumns = kHeadDimQK / 2;
@@ -63,7 +64,7 @@ struct FlashBackwardSm90OneKernelTraits {
   // (dq_fragment_offset): kQueryBlocks 64-row tiles in a row, each consumer's half of one is
   // kDqHalf floats.
   static constexpr int kDqFloats = kBlockM * kHeadDimQK, kDqHalf = 64 * kHeadDimQK / 2;
-  static constexpr int kDqBuffers = flash_backward_one_kernel_dq_buffers(kHeadDimQK, kDropout);
+  static constexpr int kDqBuffers = flash_backward_one_kernel_dq_buffers(kHeadDimQK);
   // Dropout keep bits per stage: one 32-bit word per consumer thread (draw_query_tile_keep_words).
   static constexpr int kKeepWords = kBlockN / 16 * 32;
   static constexpr int kKeepBytes = kDropout ? kStages * kKeepWords * 4 : 0;
@@ -79,7 +80,7 @@ struct FlashBackwardSm90OneKernelTraits {
                      flash_backward_one_kernel_takes_128_rows(kHeadDimQK, kHeadDimV, kDropout)),
                 "64-row tiles, or 128 where the form takes them");
   static_assert(kDuBytes % 1024 == 0, "the statistics after the dU^T buffers stay aligned");
-  static_assert(2 * kStages + 1 + 2 * kDqBuffers <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(2 * kStages + 2 + 2 * kDqBuffers <= kBarrierBytes / 8, "mbarriers fit their slot");
   static_assert(kSharedBytes <= 227 * 1024, "tiles must fit sm_90 shared memory");
   static_assert(kSharedBytes == flash_backward_one_kernel_shared_bytes(kHeadDimQK, kHeadDimV,
                                                                        kDropout, kBlockM),
@@ -131,6 +132,8 @@ struct OneKernelBackwardLayout {
   __device__ uint32_t dq_empty(int buffer) const {
     return kv() + 8u * (1 + Traits::kDqBuffers + buffer);
   }
+  // With one dU^T buffer: both consumers' dq products have read it (256 arrivals per iteration).
+  __device__ uint32_t du_empty() const { return kv() + 8u * (1 + 2 * Traits::kDqBuffers); }
 };
 
 // Thread 0 initialises the stage and key-block mbarriers of a one-kernel backward block, either
@@ -223,24 +226,32 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
       uint32_t((kb.j0 + 16 * group + int64_t(p.kv_position[kb.batch])) >> 3);
   // Byte r % 4 of bytes[r / 4] is byte `part` of word (group, r, quad_col). The draws run from the
   // last element down, each shifting the bytes up by one first, so that every bit lands at a
-  // constant place (a select and a third of an or) without unrolling the loop (the producer has
-  // 40 registers); an odd draw u16 (the high half of its word) is kept iff the word is
-  // >= threshold << 16 (one compare).
+  // constant place (a select and a third of an or) without unrolling the whole loop (the producer
+  // has 40 registers); an odd draw u16 (the high half of its word) is kept iff the word is
+  // >= threshold << 16 (one compare). Two draws per step (c = 1, then c = 0), whose rounds
+  // interleave: each is a chain of ten dependent multiplies, and the two chains together cost
+  // the dropout rows 1.02-1.03x less than one at a time (docs/perf.md, session 43).
   const uint32_t high_threshold = p.dropout_threshold << 16;
   uint32_t bytes[2] = {0u, 0u};
 #pragma unroll 1
-  for (int element = 7; element >= 0; --element) {  // bit 4 tt + 2 half + c
-    const int tt = element / 4, half = (element / 2) % 2, c = element % 2;
-    const Philox4 block = philox4x32_10(
-        {{key_block0 + uint32_t(half), row0 + uint32_t(8 * tt + c), head, uint32_t(p.offset)}},
-        uint32_t(p.seed), uint32_t(p.seed >> 32));
-    bytes[0] <<= 1;  // no byte has 8 bits yet: nothing crosses into the next byte
-    bytes[1] <<= 1;
+  for (int pair = 3; pair >= 0; --pair) {  // elements 2 pair + 1 and 2 pair: bit 4 tt + 2 half + c
+    const int tt = pair / 2, half = pair % 2;
+    Philox4 blocks[2];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const uint32_t word = block.x[r / 2];
-      const bool kept = r % 2 ? word >= high_threshold : (word & 0xffffu) >= p.dropout_threshold;
-      bytes[r / 4] |= kept ? 1u << (8 * (r % 4)) : 0u;
+    for (int c = 1; c >= 0; --c)
+      blocks[c] = philox4x32_10(
+          {{key_block0 + uint32_t(half), row0 + uint32_t(8 * tt + c), head, uint32_t(p.offset)}},
+          uint32_t(p.seed), uint32_t(p.seed >> 32));
+#pragma unroll
+    for (int c = 1; c >= 0; --c) {
+      bytes[0] <<= 1;  // no byte has 8 bits yet: nothing crosses into the next byte
+      bytes[1] <<= 1;
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const uint32_t word = blocks[c].x[r / 2];
+        const bool kept = r % 2 ? word >= high_threshold : (word & 0xffffu) >= p.dropout_threshold;
+        bytes[r / 4] |= kept ? 1u << (8 * (r % 4)) : 0u;
+      }
     }
   }
   unsigned char* out = reinterpret_cast<unsigned char*>(words + group * 32 + quad_col) + part;
@@ -490,6 +501,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(Traits::kDropout == kDropout, "the traits' shared memory is the form's");
   extern __shared__ __align__(1024) unsigned char shared_storage[];
   const OneKernelBackwardLayout<Traits> l(shared_storage);
+  constexpr int kDuBuffers = Traits::kDuBuffers;
   auto du_shared = [&](int buffer) { return l.du + uint32_t(buffer) * kBlockN * kBlockM * 2; };
 
   KeyBlock kb;
@@ -518,6 +530,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                            : 128);
     }
   }
+  if (kDuBuffers == 1 && threadIdx.x == 0) ptx::mbarrier_init(l.du_empty(), kConsumerThreads);
   __syncthreads();
 
   // Broadcast from lane 0 at head dim 64, as in the forward, so that ptxas knows it is
@@ -562,7 +575,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::fence_proxy_async_shared();
 #pragma unroll 1
     for (int it = 0; it < kb.iterations; ++it) {
-      const int stage = it % kStages, buffer = it % 2;
+      const int stage = it % kStages, buffer = it % kDuBuffers;
       ptx::mbarrier_wait(l.full(stage), (it / kStages) & 1);
       // cp.async wrote Q and dO through the generic proxy; TMA writes through the async one.
       if (!bp.tma_query_tiles) ptx::fence_proxy_async_shared();
@@ -610,8 +623,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (!kEarlyDv) issue_dv();
       pack_operands<Element>(dp, du_operand);
 
-      // dU^T of both consumers into shared memory; the buffer's previous reader (iteration
-      // it - 2's dq) finished before the previous iteration's barrier.
+      // dU^T of both consumers into shared memory. With two buffers, this one's previous reader
+      // (iteration it - 2's dq) finished before the previous iteration's barrier; with one, both
+      // consumers' dq products of iteration it - 1 must have finished.
+      if (kDuBuffers == 1 && it > 0) ptx::mbarrier_wait(l.du_empty(), (it - 1) & 1);
       store_key_major_operands(du_shared(buffer), du_operand, key_row - quad_row, 0, kBlockN * 128);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(1, kConsumerThreads);
@@ -631,6 +646,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wgmma_fragments_by_rows<Element, kDimQK, kBlockM>(dk_acc, du_operand, l.q(stage));
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();  // dv and dq are done; dk may still run
+      if constexpr (kDuBuffers == 1) ptx::mbarrier_arrive(l.du_empty());  // dU^T is read
       ptx::fence_accumulators(dv_acc);
 #pragma unroll
       for (int b = 0; b < kQueryBlocks; ++b) ptx::fence_accumulators(dq_tile[b]);

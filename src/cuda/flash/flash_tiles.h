@@ -419,13 +419,19 @@ constexpr DqFragmentPosition dq_fragment_position(int index, int head_dim_qk) {
           consumer * head_dim_qk / 2 + 8 * tile + 2 * (thread % 4)};
 }
 
-// The narrow form's dq tiles in shared memory: two at head dim 128 without dropout, so that the
-// consumers store tile j + 1 while the copy engine still reads tile j (bulk reductions, one per
-// tile, outside deterministic mode); one otherwise, read and added by the producer's threads.
-// Dropout's keep words leave no room for a second tile at head dim 128, and at head dim 64 the
-// bulk form lost to the threads' adds (0.955-0.965x, docs/perf.md, session 40).
-constexpr int flash_backward_one_kernel_dq_buffers(int head_dim_qk, bool dropout) {
-  return head_dim_qk == 128 && !dropout ? 2 : 1;
+// The narrow form's dq tiles in shared memory: two at head dim 128, so that the consumers store
+// tile j + 1 while the copy engine still reads tile j (bulk reductions, one per tile, outside
+// deterministic mode); one at head dim 64, read and added by the producer's threads (there the
+// bulk form lost to the threads' adds: 0.955-0.965x, docs/perf.md, session 40).
+constexpr int flash_backward_one_kernel_dq_buffers(int head_dim_qk) {
+  return head_dim_qk == 128 ? 2 : 1;
+}
+// The narrow form's dU^T buffers: two, so that a consumer stores tile j + 1's dU^T while the other
+// may still read tile j's in its dq product; one in head dim 128's dropout form, where the keep
+// words and the second dq tile leave no room for two (the consumers then wait for each other's
+// dq product before storing, an mbarrier that has nearly always completed by then).
+constexpr int flash_backward_one_kernel_du_buffers(int head_dim_qk, bool dropout) {
+  return head_dim_qk == 128 && dropout ? 1 : 2;
 }
 // `block_m`: the narrow form's query tile (flash_backward_one_kernel_block_m; the wide form's is
 // 64 rows).
@@ -435,10 +441,11 @@ constexpr int flash_backward_one_kernel_shared_bytes(int head_dim_qk, int head_d
   if (flash_backward_one_kernel_wide_eligible(head_dim_qk, head_dim_v))
     return flash_backward_wide_shared_bytes(
         head_dim_qk, head_dim_v, flash_backward_wide_takes_dropout(head_dim_qk, head_dim_v));
-  const int block_n = kOneKernelBackwardBlockN, du = 2 * block_n * block_m * 2,
+  const int block_n = kOneKernelBackwardBlockN,
+            du = flash_backward_one_kernel_du_buffers(head_dim_qk, dropout) * block_n * block_m * 2,
             keep_words = dropout ? block_n / 16 * 32 : 0;
   return 2 * (block_n + stages * block_m) * dims + stages * 2 * block_m * 4 + du +
-         flash_backward_one_kernel_dq_buffers(head_dim_qk, dropout) * block_m * head_dim_qk * 4 +
+         flash_backward_one_kernel_dq_buffers(head_dim_qk) * block_m * head_dim_qk * 4 +
          stages * keep_words * 4 + barriers + 1024;
 }
 
