@@ -58,9 +58,10 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
       launch_backward_kernel(kernel, grid_of(Wide::kBlockN), Wide::kThreads, Wide::kSharedBytes, p,
                              stream);
   } else if constexpr (flash_backward_one_kernel_narrow_eligible(kHeadDimQK, kHeadDimV)) {
-    // The forms differ in shared memory (the dropout form's keep words and single dq tile, the
-    // 128-row tiles' stages), so each has its traits; the host's tile rows (flash_backward_plan's,
-    // also the tensor maps' boxes) pick one, and a value no form has is refused.
+    // The forms differ in shared memory (the dropout form's keep words and, at d128, its one dU^T
+    // buffer; the 128-row tiles' stages), so each has its traits; the host's tile rows
+    // (flash_backward_plan's, also the tensor maps' boxes) pick one, and a value no form has is
+    // refused.
     auto launch = [&](auto traits) {
       using Traits = decltype(traits);
       auto kernel = deterministic

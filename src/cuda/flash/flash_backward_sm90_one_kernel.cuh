@@ -35,8 +35,8 @@
 
 namespace dpa::cuda {
 
-// The one-kernel backward's block: 128 keys, 64-row query tiles, a producer warpgroup and two
-// consumers; kDuBuffers dU^T buffers of the block's 128 keys and kDqBuffers fp32 dq tiles in
+// The one-kernel backward's block: 128 keys, kBlockMT-row query tiles, a producer warpgroup and
+// two consumers; kDuBuffers dU^T buffers of the block's 128 keys and kDqBuffers fp32 dq tiles in
 // shared memory (OneKernelBackwardLayout). kDropout: the form with keep bits, whose words take
 // the room of the second dU^T buffer at head dim 128.
 // kBlockMT: the query tile, 64 rows or, where flash_backward_one_kernel_takes_128_rows, 128 (the
