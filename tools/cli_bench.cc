@@ -74,6 +74,10 @@ std::vector<FlagSpec> bench_flag_specs() {
       {"iters", "N", "timed runs, at least 20 (default 30); the median is reported"},
       {"warmup", "N", "untimed runs before timing (default 5)"},
       {"seed", "N", "seed of the random inputs (default 1)"},
+      {"pad-mib", "N",
+       "hold N MiB of device memory before anything else is allocated, so that the inputs and "
+       "the library's workspace land elsewhere in device memory (default 0): a diagnostic for "
+       "timings that move with where the buffers lie"},
       {"label", "TEXT", "a name for this configuration in the output"},
       {"json", "FILE", "also write the results as a JSON list of objects"},
   };
@@ -126,6 +130,7 @@ struct BenchOptions {
   int iters = 30;
   int warmup = 5;
   uint64_t seed = 1;
+  int64_t pad_mib = 0;
   std::string label;
   std::optional<std::string> json_path;
 };
@@ -214,6 +219,11 @@ BenchOptions parse_bench_options(const ParsedArgs& args) {
     o.warmup = int(*warmup);
   }
   if (auto seed = args.get_uint64("seed")) o.seed = *seed;
+  if (auto pad = args.get_int("pad-mib")) {
+    if (*pad < 0 || *pad > (int64_t(1) << 20))
+      throw UsageError("pad-mib", "--pad-mib: 0 to 1048576 MiB");
+    o.pad_mib = *pad;
+  }
   o.decode = args.has("decode");
   o.graph = args.has("graph");
   if (auto page = args.get_int("page-size")) {
@@ -777,10 +787,14 @@ int run_bench(const BenchOptions& o) {
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const std::string device = prop.name;
 
+  // Held for the whole run, allocated before the inputs and the library's first workspace.
+  const cuda::DeviceMemory pad(size_t(o.pad_mib) << 20, 0);
+
   std::vector<std::string> json;
   bool failed = false;
-  std::printf("# %s, %s, median of %d runs after %d warm-up\n", device.c_str(),
-              describe_config(o).c_str(), o.iters, o.warmup);
+  std::printf("# %s, %s, median of %d runs after %d warm-up%s\n", device.c_str(),
+              describe_config(o).c_str(), o.iters, o.warmup,
+              o.pad_mib > 0 ? (", " + std::to_string(o.pad_mib) + " MiB held first").c_str() : "");
   for (size_t n = 0; n < o.shapes.size(); ++n) {
     const BenchShape& shape = o.shapes[n];
     BenchResult r;

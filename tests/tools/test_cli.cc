@@ -612,7 +612,9 @@ TEST(Cli, BenchRejectsBadDropoutAndListsItsFlags) {
         std::pair{"bench --decode --mask padding", "--decode"},
         std::pair{"bench --decode --varlen", "--varlen"},
         std::pair{"bench --flash-forward-kernel tma", "--flash-forward"},
-        std::pair{"bench --flash-backward-kernel wgmma", "--flash-backward"}}) {
+        std::pair{"bench --flash-backward-kernel wgmma", "--flash-backward"},
+        std::pair{"bench --pad-mib -1", "--pad-mib"},
+        std::pair{"bench --pad-mib lots", "--pad-mib"}}) {
     CliResult r = run_cli(args, scratch);
     EXPECT_EQ(r.status, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
