@@ -101,6 +101,10 @@ Configure dropout(double p, uint64_t seed) {
   };
 }
 
+Configure deterministic() {
+  return [](CaseSpec& s) { s.config.deterministic = true; };
+}
+
 Configure alibi(bool per_batch) {
   return [=](CaseSpec& s) {
     s.alibi = true;
@@ -363,6 +367,18 @@ std::vector<GpuCase> gpu_cases() {
            all({sizes(1, 200, 260, 8, 2, 192), head_dims(192, 128, fp16), window(70, 20),
                 dropout(0.1, 6)}),
            dropout(0, 6)),
+      // FlashRandomized's draw 23, named: the wide form's deterministic dropout kernel at
+      // 192 / 128 in fp16, one partial query tile and key block past the first, under an
+      // off-by-one softmax. Session 44 saw this draw die on an illegal instruction once
+      // (bench/queued/README.md); a named case puts it in the sanitizers' filter.
+      make("dropout_mla192x128_deterministic_off_by_one_fp16",
+           all({sizes(1, 77, 77, 2, 1, 192), head_dims(192, 128, fp16), mask(MaskType::kPadding),
+                softmax(SoftmaxType::kOffByOne), dropout(0.2, 23), deterministic(),
+                [](CaseSpec& s) {
+                  s.lengths_q = {77};
+                  s.lengths_kv = {77};
+                }}),
+           dropout(0, 23)),
       make("dropout_hdim256",
            all({sizes(1, 130, 150, 4, 2, 256), head_dims(256, 256), dropout(0.1, 11)}),
            dropout(0, 11)),
