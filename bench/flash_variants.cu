@@ -79,9 +79,17 @@ const char* flash_variant_name(int variant) {
 }
 
 int flash_variant_head_dim(int variant) {
-  if (variant == 11) return 128;
-  if (variant >= 9) return 256;
-  return variant >= 6 ? 64 : 128;
+  switch (variant) {
+    case 6:
+    case 7:
+    case 8:
+      return 64;
+    case 9:
+    case 10:
+      return 256;
+    default:
+      return 128;
+  }
 }
 
 void run_flash_variant(int variant, const AttentionProblem& p) {

@@ -792,9 +792,10 @@ int run_bench(const BenchOptions& o) {
 
   std::vector<std::string> json;
   bool failed = false;
+  const std::string held =
+      o.pad_mib > 0 ? ", " + std::to_string(o.pad_mib) + " MiB held first" : "";
   std::printf("# %s, %s, median of %d runs after %d warm-up%s\n", device.c_str(),
-              describe_config(o).c_str(), o.iters, o.warmup,
-              o.pad_mib > 0 ? (", " + std::to_string(o.pad_mib) + " MiB held first").c_str() : "");
+              describe_config(o).c_str(), o.iters, o.warmup, held.c_str());
   for (size_t n = 0; n < o.shapes.size(); ++n) {
     const BenchShape& shape = o.shapes[n];
     BenchResult r;
