@@ -36,15 +36,43 @@ DPA_HOST_DEVICE PhiloxProduct philox_multiply(uint32_t a, uint32_t b) {
 #endif
 }
 
+// One Philox round under the round's two key words.
+DPA_HOST_DEVICE Philox4 philox_round(const Philox4& counter, uint32_t key0, uint32_t key1) {
+  const PhiloxProduct product0 = philox_multiply(kPhiloxMultiplier0, counter.x[0]);
+  const PhiloxProduct product1 = philox_multiply(kPhiloxMultiplier1, counter.x[2]);
+  return Philox4{{product1.hi ^ counter.x[1] ^ key0, product1.lo, product0.hi ^ counter.x[3] ^ key1,
+                  product0.lo}};
+}
+
 DPA_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, uint32_t key0, uint32_t key1) {
   for (int round = 0; round < 10; ++round) {
-    const PhiloxProduct product0 = philox_multiply(kPhiloxMultiplier0, counter.x[0]);
-    const PhiloxProduct product1 = philox_multiply(kPhiloxMultiplier1, counter.x[2]);
-    counter = Philox4{{product1.hi ^ counter.x[1] ^ key0, product1.lo,
-                       product0.hi ^ counter.x[3] ^ key1, product0.lo}};
+    counter = philox_round(counter, key0, key1);
     key0 += kPhiloxWeyl0;
     key1 += kPhiloxWeyl1;
   }
+  return counter;
+}
+
+// The ten rounds' keys of a key (key0, key1): round r's are key0 + r W0 and key1 + r W1. A
+// kernel whose parameters hold them (FlashForwardParams::dropout_round_keys) reads each as a
+// constant operand, so its Philox loop needs no register and no add for them.
+struct PhiloxRoundKeys {
+  uint32_t key0[10], key1[10];
+};
+DPA_HOST_DEVICE PhiloxRoundKeys philox_round_keys(uint32_t key0, uint32_t key1) {
+  PhiloxRoundKeys keys{};
+  for (int round = 0; round < 10; ++round) {
+    keys.key0[round] = key0 + uint32_t(round) * kPhiloxWeyl0;
+    keys.key1[round] = key1 + uint32_t(round) * kPhiloxWeyl1;
+  }
+  return keys;
+}
+DPA_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, const PhiloxRoundKeys& keys) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round)
+    counter = philox_round(counter, keys.key0[round], keys.key1[round]);
   return counter;
 }
 

@@ -23,6 +23,21 @@ TEST(Philox, KnownAnswerAllOnes) {
   EXPECT_EQ(out.x[3], 0x6d5451fdu);
 }
 
+// The kernels' form with the round keys precomputed (held in their parameters) is the same
+// function.
+TEST(Philox, RoundKeysGiveTheSameBlocks) {
+  const uint32_t key0 = 0x89abcdefu, key1 = 0x01234567u;
+  const PhiloxRoundKeys keys = philox_round_keys(key0, key1);
+  for (uint32_t i = 0; i < 64; ++i) {
+    const Philox4 counter{{i * 0x9e3779b9u, i, ~i, i << 7}};
+    const Philox4 expected = philox4x32_10(counter, key0, key1);
+    const Philox4 got = philox4x32_10(counter, keys);
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(got.x[w], expected.x[w]) << "counter " << i;
+  }
+  const Philox4 zero = philox4x32_10(Philox4{{0, 0, 0, 0}}, philox_round_keys(0, 0));
+  EXPECT_EQ(zero.x[0], 0x6627e8d5u);  // the known answer above
+}
+
 TEST(Philox, DropoutThresholdRounding) {
   EXPECT_EQ(dropout_threshold(0.0), 0u);
   EXPECT_EQ(dropout_threshold(0.5), 32768u);

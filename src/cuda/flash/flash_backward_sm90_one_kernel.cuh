@@ -18,8 +18,9 @@
 // 128 keys (both operands MN-major), issues dk += dU^T Q (A from registers, Q MN-major) and,
 // while dk runs, stores dq_tile to shared memory (fp32, in fragment order); at head dim 128 (two
 // tiles) the producer warpgroup's thread 32 has the copy engine add it to the workspace (one bulk
-// reduction per tile), so the consumers issue no global reductions. Head dim 64 keeps one tile,
-// which the producer's threads read and add (16-byte reductions), and its dropout form adds
+// reduction per tile; deterministic mode's split producer does the same from warp 2's first
+// thread, in key-block order), so the consumers issue no global reductions. Head dim 64 keeps one
+// tile, which the producer's threads read and add (16-byte reductions), and its dropout form adds
 // dq_tile from the consumers' registers instead (one_kernel_dq_from_registers).
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
@@ -210,11 +211,12 @@ __device__ __forceinline__ void produce_key_block_iterations(const FlashBackward
 // 16 g + r + 8 (e / 2), query 8 t + 2 q + (e & 1)), so that thread reads its bits with one load.
 // Producer thread (g, q, part) draws tiles t = 2 part and 2 part + 1: eight Philox blocks (one
 // per query and 8-key half), byte `part` of each of its eight words.
-template <int kBlockN>
+template <int kBlockN, int kDrawsPerStep = 2>
 __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardParams& p,
                                                            const KeyBlock& kb, int it,
                                                            uint32_t* words) {
   static_assert(kBlockN / 16 * 16 <= 128, "one producer thread per (key group, quad column, part)");
+  static_assert(8 % kDrawsPerStep == 0, "whole steps of a thread's eight draws");
   const int thread = int(threadIdx.x);
   if (thread >= kBlockN / 16 * 16) return;
   const int group = thread / 16, quad_col = (thread / 4) % 4, part = thread % 4;
@@ -228,27 +230,31 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
   // last element down, each shifting the bytes up by one first, so that every bit lands at a
   // constant place (a select and a third of an or) without unrolling the whole loop (the producer
   // has 40 registers); an odd draw u16 (the high half of its word) is kept iff the word is
-  // >= threshold << 16 (one compare). Two draws per step (c = 1, then c = 0), whose rounds
-  // interleave: each is a chain of ten dependent multiplies, and the two chains together cost
-  // the dropout rows 1.02-1.03x less than one at a time (docs/perf.md, session 43).
+  // >= threshold << 16 (one compare). kDrawsPerStep draws per loop step, whose rounds
+  // interleave: each is a chain of ten dependent multiplies (two chains instead of one: the
+  // dropout rows 1.02-1.03x; four at d128 another 1.04x, at d64 0.98x: docs/perf.md, session
+  // 43; one in the wide form, where two read 0.97-1.00x and spilled more). The round keys come
+  // from the kernel's parameters (constant operands).
   const uint32_t high_threshold = p.dropout_threshold << 16;
   uint32_t bytes[2] = {0u, 0u};
 #pragma unroll 1
-  for (int pair = 3; pair >= 0; --pair) {  // elements 2 pair + 1 and 2 pair: bit 4 tt + 2 half + c
-    const int tt = pair / 2, half = pair % 2;
-    Philox4 blocks[2];
+  for (int step = 8 / kDrawsPerStep - 1; step >= 0; --step) {
+    Philox4 blocks[kDrawsPerStep];
 #pragma unroll
-    for (int c = 1; c >= 0; --c)
-      blocks[c] = philox4x32_10(
-          {{key_block0 + uint32_t(half), row0 + uint32_t(8 * tt + c), head, uint32_t(p.offset)}},
-          uint32_t(p.seed), uint32_t(p.seed >> 32));
+    for (int e = kDrawsPerStep - 1; e >= 0; --e) {
+      const int element = step * kDrawsPerStep + e;  // bit 4 tt + 2 half + c
+      blocks[e] = philox4x32_10(
+          {{key_block0 + uint32_t(element / 2 % 2),
+            row0 + uint32_t(8 * (element / 4) + element % 2), head, uint32_t(p.offset)}},
+          p.dropout_round_keys);
+    }
 #pragma unroll
-    for (int c = 1; c >= 0; --c) {
+    for (int e = kDrawsPerStep - 1; e >= 0; --e) {
       bytes[0] <<= 1;  // no byte has 8 bits yet: nothing crosses into the next byte
       bytes[1] <<= 1;
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
-        const uint32_t word = blocks[c].x[r / 2];
+        const uint32_t word = blocks[e].x[r / 2];
         const bool kept = r % 2 ? word >= high_threshold : (word & 0xffffu) >= p.dropout_threshold;
         bytes[r / 4] |= kept ? 1u << (8 * (r % 4)) : 0u;
       }
@@ -283,12 +289,14 @@ constexpr bool one_kernel_dq_by_bulk_reduction() {
 }
 
 // Whether deterministic mode's producer splits (FlashAttention-3's form): warps 0-1 issue the
-// copies and store the rows' statistics (loaded an iteration ahead, two per thread), and warps
-// 2-3 add the dq tiles in key-block order in a loop of their own, so a block that waits for its
-// predecessor's hand-off stops only its dq adds, never its next copies (the 128-thread form
-// waits with all four warps: 1.21-1.25x the default time at d128, docs/perf.md). Only where TMA
-// copies the query tiles (one thread issues them), at 64-row tiles, without dropout (whose keep
-// bits take all 128 threads).
+// copies and store the rows' statistics (loaded an iteration ahead, two per thread), and warp
+// 2's first thread adds the dq tiles in key-block order in a loop of its own, each with one
+// bulk reduction by the copy engine, so a block that waits for its predecessor's hand-off stops
+// only its dq adds, never its next copies (the 128-thread form waits with all four warps:
+// 1.21-1.25x the default time at d128; warps 2-3's 16-byte reductions in place of the bulk one
+// 1.11-1.14x slower than it, docs/perf.md sessions 42 and 44). Only where TMA copies the query
+// tiles (one thread issues them), at 64-row tiles, without dropout (whose keep bits take all 128
+// threads).
 template <typename Traits, bool kDropout, bool kDeterministic>
 constexpr bool one_kernel_producer_can_split() {
   return kDeterministic && !kDropout && Traits::kBlockM == 64;
@@ -297,8 +305,8 @@ template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ bool one_kernel_producer_splits(const FlashBackwardParams& bp) {
   return one_kernel_producer_can_split<Traits, kDropout, kDeterministic>() && bp.tma_query_tiles;
 }
-constexpr int kSplitProducerLoaders = 64;                          // warps 0-1
-constexpr int kSplitProducerAdders = 128 - kSplitProducerLoaders;  // warps 2-3
+constexpr int kSplitProducerLoaders = 64;  // warps 0-1
+constexpr int kSplitProducerAdder = 64;    // warp 2's first thread
 
 // The producer warpgroup of a narrow one-kernel backward block: produce_key_block_iterations
 // and, once the consumers have stored iteration j's dq tile, the tile added to the workspace
@@ -311,10 +319,12 @@ constexpr int kSplitProducerAdders = 128 - kSplitProducerLoaders;  // warps 2-3
 // kDeterministic: each tile is added in key-block order (kDeterministicKeyChain): one thread
 // waits until the tile's flag names this block, when the previous key block adds to the tile
 // too, and after every adding thread's reductions (a barrier) hands the tile on with a
-// releasing store. Where the producer splits (one_kernel_producer_splits), warps 2-3 add every
-// tile as soon as it is stored; else all 128 threads add it after the copies as above, and the
-// waiting thread is warp 1's first: the releasing store stalls its warp until the reductions
-// have landed, and warp 0's thread 0 issues the TMA copies, which should not wait for that.
+// releasing store. Where the producer splits (one_kernel_producer_splits), one thread adds every
+// tile as soon as it is stored, by one bulk reduction whose sums it waits for before the
+// releasing store (add_dq_tile_in_order); else all 128 threads add it after the copies as above,
+// and the waiting thread is warp 1's first: the releasing store stalls its warp until the
+// reductions have landed, and warp 0's thread 0 issues the TMA copies, which should not wait for
+// that.
 template <typename Traits, bool kDropout, bool kDeterministic>
 __device__ __forceinline__ void run_one_kernel_backward_producer(
     const FlashBackwardParams& bp, const KeyBlock& kb, const OneKernelBackwardLayout<Traits>& l) {
@@ -331,13 +341,16 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
                             kb.diagonal, p.window_left, p.window_right);
   constexpr int kBuffers = Traits::kDqBuffers;
   constexpr bool kBulk = one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>();
-  // kAdders: the producer threads that add a tile (the last kAdders of the 128), as a type.
-  auto add_dq_tile = [&](int j, auto adders) {
-    constexpr int kAdders = decltype(adders)::value;
-    // The bulk reductions' thread and deterministic mode's hand-offs: the adders' first thread,
-    // or warp 1's first where all 128 add.
-    [[maybe_unused]] constexpr int kHandOffThread =
-        kAdders == 128 ? kAllAddHandOffThread : 128 - kAdders;
+  // The tile's flag in deterministic mode: the key block whose turn it is to add query tile
+  // `tile` of head `head`.
+  auto dq_order_flag = [&](int head, int tile) {
+    return bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
+  };
+  // All 128 producer threads add each tile; kHandOffThread issues the bulk reductions and
+  // deterministic mode's hand-offs.
+  auto add_dq_tile = [&](int j) {
+    constexpr int kAdders = 128;
+    [[maybe_unused]] constexpr int kHandOffThread = kAllAddHandOffThread;
     const int buffer = j % kBuffers, head = kb.head(j), i0 = kb.first_query(j);
     // The tile and its workspace range are both in fragment order, rows past the sequence
     // included (the workspace rounds them up).
@@ -355,7 +368,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       [[maybe_unused]] bool waits_for_previous = false;
       if constexpr (kDeterministic) {
         const int tile = i0 / kBlockM;
-        order = bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
+        order = dq_order_flag(head, tile);
         waits_for_previous = previous.first <= tile && tile <= previous.last;
       }
       ptx::mbarrier_wait(l.dq_full(buffer), (j / kBuffers) & 1);
@@ -367,7 +380,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       }
       // A float4 per thread and pass, in order.
       constexpr int kPasses = Traits::kDqFloats / 4 / kAdders;
-      const int adder = int(threadIdx.x) % kAdders;
+      const int adder = int(threadIdx.x);
       const float4* tile = reinterpret_cast<const float4*>(l.dq_tile(buffer)) + adder;
       float4* accum = reinterpret_cast<float4*>(accum_tile) + adder;
       if constexpr (kDropout) {
@@ -399,7 +412,30 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
       }
     }
   };
-  using AllAdd = std::integral_constant<int, 128>;
+  // The split producer's adder: tile j by one bulk reduction once the previous key block's
+  // sums are in (its flag); the buffer freed as soon as the engine has read it (dq_empty takes
+  // this thread's one arrival), then, once the engine's sums are complete (wait_group 0, and the
+  // async proxy's writes ordered before the generic release), the tile handed on.
+  auto add_dq_tile_in_order = [&](int j) {
+    const int buffer = j % kBuffers, head = kb.head(j), i0 = kb.first_query(j);
+    const int tile = i0 / kBlockM;
+    int* order = dq_order_flag(head, tile);
+    ptx::mbarrier_wait(l.dq_full(buffer), (j / kBuffers) & 1);
+    if (previous.first <= tile && tile <= previous.last) {
+      while (ptx::load_acquire_gpu(order) != key_block) {
+      }
+      // The acquire orders generic-proxy accesses; the reduction below is the async proxy's.
+      ptx::fence_proxy_async_global();
+    }
+    ptx::bulk_reduce_add_f32(bp.dq_accum + dq_workspace_row(p, kb.batch, head, i0) * kDimQK,
+                             ptx::shared_address(l.dq_tile(buffer)), Traits::kDqFloats * 4);
+    ptx::bulk_commit_group();
+    ptx::bulk_wait_group_read<0>();
+    ptx::mbarrier_arrive(l.dq_empty(buffer));
+    ptx::bulk_wait_group<0>();
+    ptx::fence_proxy_async_global();
+    ptx::store_release_gpu(order, key_block + 1);
+  };
   produce_key_block_operands<Traits>(bp, kb, l);
   if constexpr (one_kernel_producer_can_split<Traits, kDropout, kDeterministic>()) {
     if (one_kernel_producer_splits<Traits, kDropout, kDeterministic>(bp)) {
@@ -407,9 +443,14 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
         produce_key_block_iterations<Traits, true, kSplitProducerLoaders>(
             bp, kb, l, [](int, int) {}, [](int) {});
       } else {
+        // This thread's K and V copies land before it exits (no thread leaves cp.async copies
+        // in flight; warps 2-3 have nothing else to wait on) or starts adding.
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<0>();
+        if (threadIdx.x == kSplitProducerAdder) {
 #pragma unroll 1
-        for (int j = 0; j < kb.iterations; ++j)
-          add_dq_tile(j, std::integral_constant<int, kSplitProducerAdders>{});
+          for (int j = 0; j < kb.iterations; ++j) add_dq_tile_in_order(j);
+        }
       }
       return;
     }
@@ -417,13 +458,14 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   constexpr bool kAddsDq = !one_kernel_dq_from_registers(kDimQK, kDropout, kDeterministic);
   auto add_previous_dq_tile = [&](int it) {
     if constexpr (kAddsDq) {
-      if (it >= kStages) add_dq_tile(it - kStages, AllAdd{});
+      if (it >= kStages) add_dq_tile(it - kStages);
     }
   };
   if constexpr (kDropout) {
     auto add_and_draw = [&](int it, int stage) {
       add_previous_dq_tile(it);
-      draw_query_tile_keep_words<Traits::kBlockN>(p, kb, it, l.keep + stage * Traits::kKeepWords);
+      draw_query_tile_keep_words<Traits::kBlockN, kDimQK == 128 ? 4 : 2>(
+          p, kb, it, l.keep + stage * Traits::kKeepWords);
     };
     produce_key_block_iterations<Traits, !kDeterministic>(bp, kb, l, add_and_draw, [](int) {});
   } else {
@@ -432,7 +474,7 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   }
   if constexpr (kAddsDq) {
 #pragma unroll 1
-    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j, AllAdd{});
+    for (int j = max(0, kb.iterations - kStages); j < kb.iterations; ++j) add_dq_tile(j);
     // The engine reads the last tiles and makes their sums before the block's memory goes.
     if (kBulk && threadIdx.x == kAllAddHandOffThread) ptx::bulk_wait_group<0>();
   }
@@ -524,10 +566,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int buffer = 0; buffer < Traits::kDqBuffers; ++buffer) {
       ptx::mbarrier_init(l.dq_full(buffer), Traits::kConsumerThreads);
       // The copy engine's reads are waited for by one producer thread; else every adder reads.
-      ptx::mbarrier_init(l.dq_empty(buffer),
-                         one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() ? 1
-                         : producer_splits ? kSplitProducerAdders
-                                           : 128);
+      const bool by_copy_engine =
+          one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() || producer_splits;
+      ptx::mbarrier_init(l.dq_empty(buffer), by_copy_engine ? 1 : 128);
     }
   }
   if (kDuBuffers == 1 && threadIdx.x == 0) ptx::mbarrier_init(l.du_empty(), kConsumerThreads);
@@ -673,8 +714,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                          "f"(dq_tile[b][t][0]), "f"(dq_tile[b][t][1]), "f"(dq_tile[b][t][2]),
                          "f"(dq_tile[b][t][3])
                          : "memory");
-        // The copy engine reads the tile through the async proxy.
-        if constexpr (one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>())
+        // The copy engine reads the tile through the async proxy (the split producer's adder
+        // hands it to the engine too).
+        if (one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() || producer_splits)
           ptx::fence_proxy_async_shared();
         ptx::mbarrier_arrive(l.dq_full(dq_buffer));  // release: the tile above is visible
       }

@@ -415,8 +415,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       produce_key_block_iterations<Traits, !kDeterministic>(
           bp, kb, l,
           [&](int it, int stage) {
-            draw_query_tile_keep_words<Traits::kBlockN>(bp.fwd, kb, it,
-                                                        l.keep + stage * Traits::kKeepWords);
+            draw_query_tile_keep_words<Traits::kBlockN, 1>(bp.fwd, kb, it,
+                                                           l.keep + stage * Traits::kKeepWords);
           },
           after_copies);
     } else {

@@ -150,6 +150,7 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   params.max_slack = forward_max_slack(p.dtype, p.keep_prob);
   params.dropout_scale = float(1.0 / p.keep_prob);
   params.seed = p.rng.seed;
+  params.dropout_round_keys = philox_round_keys(uint32_t(p.rng.seed), uint32_t(p.rng.seed >> 32));
   params.offset = p.rng.offset;
 
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;

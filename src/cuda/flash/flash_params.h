@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/philox.h"
+
 namespace dpa::cuda {
 
 struct FlashForwardParams {
@@ -73,6 +75,8 @@ struct FlashForwardParams {
   uint32_t dropout_threshold = 0;
   float dropout_scale = 1.f;  // 1 / keep_prob
   uint64_t seed = 0, offset = 0;
+  // The seed's Philox round keys (philox_round_keys of its two words), for the kernels' draws.
+  PhiloxRoundKeys dropout_round_keys{};
 
   // Split-KV: each of num_splits blocks of work covers blocks_per_split KV tiles and writes
   // fp32 partials [split, b, H, max_sq, dv] / [split, b, H, max_sq] (natural-log LSE, no sink);

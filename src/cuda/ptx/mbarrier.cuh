@@ -47,6 +47,13 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Orders this thread's completed async-proxy writes to global memory (a bulk reduction waited
+// for with bulk_wait_group<0>) before its later generic-proxy accesses, such as the releasing
+// store that hands the sums on.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) for `threads` threads: sync waits, arrive
 // does not.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
