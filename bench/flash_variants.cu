@@ -71,9 +71,6 @@ const char* flash_variant_name(int variant) {
              "or dropout)";
     case 10:
       return "d256 wgmma warp-specialised ping-pong, block_n 80, 2 stages (library otherwise)";
-    case 11:
-      return "wgmma warp-specialised ping-pong, block_n 176, 2 stages (FlashAttention-3's d128 "
-             "tile without a causal mask)";
     default:
       return nullptr;
   }
@@ -120,8 +117,6 @@ void run_flash_variant(int variant, const AttentionProblem& p) {
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 64, 2>>(p, stream);
     case 10:
       return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 256, 256, 80, 2>>(p, stream);
-    case 11:
-      return run_wgmma_ws<FlashSm90WsTraits<__nv_bfloat16, 128, 128, 176, 2>>(p, stream);
     default:
       return;
   }

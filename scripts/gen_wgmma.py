@@ -7,7 +7,7 @@ repository root after changing the instantiated N values.
 """
 import pathlib
 
-WIDTHS = (32, 64, 80, 96, 128, 176, 192, 256)
+WIDTHS = (32, 64, 80, 96, 128, 192, 256)
 MN_MAJOR_WIDTHS = (32, 64, 128)
 # A K-major, B MN-major: the wide one-kernel backward's dv += P^T dO and dk += dU^T Q with P^T and
 # dU^T in shared memory (flash_backward_sm90_one_kernel_wide.cuh).
