@@ -36,6 +36,12 @@ TEST(Philox, RoundKeysGiveTheSameBlocks) {
   }
   const Philox4 zero = philox4x32_10(Philox4{{0, 0, 0, 0}}, philox_round_keys(0, 0));
   EXPECT_EQ(zero.x[0], 0x6627e8d5u);  // the known answer above
+  // The keys reach every round: a different key's rounds give a different block.
+  const Philox4 counter{{1, 2, 3, 4}};
+  const Philox4 one_key = philox4x32_10(counter, keys);
+  const Philox4 other_key = philox4x32_10(counter, philox_round_keys(key0 + 1, key1));
+  EXPECT_NE(one_key.x[0] ^ other_key.x[0], 0u);
+  EXPECT_NE(one_key.x[3] ^ other_key.x[3], 0u);
 }
 
 TEST(Philox, DropoutThresholdRounding) {

@@ -559,16 +559,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   const bool producer_splits = one_kernel_producer_splits<Traits, kDropout, kDeterministic>(bp);
+  // Whether the copy engine adds the dq tiles (thread 32's bulk reductions, or the split
+  // producer's adder): the consumers then fence each tile for the async proxy, and one producer
+  // thread waits for the engine's reads.
+  const bool dq_by_copy_engine =
+      one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() || producer_splits;
   init_key_block_barriers<Traits>(
       l, producer_splits ? query_tile_full_arrivals<kBlockM, kSplitProducerLoaders>(bp)
                          : query_tile_full_arrivals<kBlockM>(bp));
   if (!kDqFromRegisters && threadIdx.x == 0) {
     for (int buffer = 0; buffer < Traits::kDqBuffers; ++buffer) {
       ptx::mbarrier_init(l.dq_full(buffer), Traits::kConsumerThreads);
-      // The copy engine's reads are waited for by one producer thread; else every adder reads.
-      const bool by_copy_engine =
-          one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() || producer_splits;
-      ptx::mbarrier_init(l.dq_empty(buffer), by_copy_engine ? 1 : 128);
+      ptx::mbarrier_init(l.dq_empty(buffer), dq_by_copy_engine ? 1 : 128);
     }
   }
   if (kDuBuffers == 1 && threadIdx.x == 0) ptx::mbarrier_init(l.du_empty(), kConsumerThreads);
@@ -714,10 +716,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                          "f"(dq_tile[b][t][0]), "f"(dq_tile[b][t][1]), "f"(dq_tile[b][t][2]),
                          "f"(dq_tile[b][t][3])
                          : "memory");
-        // The copy engine reads the tile through the async proxy (the split producer's adder
-        // hands it to the engine too).
-        if (one_kernel_dq_by_bulk_reduction<Traits, kDeterministic>() || producer_splits)
-          ptx::fence_proxy_async_shared();
+        if (dq_by_copy_engine) ptx::fence_proxy_async_shared();
         ptx::mbarrier_arrive(l.dq_full(dq_buffer));  // release: the tile above is visible
       }
 
