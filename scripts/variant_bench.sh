@@ -13,7 +13,9 @@
 # usage: scripts/variant_bench.sh OUTDIR ROWS PATCH...
 #   ROWS   one `dpa bench` argument list per line (`#` starts a comment), as for ab_bench.sh
 #   PATCH  a change against this tree (here: `git diff > .device/NAME.patch`, carry .device);
-#          the variant is named after the file
+#          the variant is named after the file. `-R:PATCH` is the tree with PATCH, a change the
+#          tree holds, reversed (variant `no_NAME`): a queued change timed against its absence
+#          while the tree, and so the suite, keeps it.
 #
 # Environment: DPA_BUILD_DIR (default build-device), DPA_CUDA_ARCHS (default 90a), DPA_JOBS
 # (default 16). Writes OUTDIR/variants.md (the table and the commands) and OUTDIR/variants.log.
@@ -37,9 +39,10 @@ out="$(cd "$out" && pwd)"
 log="$out/variants.log"
 : >"$log"
 binaries="$(mktemp -d)"
-applied=""  # the patch now applied to the tree, reversed on any exit (a timeout included)
+applied=""  # the patch now applied to the tree, undone on any exit (a timeout included)
+undo=""     # patch's flags that undo it: -R, or none for a reversed patch
 cleanup() {
-  [ -n "$applied" ] && (cd "$root" && patch -s -R -p1 <"$applied") >>"$log" 2>&1
+  [ -n "$applied" ] && (cd "$root" && patch -s $undo -p1 <"$applied") >>"$log" 2>&1
   rm -rf "$binaries"
 }
 trap cleanup EXIT
@@ -55,14 +58,18 @@ ninja -C "$build" -j "$jobs" dpa_cli >>"$log" 2>&1 || {
 cp "$build/tools/dpa" "$binaries/base"
 names=()
 for patch_file in "$@"; do
-  name="$(basename "$patch_file" .patch)"
+  do_flags="" undo_flags="-R" name_prefix=""
+  if [[ "$patch_file" == -R:* ]]; then
+    patch_file="${patch_file#-R:}" do_flags="-R" undo_flags="" name_prefix="no_"
+  fi
+  name="$name_prefix$(basename "$patch_file" .patch)"
   patch_file="$(cd "$(dirname "$patch_file")" && pwd)/$(basename "$patch_file")"
   start=$(date +%s)
-  if ! (cd "$root" && patch -s -p1 <"$patch_file") >>"$log" 2>&1; then
+  if ! (cd "$root" && patch -s $do_flags -p1 <"$patch_file") >>"$log" 2>&1; then
     echo "variant $name: the patch does not apply (skipped)" | tee -a "$log" >&2
     continue
   fi
-  applied="$patch_file"
+  applied="$patch_file" undo="$undo_flags"
   if ninja -C "$build" -j "$jobs" dpa_cli >>"$log" 2>&1; then
     cp "$build/tools/dpa" "$binaries/$name"
     names+=("$name")
@@ -70,7 +77,7 @@ for patch_file in "$@"; do
   else
     echo "variant $name: does not build (skipped; see $log)" | tee -a "$log" >&2
   fi
-  (cd "$root" && patch -s -R -p1 <"$patch_file") >>"$log" 2>&1
+  (cd "$root" && patch -s $undo_flags -p1 <"$patch_file") >>"$log" 2>&1
   applied=""
 done
 
