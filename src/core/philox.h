@@ -101,6 +101,40 @@ DPA_HOST_DEVICE uint32_t dropout_u16(const Philox4& block, int k) {
   return (k & 1) ? (word >> 16) : (word & 0xffffu);
 }
 
+// The keep rule for both u16 draws of a word at once, in four 32-bit operations instead of a
+// mask, two compares and two selects (the one-kernel backward's producer tests 64 draws per
+// thread and tile, on the ALU pipe its consumers share). Bit 15 of dropout_keep_msbs is whether
+// the low half is kept, bit 31 the high half; the other bits are not specified. A lane u is
+// kept iff msb(u) > msb(t), or the msbs are equal and low15(u) >= low15(t); the second test is
+// bit 15 of low15(u) + 0x8000 - low15(t), which cannot carry into the next lane.
+struct DropoutPairRule {
+  uint32_t lane_bias;     // 0x8000 - low15(t), in both lanes
+  uint32_t msb_suffices;  // all ones where msb(t) = 0: there a set msb alone keeps the draw
+};
+DPA_HOST_DEVICE DropoutPairRule dropout_pair_rule(uint32_t threshold) {
+  const uint32_t bias = 0x8000u - (threshold & 0x7fffu);
+  return {bias | (bias << 16), (threshold & 0x8000u) ? 0u : ~0u};
+}
+DPA_HOST_DEVICE uint32_t dropout_keep_msbs(uint32_t word, const DropoutPairRule& rule) {
+  const uint32_t low_at_least = (word & 0x7fff7fffu) + rule.lane_bias;
+  return (word & low_at_least) | ((word | low_at_least) & rule.msb_suffices);
+}
+
+// Bit 7 of byte i (0..3) of the result: whether draw 4 half + i of the block is kept (the bytes
+// the one-kernel backward's keep words take, one permutation for four draws); the other bits
+// are not specified.
+DPA_HOST_DEVICE uint32_t dropout_keep_byte_msbs(const Philox4& block, int half,
+                                                const DropoutPairRule& rule) {
+  const uint32_t low = dropout_keep_msbs(block.x[2 * half], rule);
+  const uint32_t high = dropout_keep_msbs(block.x[2 * half + 1], rule);
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(low, high, 0x7531);  // bytes 1 and 3 of each: their bits 15 and 31
+#else
+  return ((low >> 8) & 0xffu) | ((low >> 16) & 0xff00u) | ((high << 8) & 0xff0000u) |
+         (high & 0xff000000u);
+#endif
+}
+
 DPA_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, int64_t batch, int64_t heads,
                                   int64_t head, int64_t row, int64_t col, uint32_t threshold) {
   Philox4 block = dropout_block(seed, offset, batch, heads, head, row, col);

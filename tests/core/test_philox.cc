@@ -52,6 +52,48 @@ TEST(Philox, DropoutThresholdRounding) {
   EXPECT_DOUBLE_EQ(dropout_keep_prob(32768u), 0.5);
 }
 
+// The two-draw form of the keep rule (the backward's producer) against the rule itself, for
+// every threshold, each lane's draw at the values around the threshold and its msb and
+// elsewhere, the other lane's draw varied too (a wrong carry between the lanes would show).
+TEST(Philox, PairKeepRuleMatchesTheRuleForEveryThreshold) {
+  int64_t mismatches = 0;
+  for (uint32_t t = 0; t <= 0xffffu; ++t) {
+    const DropoutPairRule rule = dropout_pair_rule(t);
+    const uint32_t draws[] = {0u,      t - 1u,  t,       t + 1u,      0x7fffu,    0x8000u,
+                              0x8001u, 0xfffeu, 0xffffu, t ^ 0x8000u, (t * 7919u)};
+    for (uint32_t low : draws) {
+      for (uint32_t high : draws) {
+        low &= 0xffffu;
+        high &= 0xffffu;
+        const uint32_t msbs = dropout_keep_msbs(low | (high << 16), rule);
+        mismatches += ((msbs >> 15) & 1u) != uint32_t(low >= t);
+        mismatches += (msbs >> 31) != uint32_t(high >= t);
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// The bytes the keep words take: bit 7 of byte i is draw 4 half + i's keep bit.
+TEST(Philox, KeepByteMsbsFollowTheDrawOrder) {
+  const uint32_t threshold = dropout_threshold(0.3);
+  const DropoutPairRule rule = dropout_pair_rule(threshold);
+  int kept = 0;
+  for (uint32_t i = 0; i < 256; ++i) {
+    const Philox4 block = philox4x32_10(Philox4{{i, 3 * i, 7, 11}}, 0x1234u, 0x5678u);
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t bytes = dropout_keep_byte_msbs(block, half, rule);
+      for (int byte = 0; byte < 4; ++byte) {
+        const bool expected = dropout_u16(block, 4 * half + byte) >= threshold;
+        EXPECT_EQ(((bytes >> (8 * byte + 7)) & 1u) != 0, expected) << i << " " << half << byte;
+        kept += expected;
+      }
+    }
+  }
+  EXPECT_GT(kept, 1024);  // both outcomes occur (about 70% of 2048 kept)
+  EXPECT_LT(kept, 2048);
+}
+
 // The counter is (j >> 3, i, h + H * b, lo32(offset)), the key (lo32(seed), hi32(seed)), and
 // column 8*(j>>3)+k takes the low half of word k/2 for even k, the high half for odd k.
 TEST(Philox, KeepMappingMatchesSpec) {

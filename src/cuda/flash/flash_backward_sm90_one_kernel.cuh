@@ -226,22 +226,22 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
       uint32_t(kb.first_query(it) + 2 * quad_col + 16 * part) + uint32_t(p.q_position[kb.batch]);
   const uint32_t key_block0 =
       uint32_t((kb.j0 + 16 * group + int64_t(p.kv_position[kb.batch])) >> 3);
-  // Byte r % 4 of bytes[r / 4] is byte `part` of word (group, r, quad_col). The draws run from the
-  // last element down, each shifting the bytes up by one first, so that every bit lands at a
-  // constant place (a select and a third of an or) without unrolling the whole loop (the producer
-  // has 40 registers); an odd draw u16 (the high half of its word) is kept iff the word is
-  // >= threshold << 16 (one compare). kDrawsPerStep draws per loop step, whose rounds
-  // interleave: each is a chain of ten dependent multiplies (two chains instead of one: the
-  // dropout rows 1.02-1.03x; four at d128 another 1.04x, at d64 0.98x: docs/perf.md, session
-  // 43; one in the wide form, where two read 0.97-1.00x and spilled more). The round keys come
-  // from the kernel's parameters (constant operands).
-  const uint32_t high_threshold = p.dropout_threshold << 16;
+  // Byte r % 4 of bytes[r / 4] is byte `part` of word (group, r, quad_col). The draws run in
+  // order, each shifting the bytes down by one and setting their bit 7 (dropout_keep_byte_msbs:
+  // the keep rule for two draws in four operations, one permutation for four), so that draw e
+  // ends at bit e without unrolling the whole loop (the producer has 40 registers); no bit
+  // crosses into the next byte, since the first draw's is shifted seven times. kDrawsPerStep
+  // draws per loop step, whose rounds interleave: each is a chain of ten dependent multiplies
+  // (two chains instead of one: the dropout rows 1.02-1.03x; four at d128 another 1.04x, at d64
+  // 0.98x: docs/perf.md, session 43; one in the wide form, where two read 0.97-1.00x and
+  // spilled more). The round keys come from the kernel's parameters (constant operands).
+  const DropoutPairRule rule = dropout_pair_rule(p.dropout_threshold);
   uint32_t bytes[2] = {0u, 0u};
 #pragma unroll 1
-  for (int step = 8 / kDrawsPerStep - 1; step >= 0; --step) {
+  for (int step = 0; step < 8 / kDrawsPerStep; ++step) {
     Philox4 blocks[kDrawsPerStep];
 #pragma unroll
-    for (int e = kDrawsPerStep - 1; e >= 0; --e) {
+    for (int e = 0; e < kDrawsPerStep; ++e) {
       const int element = step * kDrawsPerStep + e;  // bit 4 tt + 2 half + c
       blocks[e] = philox4x32_10(
           {{key_block0 + uint32_t(element / 2 % 2),
@@ -249,15 +249,11 @@ __device__ __forceinline__ void draw_query_tile_keep_words(const FlashForwardPar
           p.dropout_round_keys);
     }
 #pragma unroll
-    for (int e = kDrawsPerStep - 1; e >= 0; --e) {
-      bytes[0] <<= 1;  // no byte has 8 bits yet: nothing crosses into the next byte
-      bytes[1] <<= 1;
+    for (int e = 0; e < kDrawsPerStep; ++e) {
 #pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const uint32_t word = blocks[e].x[r / 2];
-        const bool kept = r % 2 ? word >= high_threshold : (word & 0xffffu) >= p.dropout_threshold;
-        bytes[r / 4] |= kept ? 1u << (8 * (r % 4)) : 0u;
-      }
+      for (int half = 0; half < 2; ++half)
+        bytes[half] =
+            (dropout_keep_byte_msbs(blocks[e], half, rule) & 0x80808080u) | (bytes[half] >> 1);
     }
   }
   unsigned char* out = reinterpret_cast<unsigned char*>(words + group * 32 + quad_col) + part;
