@@ -17,10 +17,9 @@ docs/cuda_flash.md's "Untried differences" item 1. `--time` prints the median of
 CUDA-event times.
 """
 
+import argparse
 import dataclasses
 import statistics
-
-import argparse
 
 import torch
 import torch.nn.functional as F
