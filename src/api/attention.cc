@@ -7,6 +7,7 @@
 #include "core/backend.h"
 #include "core/call_rng.h"
 #include "core/environment.h"
+#include "core/memory_overlap.h"
 #include "core/problem_builder.h"
 #include "core/selector.h"
 #include "core/workspace.h"
@@ -37,6 +38,7 @@ ForwardResult DotProductAttention::forward(const ForwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
+  require_forward_outputs_apart(args);
   const Backend& backend = choose_backend(config_, problem, registered_backends());
   run_in_workspace(
       args.workspace, [&] { return backend.workspace_bytes(problem); },
@@ -48,6 +50,7 @@ ForwardResult DotProductAttention::forward(const ForwardArgs& args) {
 BackendKind DotProductAttention::backward(const BackwardArgs& args) {
   const double dropout = args.dropout.value_or(config_.dropout);
   AttentionProblem problem = build_backward_problem(config_, args, dropout);
+  require_backward_outputs_apart(args);
   const Backend& backend = choose_backend(config_, problem, registered_backends());
   run_in_workspace(
       args.workspace, [&] { return backend.workspace_bytes(problem); },
@@ -59,12 +62,14 @@ size_t DotProductAttention::workspace_size(const ForwardArgs& args) const {
   const double dropout = args.dropout.value_or(config_.dropout);
   const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   AttentionProblem problem = build_forward_problem(config_, args, dropout, rng);
+  require_forward_outputs_apart(args);
   return choose_backend(config_, problem, registered_backends()).workspace_bytes(problem);
 }
 
 size_t DotProductAttention::workspace_size(const BackwardArgs& args) const {
   const double dropout = args.dropout.value_or(config_.dropout);
   AttentionProblem problem = build_backward_problem(config_, args, dropout);
+  require_backward_outputs_apart(args);
   return choose_backend(config_, problem, registered_backends()).workspace_bytes(problem);
 }
 

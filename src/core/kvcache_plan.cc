@@ -9,6 +9,7 @@
 #include "core/device_access.h"
 #include "core/int32_tables.h"
 #include "core/kvcache_splits.h"
+#include "core/memory_overlap.h"
 
 namespace dpa {
 namespace {
@@ -56,27 +57,10 @@ std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int6
   return lengths;
 }
 
-// The byte range a strided tensor spans ([begin, end); empty when it has no element).
-struct ByteRange {
-  uintptr_t begin = 0, end = 0;
-};
-
-ByteRange byte_range(const TensorView& t) {
-  if (!t.defined() || t.data == nullptr) return {};
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) {
-    if (t.shape[size_t(d)] == 0) return {};
-    last += (t.shape[size_t(d)] - 1) * t.strides[size_t(d)];
-  }
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
-  return {begin, begin + uintptr_t(last + 1) * dtype_size(t.dtype)};
-}
-
 void require_disjoint(const TensorView& a, const char* a_name, const TensorView& b,
                       const char* b_name) {
-  const ByteRange x = byte_range(a), y = byte_range(b);
-  const bool overlap = x.begin < x.end && y.begin < y.end && x.begin < y.end && y.begin < x.end;
-  require(!overlap, a_name, std::string("overlaps ") + b_name + " in memory");
+  require(!byte_range(a).intersects(byte_range(b)), a_name,
+          std::string("overlaps ") + b_name + " in memory");
 }
 
 void require_rows_contiguous(const TensorView& t, const char* name) {

@@ -18,6 +18,7 @@
 #include "core/call_rng.h"
 #include "core/element_access.h"
 #include "core/environment.h"
+#include "core/memory_overlap.h"
 #include "core/problem_builder.h"
 #include "cp/calls_in_flight.h"
 #include "cp/comm_requests.h"
@@ -713,6 +714,7 @@ ContextParallelAttention::ContextParallelAttention(const AttentionConfig& config
 }
 
 ForwardResult ContextParallelAttention::forward(const ForwardArgs& args) {
+  require_forward_outputs_apart(args);  // this rank's views; before any exchange
   const double dropout = args.dropout.value_or(config_.dropout);
   const RngState rng = call_rng_state(args.rng, config_.seed, next_offset_);
   ForwardResult result = cp::forward(config_, cp_, comm_, args, dropout, rng,
@@ -722,6 +724,7 @@ ForwardResult ContextParallelAttention::forward(const ForwardArgs& args) {
 }
 
 BackendKind ContextParallelAttention::backward(const BackwardArgs& args) {
+  require_backward_outputs_apart(args);
   return cp::backward(config_, cp_, comm_, args, args.dropout.value_or(config_.dropout),
                       {ring_workspace_.get(), calls_in_flight_.get()});
 }

@@ -1,0 +1,109 @@
+#include "core/memory_overlap.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpa/error.h"
+
+namespace dpa {
+namespace {
+
+using NamedView = std::pair<const TensorView*, const char*>;
+
+std::vector<NamedView> inputs_of(const AttentionInputs& in) {
+  return {{&in.q, "q"},
+          {&in.k, "k"},
+          {&in.v, "v"},
+          {&in.cu_seqlens_q, "cu_seqlens_q"},
+          {&in.cu_seqlens_kv, "cu_seqlens_kv"},
+          {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
+          {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"},
+          {&in.bias, "bias"},
+          {&in.alibi_slopes, "alibi_slopes"},
+          {&in.softmax_offset, "softmax_offset"},
+          {&in.attn_mask, "attn_mask"}};
+}
+
+// Each output apart from every input and from the outputs before it, each free of repeats.
+void require_outputs_apart(const std::vector<NamedView>& outputs,
+                           const std::vector<NamedView>& inputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [out, out_name] = outputs[i];
+    require_no_repeated_elements(*out, out_name);
+    for (const auto& [in, in_name] : inputs) require_apart(*out, out_name, *in, in_name);
+    for (size_t j = 0; j < i; ++j)
+      require_apart(*out, out_name, *outputs[j].first, outputs[j].second);
+  }
+}
+
+}  // namespace
+
+ByteRange byte_range(const TensorView& t) {
+  if (t.data == nullptr || t.ndim <= 0 || t.ndim > kMaxDims) return {};
+  int64_t low = 0, high = 0;  // element offsets of the first and last bytes' elements
+  for (int d = 0; d < t.ndim; ++d) {
+    const int64_t extent = t.shape[size_t(d)], stride = t.strides[size_t(d)];
+    if (extent <= 0) return {};
+    (stride < 0 ? low : high) += (extent - 1) * stride;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  const auto size = uintptr_t(dtype_size(t.dtype));
+  return {base + uintptr_t(low) * size, base + uintptr_t(high + 1) * size};
+}
+
+bool is_dense(const TensorView& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, extent) of extents above 1
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[size_t(d)] <= 0) return false;
+    if (t.shape[size_t(d)] > 1) dims.emplace_back(t.strides[size_t(d)], t.shape[size_t(d)]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, extent] : dims) {
+    if (stride != expected) return false;
+    expected *= extent;
+  }
+  return true;
+}
+
+bool provably_share_memory(const TensorView& a, const TensorView& b) {
+  if (a.device != b.device || (a.device == Device::kCUDA && a.device_index != b.device_index))
+    return false;
+  const ByteRange x = byte_range(a), y = byte_range(b);
+  if (x.empty() || y.empty()) return false;
+  return a.data == b.data || (x.intersects(y) && is_dense(a) && is_dense(b));
+}
+
+void require_no_repeated_elements(const TensorView& out, const char* name) {
+  if (byte_range(out).empty()) return;  // no element (an extent of 0 makes strides of 0)
+  for (int d = 0; d < out.ndim && d < kMaxDims; ++d)
+    require(out.shape[size_t(d)] <= 1 || out.strides[size_t(d)] != 0, name,
+            "has stride 0 in dimension " + std::to_string(d) + " of " + out.shape_string() +
+                ": its elements there are one, which the call would write more than once");
+}
+
+void require_apart(const TensorView& out, const char* out_name, const TensorView& other,
+                   const char* other_name) {
+  require(!provably_share_memory(out, other), out_name,
+          std::string("shares memory with ") + other_name +
+              ": the call reads its inputs while it writes its outputs");
+}
+
+void require_forward_outputs_apart(const ForwardArgs& args) {
+  require_outputs_apart({{&args.o, "o"}, {&args.lse, "lse"}}, inputs_of(args.in));
+}
+
+void require_backward_outputs_apart(const BackwardArgs& args) {
+  std::vector<NamedView> inputs = inputs_of(args.in);
+  inputs.insert(inputs.end(), {{&args.o, "o"}, {&args.lse, "lse"}, {&args.d_o, "d_o"}});
+  require_outputs_apart({{&args.dq, "dq"},
+                         {&args.dk, "dk"},
+                         {&args.dv, "dv"},
+                         {&args.dbias, "dbias"},
+                         {&args.dsoftmax_offset, "dsoftmax_offset"}},
+                        inputs);
+}
+
+}  // namespace dpa
