@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# libFuzzer runs of the .npy reader, the CLI's argument parser (issue 15) and the KV-cache call's
-# validation (docs/kvcache.md), under ASan and
+# libFuzzer runs of the .npy reader, the CLI's argument parser (issue 15), the KV-cache call's
+# validation (docs/kvcache.md) and the attention call on the host backends (validation, outputs
+# untouched after an error, cpu against cpu_exact), under ASan and
 # UBSan: builds build-fuzz with clang (CPU-only), then runs each harness for SECONDS (default
 # 60) from the seed corpus in tests/fuzz/corpus with its dictionary. New inputs go to
 # build-fuzz/corpus-NAME (the repository's seeds stay as they are). Exits non-zero when a
@@ -22,9 +23,9 @@ flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefin
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DDPA_CUDA=OFF -DDPA_TESTS=OFF \
   -DDPA_FUZZ=ON "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$flags" >/dev/null
-cmake --build "$build" -j "$jobs" --target fuzz_npy fuzz_cli_args fuzz_kvcache >/dev/null
+cmake --build "$build" -j "$jobs" --target fuzz_npy fuzz_cli_args fuzz_kvcache fuzz_attention >/dev/null
 status=0
-for name in npy cli_args kvcache; do
+for name in npy cli_args kvcache attention; do
   corpus="$build/corpus-$name"
   mkdir -p "$corpus"
   echo "fuzz_$name: ${seconds}s"

@@ -10,63 +10,13 @@
 
 #include "dpa/error.h"
 #include "dpa/kvcache.h"
+#include "fuzz_input.h"
 
-namespace {
-
-// Consumes the input; past its end every read is 0.
-class Bytes {
- public:
-  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t next() { return at_ < size_ ? data_[at_++] : 0; }
-  int64_t below(int64_t n) { return n > 0 ? int64_t(next()) % n : 0; }
-  int32_t signed_byte() { return int32_t(int8_t(next())); }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t at_ = 0;
-};
-
-struct Tensor {
-  std::vector<float> floats;
-  std::vector<int32_t> ints;
-  dpa::TensorView view;
-};
-
-Tensor floats(std::vector<int64_t> shape, float value) {
-  Tensor t;
-  int64_t n = 1;
-  for (int64_t extent : shape) n *= extent;
-  t.floats.assign(size_t(n), value);
-  t.view = dpa::TensorView::contiguous(t.floats.data(), dpa::DType::kFloat32, shape.data(),
-                                       int(shape.size()));
-  return t;
-}
-
-Tensor ints(std::vector<int64_t> shape, Bytes& bytes) {
-  Tensor t;
-  int64_t n = 1;
-  for (int64_t extent : shape) n *= extent;
-  for (int64_t i = 0; i < n; ++i) t.ints.push_back(bytes.signed_byte());
-  t.view = dpa::TensorView::contiguous(t.ints.data(), dpa::DType::kInt32, shape.data(),
-                                       int(shape.size()));
-  return t;
-}
-
-// Boundaries [b + 1] from small lengths, or arbitrary bytes (possibly not monotonic).
-Tensor boundaries(int64_t batch, Bytes& bytes, int64_t* total) {
-  Tensor t;
-  const bool arbitrary = bytes.below(4) == 0;
-  int32_t sum = 0;
-  t.ints.push_back(arbitrary ? bytes.signed_byte() : 0);
-  for (int64_t i = 0; i < batch; ++i)
-    t.ints.push_back(arbitrary ? bytes.signed_byte() : (sum += int32_t(bytes.below(6))));
-  *total = arbitrary ? int64_t(bytes.below(24)) : sum;
-  t.view = dpa::TensorView::contiguous(t.ints.data(), dpa::DType::kInt32, {batch + 1});
-  return t;
-}
-
-}  // namespace
+using dpa::fuzz::boundaries;
+using dpa::fuzz::Bytes;
+using dpa::fuzz::floats;
+using dpa::fuzz::ints;
+using dpa::fuzz::Tensor;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes bytes(data, size);
