@@ -271,3 +271,19 @@ def test_arrays_of_other_frameworks_through_dlpack_are_checked_too():
         dpa._dpa.Attention(config).forward(q, q, q, q, q, None, None, None, None, None, None,
                                            None, None, None, None, 0, None)
     assert error.value.argument == "q"
+
+
+def test_an_out_that_shares_memory_with_an_input_is_refused_and_the_input_kept():
+    # docs/hardening.md, "Outputs apart from inputs": the call would read q after writing o.
+    t = tensors()
+    q = t["q"].clone()
+    attention = dpa.direct.Attention(causal=True)
+    with pytest.raises(dpa.InvalidArgumentError) as error:
+        attention(t["q"], t["k"], t["v"], out=t["q"])
+    assert error.value.argument == "o", str(error.value)
+    assert torch.equal(t["q"], q)
+    lse = torch.full((B, H, S), 777.0)
+    with pytest.raises(dpa.InvalidArgumentError) as error:
+        attention(t["q"], t["k"], t["v"], out=torch.empty(B, 1, H, D).expand(B, S, H, D), lse=lse)
+    assert error.value.argument == "o", str(error.value)
+    assert torch.all(lse == 777.0)

@@ -364,6 +364,20 @@ std::vector<BadCall> corpus() {
         x.dsoftmax_offset = x.aux_view(DPA_FLOAT32, {2});
       },
       "dsoftmax_offset");
+  // Outputs sharing memory with an input or another output (docs/hardening.md).
+  add(
+      "o_is_q",
+      [](Call& x) {
+        x.o_view = Call::view(x.q.data(), DPA_FLOAT32, {1, 3, 2, 4});
+      },
+      "o");
+  add(
+      "backward_dv_is_dk",
+      [](Call& x) {
+        x.backward = true;
+        x.dv_view = x.dk_view;
+      },
+      "dv");
   // The call struct.
   add(
       "call_size_too_small",
