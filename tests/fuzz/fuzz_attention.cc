@@ -7,7 +7,9 @@
 // its view says, so a read or write the validation let through is an ASan report.
 //
 // A finding is: a crash, a sanitizer report or another exception than dpa::Error; an error after
-// which an output was written; or a result of the cpu backend that differs from cpu_exact's on
+// which an output was written; a call that accepted an input its config does not use (a bias
+// without a bias type, sink offsets without learnable sinks, a mask without mask type
+// arbitrary); or a result of the cpu backend that differs from cpu_exact's on
 // the same inputs (forward and backward). scripts/fuzz.sh runs it.
 #include <cmath>
 #include <cstddef>
@@ -183,6 +185,16 @@ Call draw_call(Bytes& bytes) {
   return c;
 }
 
+// An optional input that the config does not use: a call that accepts it has dropped it.
+const char* unused_input(const Call& c) {
+  if (c.in.bias.defined() && c.config.bias_type == dpa::BiasType::kNoBias) return "bias";
+  if (c.in.softmax_offset.defined() && c.config.softmax_type != dpa::SoftmaxType::kLearnable)
+    return "softmax_offset";
+  if (c.in.attn_mask.defined() && c.config.mask_type != dpa::MaskType::kArbitrary)
+    return "attn_mask";
+  return nullptr;
+}
+
 // An output of the call, all sentinels; now and then aliased to an input instead (the call
 // must refuse the provable cases and write nothing).
 Tensor output(std::vector<int64_t> shape, DType dtype) { return floats(shape, kSentinel, dtype); }
@@ -214,6 +226,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const dpa::Error&) {
     if (!untouched(o) || !untouched(lse)) finding("forward wrote an output, then threw");
     return 0;
+  }
+  if (const char* dropped = unused_input(c)) {
+    std::fprintf(stderr, "fuzz_attention: unused %s\n", dropped);
+    finding("forward accepted an input its config does not use");
   }
   if (aliased) return 0;  // a call on undecided aliasing is the caller's contract
   const bool differential = c.config.backend == BackendKind::kCpu;
