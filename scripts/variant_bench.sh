@@ -18,7 +18,8 @@
 #          while the tree, and so the suite, keeps it.
 #
 # Environment: DPA_BUILD_DIR (default build-device), DPA_CUDA_ARCHS (default 90a), DPA_JOBS
-# (default 16). Writes OUTDIR/variants.md (the table and the commands) and OUTDIR/variants.log.
+# (default 16), DPA_VARIANT_BINARIES (a directory that keeps each build's dpa). Writes
+# OUTDIR/variants.md (the table and the commands) and OUTDIR/variants.log.
 set -uo pipefail
 
 if [ $# -lt 3 ]; then
@@ -38,12 +39,17 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 log="$out/variants.log"
 : >"$log"
-binaries="$(mktemp -d)"
+# Each build's `dpa`, named base and after its patch: kept in DPA_VARIANT_BINARIES when that is
+# set (for scripts/ncu_durations.sh afterwards), else in a directory removed on exit.
+binaries="${DPA_VARIANT_BINARIES:-}"
+keep_binaries="$binaries"
+[ -n "$binaries" ] || binaries="$(mktemp -d)"
+mkdir -p "$binaries"
 applied=""  # the patch now applied to the tree, undone on any exit (a timeout included)
 undo=""     # patch's flags that undo it: -R, or none for a reversed patch
 cleanup() {
   [ -n "$applied" ] && (cd "$root" && patch -s $undo -p1 <"$applied") >>"$log" 2>&1
-  rm -rf "$binaries"
+  [ -n "$keep_binaries" ] || rm -rf "$binaries"
 }
 trap cleanup EXIT
 trap 'exit 124' TERM INT
