@@ -54,6 +54,7 @@ ByteRange byte_range(const TensorView& t) {
 }
 
 bool is_dense(const TensorView& t) {
+  if (t.ndim <= 0 || t.ndim > kMaxDims) return false;
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, extent) of extents above 1
   for (int d = 0; d < t.ndim; ++d) {
     if (t.shape[size_t(d)] <= 0) return false;
