@@ -40,14 +40,37 @@ void finding(const char* what) {
   std::abort();
 }
 
-// Inputs of a few magnitudes: sin over the elements, from a phase the bytes choose.
+// Now and then a strided layout with gaps (fuzz_input.h's floats): a dimension other than the
+// last steps over 1 to 3 more elements.
+struct Layout {
+  int pad_dim = -1;
+  int64_t pad = 0;
+};
+Layout layout(size_t ndim, Bytes& bytes) {
+  if (ndim < 2 || bytes.below(4) != 0) return {};
+  return {int(bytes.below(int64_t(ndim) - 1)), 1 + bytes.below(3)};
+}
+
+double element(const TensorView& t, int64_t flat) {
+  const int64_t at = dpa::fuzz::offset_of(t, flat);
+  return t.dtype == DType::kFloat64 ? static_cast<const double*>(t.data)[at]
+                                    : double(static_cast<const float*>(t.data)[at]);
+}
+
+// Inputs of a few magnitudes: sin over the elements, from a phase the bytes choose; a layout's
+// gaps hold NaN, which reaches a result only if a backend reads outside the view.
 Tensor values(std::vector<int64_t> shape, DType dtype, Bytes& bytes) {
-  Tensor t = floats(shape, 0.f, dtype);
+  const Layout l = layout(shape.size(), bytes);
+  Tensor t = floats(shape, NAN, dtype, l.pad_dim, l.pad);
   const double phase = double(bytes.next()), magnitude = bytes.below(4) == 0 ? 6.0 : 1.5;
-  for (size_t i = 0; i < t.floats.size(); ++i)
-    t.floats[i] = float(magnitude * std::sin(0.61 * double(i) + phase));
-  for (size_t i = 0; i < t.doubles.size(); ++i)
-    t.doubles[i] = magnitude * std::sin(0.61 * double(i) + phase);
+  for (int64_t i = 0; i < t.view.numel(); ++i) {
+    const double value = magnitude * std::sin(0.61 * double(i) + phase);
+    const int64_t at = dpa::fuzz::offset_of(t.view, i);
+    if (dtype == DType::kFloat64)
+      t.doubles[size_t(at)] = value;
+    else
+      t.floats[size_t(at)] = float(value);
+  }
   return t;
 }
 
@@ -56,31 +79,45 @@ int64_t maybe_wrong(int64_t extent, Bytes& bytes) {
   return bytes.below(16) == 0 ? extent + 1 : extent;
 }
 
-double element(const TensorView& t, int64_t i) {
-  return t.dtype == DType::kFloat64 ? static_cast<const double*>(t.data)[i]
-                                    : double(static_cast<const float*>(t.data)[i]);
-}
-
 std::vector<int64_t> shape_of(const TensorView& t) {
   return std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim);
 }
 
+bool sentinel(const Tensor& t, int64_t at) {
+  return t.view.dtype == DType::kFloat64 ? t.doubles[size_t(at)] == double(kSentinel)
+                                         : t.floats[size_t(at)] == kSentinel;
+}
+
+// Every element of the buffer, the view's and its gaps', still the sentinel.
 bool untouched(const Tensor& t) {
-  for (float value : t.floats)
-    if (value != kSentinel) return false;
-  for (double value : t.doubles)
-    if (value != double(kSentinel)) return false;
+  const size_t n = t.view.dtype == DType::kFloat64 ? t.doubles.size() : t.floats.size();
+  for (size_t at = 0; at < n; ++at)
+    if (!sentinel(t, int64_t(at))) return false;
   return true;
 }
 
-// cpu against cpu_exact: equal infinities and NaNs, else within a relative tolerance that covers
-// fp32 arithmetic over the few keys the shapes allow.
+// The gaps between the view's elements still the sentinel: a backend wrote only its output.
+bool gaps_untouched(const Tensor& t) {
+  if (!t.view.defined()) return true;  // a gradient not asked for
+  const size_t n = t.view.dtype == DType::kFloat64 ? t.doubles.size() : t.floats.size();
+  std::vector<bool> covered(n, false);
+  for (int64_t i = 0; i < t.view.numel(); ++i)
+    covered[size_t(dpa::fuzz::offset_of(t.view, i))] = true;
+  for (size_t at = 0; at < n; ++at)
+    if (!covered[at] && !sentinel(t, int64_t(at))) return false;
+  return true;
+}
+
+// cpu against cpu_exact: equal infinities, no NaN (the inputs are finite, so a NaN is a read of
+// a gap or a fault), else within a relative tolerance that covers fp32 arithmetic over the few
+// keys the shapes allow.
 bool close(const Tensor& got, const Tensor& want) {
   const int64_t n = got.view.numel();
   for (int64_t i = 0; i < n; ++i) {
     const double a = element(got.view, i), b = element(want.view, i);
-    if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b)) {
-      if (!(std::isnan(a) && std::isnan(b)) && a != b) return false;
+    if (std::isnan(a) || std::isnan(b)) return false;
+    if (std::isinf(a) || std::isinf(b)) {
+      if (a != b) return false;
     } else if (std::fabs(a - b) > 2e-3 * (1.0 + std::fabs(b))) {
       return false;
     }
@@ -197,7 +234,9 @@ const char* unused_input(const Call& c) {
 
 // An output of the call, all sentinels; now and then aliased to an input instead (the call
 // must refuse the provable cases and write nothing).
-Tensor output(std::vector<int64_t> shape, DType dtype) { return floats(shape, kSentinel, dtype); }
+Tensor output(std::vector<int64_t> shape, DType dtype, Layout l = {}) {
+  return floats(shape, kSentinel, dtype, l.pad_dim, l.pad);
+}
 
 TensorView maybe_aliased(const Tensor& out, const Call& c, Bytes& bytes) {
   if (bytes.below(24) != 0 || c.keep.empty()) return out.view;
@@ -211,7 +250,8 @@ TensorView maybe_aliased(const Tensor& out, const Call& c, Bytes& bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes bytes(data, size);
   Call c = draw_call(bytes);
-  Tensor o = output(c.o_shape, c.dtype), lse = output(c.lse_shape, DType::kFloat32);
+  Tensor o = output(c.o_shape, c.dtype, layout(c.o_shape.size(), bytes));
+  Tensor lse = output(c.lse_shape, DType::kFloat32);
   dpa::ForwardArgs forward;
   forward.in = c.in;
   forward.o = maybe_aliased(o, c, bytes);
@@ -232,6 +272,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     finding("forward accepted an input its config does not use");
   }
   if (aliased) return 0;  // a call on undecided aliasing is the caller's contract
+  if (!gaps_untouched(o)) finding("forward wrote between o's elements");
   const bool differential = c.config.backend == BackendKind::kCpu;
   AttentionConfig exact = c.config;
   exact.backend = BackendKind::kCpuExact;
@@ -248,8 +289,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (bytes.below(2) == 0) return 0;
 
   Tensor d_o = values(c.o_shape, c.dtype, bytes);
-  Tensor dq = output(c.q_shape, c.dtype), dk = output(c.k_shape, c.dtype),
-         dv = output(c.v_shape, c.dtype);
+  Tensor dq = output(c.q_shape, c.dtype, layout(c.q_shape.size(), bytes));
+  Tensor dk = output(c.k_shape, c.dtype, layout(c.k_shape.size(), bytes));
+  Tensor dv = output(c.v_shape, c.dtype, layout(c.v_shape.size(), bytes));
   dpa::BackwardArgs backward = dpa::backward_args_for(forward, result, d_o.view, dq.view,
                                                       maybe_aliased(dk, c, bytes), dv.view);
   Tensor dbias, dsoftmax_offset;
@@ -268,7 +310,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!untouched(*t)) finding("backward wrote a gradient, then threw");
     return 0;
   }
-  if (!differential || backward.dk.data != dk.view.data) return 0;
+  if (backward.dk.data != dk.view.data) return 0;  // aliased: the caller's contract
+  for (const Tensor* t : {&dq, &dk, &dv, &dbias, &dsoftmax_offset})
+    if (!gaps_untouched(*t)) finding("backward wrote between a gradient's elements");
+  if (!differential) return 0;
   // The same backward on cpu_exact, every requested gradient into tensors of its own.
   dpa::BackwardArgs reference = backward;
   std::vector<std::pair<const Tensor*, Tensor>> pairs;

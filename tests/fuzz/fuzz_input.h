@@ -39,20 +39,40 @@ inline int64_t element_count(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// fp32 or fp64 elements, all `value`.
-inline Tensor floats(std::vector<int64_t> shape, float value, DType dtype = DType::kFloat32) {
+// fp32 or fp64 elements, all `value`, row-major; with `pad` > 0, each step of dimension
+// `pad_dim` skips `pad` more elements (a strided view with gaps, its last dimension still
+// contiguous). The buffer ends at the view's last element.
+inline Tensor floats(std::vector<int64_t> shape, float value, DType dtype = DType::kFloat32,
+                     int pad_dim = -1, int64_t pad = 0) {
   Tensor t;
-  const size_t n = size_t(element_count(shape));
+  const int ndim = int(shape.size());
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int d = ndim - 2; d >= 0; --d)
+    strides[size_t(d)] = strides[size_t(d + 1)] * shape[size_t(d + 1)] + (d == pad_dim ? pad : 0);
+  int64_t span = element_count(shape) > 0 ? 1 : 0;
+  for (int d = 0; span > 0 && d < ndim; ++d) span += (shape[size_t(d)] - 1) * strides[size_t(d)];
   void* data = nullptr;
   if (dtype == DType::kFloat64) {
-    t.doubles.assign(n, double(value));
+    t.doubles.assign(size_t(span), double(value));
     data = t.doubles.data();
   } else {
-    t.floats.assign(n, value);
+    t.floats.assign(size_t(span), value);
     data = t.floats.data();
   }
-  t.view = TensorView::contiguous(data, dtype, shape.data(), int(shape.size()));
+  t.view = TensorView::contiguous(data, dtype, shape.data(), ndim);
+  for (int d = 0; d < ndim; ++d) t.view.strides[size_t(d)] = strides[size_t(d)];
   return t;
+}
+
+// The element offset of flat (row-major) index `flat` of a strided view.
+inline int64_t offset_of(const TensorView& t, int64_t flat) {
+  int64_t offset = 0;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    const int64_t extent = t.shape[size_t(d)];
+    offset += (flat % extent) * t.strides[size_t(d)];
+    flat /= extent;
+  }
+  return offset;
 }
 
 // int32 elements, each a signed byte of the input.
