@@ -482,6 +482,25 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
   require(!a.k_new.defined() || a.k_cache.data != a.v_cache.data ||
               a.k_cache.strides != a.v_cache.strides,
           "v_cache", "is k_cache itself: the append of v_new would overwrite k_new's");
+  // o and lse apart from what the call reads and from each other, and nothing the call writes
+  // with repeated elements (core/memory_overlap.h: the cases the views prove).
+  for (const auto& [t, name] :
+       {std::make_pair(&a.q, "q"), std::make_pair(&a.cu_seqlens_q, "cu_seqlens_q"),
+        std::make_pair(&a.cache_seqlens, "cache_seqlens"),
+        std::make_pair(&a.block_table, "block_table"),
+        std::make_pair(&a.cu_seqlens_k_new, "cu_seqlens_k_new"),
+        std::make_pair(&a.alibi_slopes, "alibi_slopes"),
+        std::make_pair(&a.softmax_offset, "softmax_offset")}) {
+    require_apart(a.o, "o", *t, name);
+    require_apart(a.lse, "lse", *t, name);
+  }
+  require_apart(a.lse, "lse", a.o, "o");
+  require_no_repeated_elements(a.o, "o");
+  require_no_repeated_elements(a.lse, "lse");
+  if (a.k_new.defined()) {
+    require_no_repeated_elements(a.k_cache, "k_cache");
+    require_no_repeated_elements(a.v_cache, "v_cache");
+  }
 
   if (plan.device == Device::kCUDA) check_device_call(plan, a, config);
   if (plan.tables_read) read_tables(a, plan);

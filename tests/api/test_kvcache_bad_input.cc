@@ -109,6 +109,13 @@ const BadKvInput kBad[] = {
      [](KvCacheCase&, KvCacheArgs& a) { a.k_new.data = a.k_cache.data; }},
     {"o_overlaps_the_cache", "o", none,
      [](KvCacheCase&, KvCacheArgs& a) { a.o.data = a.v_cache.data; }},
+    {"o_is_q", "o", none, [](KvCacheCase&, KvCacheArgs& a) { a.o.data = a.q.data; }},
+    {"lse_inside_o", "lse", none, [](KvCacheCase&, KvCacheArgs& a) { a.lse.data = a.o.data; }},
+    {"o_expanded_over_queries", "o", none,
+     [](KvCacheCase&, KvCacheArgs& a) { a.o.strides[1] = 0; }},
+    // Every position of a sequence would be one slot: the append writes it twice.
+    {"k_cache_expanded_over_positions_with_an_append", "k_cache", none,
+     [](KvCacheCase&, KvCacheArgs& a) { a.k_cache.strides[1] = 0; }},
     {"cu_seqlens_k_new_without_packed_k_new", "cu_seqlens_k_new", none,
      [](KvCacheCase& c, KvCacheArgs& a) { a.cu_seqlens_k_new = c.cache_seqlens.view(); }},
     {"packed_k_new_without_cu_seqlens_k_new", "cu_seqlens_k_new",
