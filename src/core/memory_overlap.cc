@@ -10,8 +10,6 @@
 namespace dpa {
 namespace {
 
-using NamedView = std::pair<const TensorView*, const char*>;
-
 std::vector<NamedView> inputs_of(const AttentionInputs& in) {
   return {{&in.q, "q"},
           {&in.k, "k"},
@@ -92,19 +90,34 @@ void require_apart(const TensorView& out, const char* out_name, const TensorView
               ": the call reads its inputs while it writes its outputs");
 }
 
+void require_workspace_apart(const Workspace& workspace, const std::vector<NamedView>& views) {
+  if (workspace.data == nullptr || workspace.bytes == 0) return;
+  const auto begin = reinterpret_cast<uintptr_t>(workspace.data);
+  const ByteRange block{begin, begin + workspace.bytes};
+  for (const auto& [view, name] : views)
+    require(!block.intersects(byte_range(*view)), "workspace",
+            std::string("overlaps ") + name + " in memory: the call may write all of its bytes");
+}
+
 void require_forward_outputs_apart(const ForwardArgs& args) {
-  require_outputs_apart({{&args.o, "o"}, {&args.lse, "lse"}}, inputs_of(args.in));
+  std::vector<NamedView> inputs = inputs_of(args.in);
+  const std::vector<NamedView> outputs = {{&args.o, "o"}, {&args.lse, "lse"}};
+  require_outputs_apart(outputs, inputs);
+  inputs.insert(inputs.end(), outputs.begin(), outputs.end());
+  require_workspace_apart(args.workspace, inputs);
 }
 
 void require_backward_outputs_apart(const BackwardArgs& args) {
   std::vector<NamedView> inputs = inputs_of(args.in);
   inputs.insert(inputs.end(), {{&args.o, "o"}, {&args.lse, "lse"}, {&args.d_o, "d_o"}});
-  require_outputs_apart({{&args.dq, "dq"},
-                         {&args.dk, "dk"},
-                         {&args.dv, "dv"},
-                         {&args.dbias, "dbias"},
-                         {&args.dsoftmax_offset, "dsoftmax_offset"}},
-                        inputs);
+  const std::vector<NamedView> outputs = {{&args.dq, "dq"},
+                                          {&args.dk, "dk"},
+                                          {&args.dv, "dv"},
+                                          {&args.dbias, "dbias"},
+                                          {&args.dsoftmax_offset, "dsoftmax_offset"}};
+  require_outputs_apart(outputs, inputs);
+  inputs.insert(inputs.end(), outputs.begin(), outputs.end());
+  require_workspace_apart(args.workspace, inputs);
 }
 
 }  // namespace dpa

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "dpa/arguments.h"
 #include "dpa/tensor.h"
@@ -42,9 +44,17 @@ void require_no_repeated_elements(const TensorView& out, const char* name);
 void require_apart(const TensorView& out, const char* out_name, const TensorView& other,
                    const char* other_name);
 
+// A view and its argument name.
+using NamedView = std::pair<const TensorView*, const char*>;
+
+// Throws kInvalidArgument naming "workspace" when the caller's block (data and bytes; an
+// allocator's memory is not known yet) meets the bytes of any of `views`: the call may write
+// all of the block.
+void require_workspace_apart(const Workspace& workspace, const std::vector<NamedView>& views);
+
 // Every output of a forward call (o, lse) apart from every input and from each other; of a
 // backward call (dq, dk, dv, dbias, dsoftmax_offset) apart from every input, o, lse and d_o,
-// and from each other.
+// and from each other; the caller's workspace block apart from all of them.
 void require_forward_outputs_apart(const ForwardArgs& args);
 void require_backward_outputs_apart(const BackwardArgs& args);
 

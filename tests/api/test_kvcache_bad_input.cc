@@ -116,6 +116,13 @@ const BadKvInput kBad[] = {
     // Every position of a sequence would be one slot: the append writes it twice.
     {"k_cache_expanded_over_positions_with_an_append", "k_cache", none,
      [](KvCacheCase&, KvCacheArgs& a) { a.k_cache.strides[1] = 0; }},
+    // A workspace on the 256-byte boundary it needs, inside the cache's bytes.
+    {"workspace_over_the_cache", "workspace", none,
+     [](KvCacheCase&, KvCacheArgs& a) {
+       const auto at = reinterpret_cast<uintptr_t>(a.k_cache.data);
+       a.workspace.data = reinterpret_cast<void*>((at + 255) & ~uintptr_t(255));
+       a.workspace.bytes = 256;
+     }},
     {"cu_seqlens_k_new_without_packed_k_new", "cu_seqlens_k_new", none,
      [](KvCacheCase& c, KvCacheArgs& a) { a.cu_seqlens_k_new = c.cache_seqlens.view(); }},
     {"packed_k_new_without_cu_seqlens_k_new", "cu_seqlens_k_new",

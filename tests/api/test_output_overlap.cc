@@ -91,6 +91,12 @@ struct Buffers {
   }
 };
 
+// The first 256-byte boundary at or after `data`.
+void* aligned_inside(double* data) {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  return reinterpret_cast<void*>((at + 255) & ~uintptr_t(255));
+}
+
 struct Overlap {
   std::string name, argument;
   bool backward;
@@ -152,6 +158,18 @@ INSTANTIATE_TEST_SUITE_P(
         Overlap{"o_expanded_over_heads", "o", false,
                 [](Buffers& b, ForwardArgs& f, BackwardArgs&) {
                   f.o = strided(b.o.data(), {kB, kS, kH, kD}, {kS * kH * kD, kH * kD, 0, 1});
+                }},
+        // The caller's workspace block is the call's to write whole (on the 256-byte boundary
+        // a workspace needs, inside the tensor's 640 bytes).
+        Overlap{"workspace_over_o", "workspace", false,
+                [](Buffers& b, ForwardArgs& f, BackwardArgs&) {
+                  f.workspace.data = aligned_inside(b.o.data());
+                  f.workspace.bytes = 256;
+                }},
+        Overlap{"workspace_over_dk", "workspace", true,
+                [](Buffers& b, ForwardArgs&, BackwardArgs& g) {
+                  g.workspace.data = aligned_inside(b.dk.data());
+                  g.workspace.bytes = 256;
                 }},
         Overlap{"dq_is_q", "dq", true,
                 [](Buffers& b, ForwardArgs&, BackwardArgs& g) { g.dq = rows(b.q); }},
