@@ -9,8 +9,8 @@
 // A finding is: a crash, a sanitizer report or another exception than dpa::Error; an error after
 // which an output was written; a call that accepted an input its config does not use (a bias
 // without a bias type, sink offsets without learnable sinks, a mask without mask type
-// arbitrary); or a result of the cpu backend that differs from cpu_exact's on
-// the same inputs (forward and backward). scripts/fuzz.sh runs it.
+// arbitrary) or a workspace block over an input's bytes; or a result of the cpu backend that
+// differs from cpu_exact's on the same inputs (forward and backward). scripts/fuzz.sh runs it.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -245,6 +245,21 @@ TensorView maybe_aliased(const Tensor& out, const Call& c, Bytes& bytes) {
   return aliased;
 }
 
+// Now and then a caller's workspace block on the 256-byte boundary a workspace needs, inside the
+// bytes of an input of 256 bytes or more: the call may write all of the block, so it must refuse.
+dpa::Workspace maybe_overlapping_workspace(const Call& c, Bytes& bytes) {
+  if (bytes.below(16) != 0 || c.keep.empty()) return {};
+  const Tensor& t = c.keep[size_t(bytes.below(int64_t(c.keep.size())))];
+  const size_t size = t.floats.size() * sizeof(float) + t.doubles.size() * sizeof(double) +
+                      t.ints.size() * sizeof(int32_t) + t.bools.size();
+  if (size < 256) return {};
+  dpa::Workspace workspace;
+  const auto at = reinterpret_cast<uintptr_t>(t.view.data);
+  workspace.data = reinterpret_cast<void*>((at + 255) & ~uintptr_t(255));
+  workspace.bytes = 256;
+  return workspace;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -257,6 +272,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   forward.o = maybe_aliased(o, c, bytes);
   forward.lse = lse.view;
   const bool aliased = forward.o.data != o.view.data;
+  forward.workspace = maybe_overlapping_workspace(c, bytes);
   if (bytes.below(8) == 0) forward.dropout = bytes.below(2) ? 0.0 : 1.5;
 
   dpa::ForwardResult result;
@@ -267,6 +283,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!untouched(o) || !untouched(lse)) finding("forward wrote an output, then threw");
     return 0;
   }
+  if (forward.workspace.data != nullptr) finding("forward took a workspace over an input");
   if (const char* dropped = unused_input(c)) {
     std::fprintf(stderr, "fuzz_attention: unused %s\n", dropped);
     finding("forward accepted an input its config does not use");
