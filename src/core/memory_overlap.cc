@@ -36,19 +36,33 @@ void require_outputs_apart(const std::vector<NamedView>& outputs,
   }
 }
 
+// A view with data and at least one element.
+bool has_elements(const TensorView& t) {
+  if (t.data == nullptr || t.ndim <= 0 || t.ndim > kMaxDims) return false;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[size_t(d)] <= 0) return false;
+  return true;
+}
+
 }  // namespace
 
 ByteRange byte_range(const TensorView& t) {
   if (t.data == nullptr || t.ndim <= 0 || t.ndim > kMaxDims) return {};
-  int64_t low = 0, high = 0;  // element offsets of the first and last bytes' elements
+  // Byte offsets of the lowest and the highest element from the first; a view whose offsets
+  // overflow 64 bits spans no memory a process has, and is left undecided (empty).
+  const auto size = int64_t(dtype_size(t.dtype));
+  int64_t low = 0, high = 0;
   for (int d = 0; d < t.ndim; ++d) {
-    const int64_t extent = t.shape[size_t(d)], stride = t.strides[size_t(d)];
+    const int64_t extent = t.shape[size_t(d)];
+    int64_t step = 0;
     if (extent <= 0) return {};
-    (stride < 0 ? low : high) += (extent - 1) * stride;
+    if (__builtin_mul_overflow(extent - 1, t.strides[size_t(d)], &step) ||
+        __builtin_mul_overflow(step, size, &step) ||
+        __builtin_add_overflow(step < 0 ? low : high, step, step < 0 ? &low : &high))
+      return {};
   }
   const auto base = reinterpret_cast<uintptr_t>(t.data);
-  const auto size = uintptr_t(dtype_size(t.dtype));
-  return {base + uintptr_t(low) * size, base + uintptr_t(high + 1) * size};
+  return {base + uintptr_t(low), base + uintptr_t(high) + uintptr_t(size)};
 }
 
 bool is_dense(const TensorView& t) {
@@ -70,13 +84,13 @@ bool is_dense(const TensorView& t) {
 bool provably_share_memory(const TensorView& a, const TensorView& b) {
   if (a.device != b.device || (a.device == Device::kCUDA && a.device_index != b.device_index))
     return false;
-  const ByteRange x = byte_range(a), y = byte_range(b);
-  if (x.empty() || y.empty()) return false;
-  return a.data == b.data || (x.intersects(y) && is_dense(a) && is_dense(b));
+  if (!has_elements(a) || !has_elements(b)) return false;
+  return a.data == b.data ||
+         (byte_range(a).intersects(byte_range(b)) && is_dense(a) && is_dense(b));
 }
 
 void require_no_repeated_elements(const TensorView& out, const char* name) {
-  if (byte_range(out).empty()) return;  // no element (an extent of 0 makes strides of 0)
+  if (!has_elements(out)) return;  // an extent of 0 makes strides of 0
   for (int d = 0; d < out.ndim && d < kMaxDims; ++d)
     require(out.shape[size_t(d)] <= 1 || out.strides[size_t(d)] != 0, name,
             "has stride 0 in dimension " + std::to_string(d) + " of " + out.shape_string() +

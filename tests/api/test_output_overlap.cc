@@ -64,6 +64,11 @@ TEST(OutputOverlap, TellsDenseViewsAndProvableSharing) {
   EXPECT_TRUE(provably_share_memory(reversed, strided(buffer.data() + 9, {2}, {1})));
   EXPECT_FALSE(provably_share_memory(reversed, strided(buffer.data(), {2}, {1})));
   EXPECT_FALSE(provably_share_memory(whole, TensorView{}));  // undefined: no element
+  // Offsets past 64 bits span no memory a process has: undecided, never refused.
+  const TensorView huge = strided(buffer.data(), {3, 2}, {int64_t(1) << 62, 1});
+  EXPECT_TRUE(byte_range(huge).empty());
+  EXPECT_TRUE(provably_share_memory(huge, whole));  // still the same first element
+  EXPECT_FALSE(provably_share_memory(huge, strided(buffer.data() + 1, {2}, {1})));
 }
 
 // One call's buffers: separate tensors, which each case then aliases.
