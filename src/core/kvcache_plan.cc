@@ -501,19 +501,20 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
     require_no_repeated_elements(a.k_cache, "k_cache");
     require_no_repeated_elements(a.v_cache, "v_cache");
   }
-  require_workspace_apart(a.workspace, {{&a.q, "q"},
-                                        {&a.k_cache, "k_cache"},
-                                        {&a.v_cache, "v_cache"},
-                                        {&a.k_new, "k_new"},
-                                        {&a.v_new, "v_new"},
-                                        {&a.block_table, "block_table"},
-                                        {&a.cache_seqlens, "cache_seqlens"},
-                                        {&a.cu_seqlens_q, "cu_seqlens_q"},
-                                        {&a.cu_seqlens_k_new, "cu_seqlens_k_new"},
-                                        {&a.alibi_slopes, "alibi_slopes"},
-                                        {&a.softmax_offset, "softmax_offset"},
-                                        {&a.o, "o"},
-                                        {&a.lse, "lse"}});
+  const NamedView read_or_written[] = {{&a.q, "q"},
+                                       {&a.k_cache, "k_cache"},
+                                       {&a.v_cache, "v_cache"},
+                                       {&a.k_new, "k_new"},
+                                       {&a.v_new, "v_new"},
+                                       {&a.block_table, "block_table"},
+                                       {&a.cache_seqlens, "cache_seqlens"},
+                                       {&a.cu_seqlens_q, "cu_seqlens_q"},
+                                       {&a.cu_seqlens_k_new, "cu_seqlens_k_new"},
+                                       {&a.alibi_slopes, "alibi_slopes"},
+                                       {&a.softmax_offset, "softmax_offset"},
+                                       {&a.o, "o"},
+                                       {&a.lse, "lse"}};
+  require_workspace_apart(a.workspace, read_or_written);
 
   if (plan.device == Device::kCUDA) check_device_call(plan, a, config);
   if (plan.tables_read) read_tables(a, plan);

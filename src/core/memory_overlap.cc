@@ -1,6 +1,7 @@
 #include "core/memory_overlap.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,23 +11,26 @@
 namespace dpa {
 namespace {
 
-std::vector<NamedView> inputs_of(const AttentionInputs& in) {
-  return {{&in.q, "q"},
-          {&in.k, "k"},
-          {&in.v, "v"},
-          {&in.cu_seqlens_q, "cu_seqlens_q"},
-          {&in.cu_seqlens_kv, "cu_seqlens_kv"},
-          {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
-          {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"},
-          {&in.bias, "bias"},
-          {&in.alibi_slopes, "alibi_slopes"},
-          {&in.softmax_offset, "softmax_offset"},
-          {&in.attn_mask, "attn_mask"}};
+// The inputs every call reads; a backward also reads o, lse and d_o.
+constexpr size_t kInputs = 11;
+std::array<NamedView, kInputs + 3> inputs_of(const AttentionInputs& in) {
+  return {{{&in.q, "q"},
+           {&in.k, "k"},
+           {&in.v, "v"},
+           {&in.cu_seqlens_q, "cu_seqlens_q"},
+           {&in.cu_seqlens_kv, "cu_seqlens_kv"},
+           {&in.cu_seqlens_q_padded, "cu_seqlens_q_padded"},
+           {&in.cu_seqlens_kv_padded, "cu_seqlens_kv_padded"},
+           {&in.bias, "bias"},
+           {&in.alibi_slopes, "alibi_slopes"},
+           {&in.softmax_offset, "softmax_offset"},
+           {&in.attn_mask, "attn_mask"}}};
 }
 
-// Each output apart from every input and from the outputs before it, each free of repeats.
-void require_outputs_apart(const std::vector<NamedView>& outputs,
-                           const std::vector<NamedView>& inputs) {
+// Each output free of repeats and apart from every input and from the outputs before it; the
+// workspace block apart from all of them.
+void require_apart_from_inputs(std::span<const NamedView> outputs,
+                               std::span<const NamedView> inputs, const Workspace& workspace) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& [out, out_name] = outputs[i];
     require_no_repeated_elements(*out, out_name);
@@ -34,6 +38,8 @@ void require_outputs_apart(const std::vector<NamedView>& outputs,
     for (size_t j = 0; j < i; ++j)
       require_apart(*out, out_name, *outputs[j].first, outputs[j].second);
   }
+  require_workspace_apart(workspace, inputs);
+  require_workspace_apart(workspace, outputs);
 }
 
 // A view with data and at least one element.
@@ -91,7 +97,7 @@ bool provably_share_memory(const TensorView& a, const TensorView& b) {
 
 void require_no_repeated_elements(const TensorView& out, const char* name) {
   if (!has_elements(out)) return;  // an extent of 0 makes strides of 0
-  for (int d = 0; d < out.ndim && d < kMaxDims; ++d)
+  for (int d = 0; d < out.ndim; ++d)
     require(out.shape[size_t(d)] <= 1 || out.strides[size_t(d)] != 0, name,
             "has stride 0 in dimension " + std::to_string(d) + " of " + out.shape_string() +
                 ": its elements there are one, which the call would write more than once");
@@ -104,7 +110,7 @@ void require_apart(const TensorView& out, const char* out_name, const TensorView
               ": the call reads its inputs while it writes its outputs");
 }
 
-void require_workspace_apart(const Workspace& workspace, const std::vector<NamedView>& views) {
+void require_workspace_apart(const Workspace& workspace, std::span<const NamedView> views) {
   if (workspace.data == nullptr || workspace.bytes == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(workspace.data);
   const ByteRange block{begin, begin + workspace.bytes};
@@ -114,24 +120,22 @@ void require_workspace_apart(const Workspace& workspace, const std::vector<Named
 }
 
 void require_forward_outputs_apart(const ForwardArgs& args) {
-  std::vector<NamedView> inputs = inputs_of(args.in);
-  const std::vector<NamedView> outputs = {{&args.o, "o"}, {&args.lse, "lse"}};
-  require_outputs_apart(outputs, inputs);
-  inputs.insert(inputs.end(), outputs.begin(), outputs.end());
-  require_workspace_apart(args.workspace, inputs);
+  const auto inputs = inputs_of(args.in);
+  const NamedView outputs[] = {{&args.o, "o"}, {&args.lse, "lse"}};
+  require_apart_from_inputs(outputs, std::span(inputs).first(kInputs), args.workspace);
 }
 
 void require_backward_outputs_apart(const BackwardArgs& args) {
-  std::vector<NamedView> inputs = inputs_of(args.in);
-  inputs.insert(inputs.end(), {{&args.o, "o"}, {&args.lse, "lse"}, {&args.d_o, "d_o"}});
-  const std::vector<NamedView> outputs = {{&args.dq, "dq"},
-                                          {&args.dk, "dk"},
-                                          {&args.dv, "dv"},
-                                          {&args.dbias, "dbias"},
-                                          {&args.dsoftmax_offset, "dsoftmax_offset"}};
-  require_outputs_apart(outputs, inputs);
-  inputs.insert(inputs.end(), outputs.begin(), outputs.end());
-  require_workspace_apart(args.workspace, inputs);
+  auto inputs = inputs_of(args.in);
+  inputs[kInputs] = {&args.o, "o"};
+  inputs[kInputs + 1] = {&args.lse, "lse"};
+  inputs[kInputs + 2] = {&args.d_o, "d_o"};
+  const NamedView outputs[] = {{&args.dq, "dq"},
+                               {&args.dk, "dk"},
+                               {&args.dv, "dv"},
+                               {&args.dbias, "dbias"},
+                               {&args.dsoftmax_offset, "dsoftmax_offset"}};
+  require_apart_from_inputs(outputs, inputs, args.workspace);
 }
 
 }  // namespace dpa

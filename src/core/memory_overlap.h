@@ -10,8 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <utility>
-#include <vector>
 
 #include "dpa/arguments.h"
 #include "dpa/tensor.h"
@@ -50,7 +50,7 @@ using NamedView = std::pair<const TensorView*, const char*>;
 // Throws kInvalidArgument naming "workspace" when the caller's block (data and bytes; an
 // allocator's memory is not known yet) meets the bytes of any of `views`: the call may write
 // all of the block.
-void require_workspace_apart(const Workspace& workspace, const std::vector<NamedView>& views);
+void require_workspace_apart(const Workspace& workspace, std::span<const NamedView> views);
 
 // Every output of a forward call (o, lse) apart from every input and from each other; of a
 // backward call (dq, dk, dv, dbias, dsoftmax_offset) apart from every input, o, lse and d_o,
