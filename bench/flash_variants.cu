@@ -22,6 +22,11 @@ void run_wgmma_ws(const AttentionProblem& p, cudaStream_t stream, bool tma = tru
   FlashForwardPlan plan = plan_flash_forward(p, shape, stream);
   plan.params.tma = plan.params.tma && tma;
   if (!persistent) plan.params.persistent_blocks = 0;
+  // The dynamic scheduler needs both (launch_flash_forward_ws_kernel refuses it otherwise).
+  if (!plan.params.tma || plan.params.persistent_blocks == 0) {
+    if (plan.params.tile_counter) plan.params.persistent_blocks = 0;
+    plan.params.tile_counter = nullptr;
+  }
   // The instantiation the library would pick (the plain-logits one for plain d64 problems).
   launch_flash_forward_ws<Traits>(plan.params, stream);
   if (plan.params.num_splits > 1)

@@ -199,7 +199,7 @@ TEST(FlashRules, PlanNamesTheKernelFamilyTheConfigAsksFor) {
   r.window_span = 128;
   r.heads_q = 64;
   r.heads_kv = 8;
-  EXPECT_NE(caps.describe_plan(r).find("tiles 128 x 64"), std::string::npos);
+  EXPECT_NE(caps.describe_plan(r).find("tiles 256 x 64"), std::string::npos);
   EXPECT_NE(caps.describe_plan(r).find("8 query heads per block (GQA packing"), std::string::npos);
   // Keys that end inside their tensor come partly by cp.async: no packing, 128-key tiles.
   r.keys_fill_rows = false;

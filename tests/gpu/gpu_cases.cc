@@ -217,8 +217,7 @@ std::vector<GpuCase> gpu_cases() {
            mask(MaskType::kNoMask)),
       make("gqa_8_2", sizes(2, 97, 300, 8, 2, 64)),
       // GQA packing (flash_forward_packs_gqa: d 64, a narrow window, 4 or 8 query heads per KV
-      // head): at least 132 blocks of work, so that no split-KV turns it off; query counts that
-      // leave a partial block; each logit form (plain, the fixed-max softcap, the general
+      // head; one split, flash_forward_num_splits): query counts that leave a partial block; each logit form (plain, the fixed-max softcap, the general
       // kernel with fp16 or ALiBi); two batches, and sbhd.
       make("gqa_packed_8_window_sink",
            all({sizes(2, 1100, 1100, 16, 2, 64), mask(MaskType::kCausal), window(127, 0),
@@ -246,6 +245,28 @@ std::vector<GpuCase> gpu_cases() {
       make("empty_query_blocks_bottom_right",
            all({sizes(1, 2048, 512, 4, 2, 128), mask(MaskType::kCausalBottomRight)}),
            mask(MaskType::kNoMask)),
+      // More than two blocks of work for some blocks of the persistent grid (a window bounded
+      // on both sides, sequences that fill their tensors: 8 query blocks x 20 heads x 2 = 320
+      // against 132 SMs), so that a block loads a Q buffer again (flash_forward_wgmma_ws_q_buffers:
+      // two at d 64 and at 192 / 128).
+      // Causal grids scheduled from a counter (FlashForwardParams::tile_counter), d 64 (192-row
+      // blocks, two Q buffers): 272 blocks of work of two tiles against 132 SMs; then 272
+      // bottom-right blocks with sq > skv, where the first 512 query rows of each head see no key,
+      // so that blocks without tiles (the first two of each head) pass through the Q buffers
+      // between full ones.
+      make("dynamic_schedule_causal",
+           all({sizes(4, 256, 256, 34, 34, 64), mask(MaskType::kCausal)}),
+           mask(MaskType::kNoMask)),
+      make("dynamic_schedule_empty_blocks_bottom_right",
+           all({sizes(2, 640, 128, 34, 34, 64), mask(MaskType::kCausalBottomRight)}),
+           mask(MaskType::kNoMask)),
+      make("persistent_rounds_window_hdim64",
+           all({sizes(2, 1024, 1024, 20, 20, 64), mask(MaskType::kCausal), window(200, 0)}),
+           window(100, 0)),
+      make("persistent_rounds_window_mla192x128",
+           all({sizes(2, 1024, 1024, 20, 20, 192), head_dims(192, 128), mask(MaskType::kCausal),
+                window(200, 0)}),
+           window(100, 0)),
 
       // Every mask type (arbitrary: cuda_unfused only).
       make("causal", mask(MaskType::kCausal), mask(MaskType::kNoMask)),

@@ -185,8 +185,9 @@ class CudaFlashBackend final : public Backend {
       return cuda::forward_on_kvcache_workspace_bytes(p);
     const cuda::FlashTileShape shape = cuda::flash_forward_shape_for(p);
     const int splits = cuda::flash_forward_num_splits(p, shape);
-    return workspace_bytes_for(
-        {cuda::sequence_tables_bytes(p), cuda::flash_forward_partials_bytes(p, splits)});
+    return workspace_bytes_for({cuda::sequence_tables_bytes(p),
+                                cuda::flash_forward_partials_bytes(p, splits),
+                                cuda::flash_forward_tile_counter_bytes(shape, splits)});
   }
 
  private:

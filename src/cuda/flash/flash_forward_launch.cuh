@@ -48,6 +48,11 @@ void launch_flash_forward_ws_kernel(Kernel kernel, const FlashForwardParams& p,
       (!p.tma_tails || Traits::kBlockN / std::min(1 << p.page_shift, Traits::kBlockN) > 32))
     throw Error(ErrorCode::kInternal, "block_table",
                 "paged TMA tiles without the producer's whole warp or of more than 32 pages");
+  // The kernel's dynamic scheduler has one producer thread publish each block of work.
+  if (p.tile_counter && (!p.tma || p.tma_tails || p.block_table || p.persistent_blocks <= 0))
+    throw Error(
+        ErrorCode::kInternal, "tile_counter",
+        "dynamic scheduling planned without a one-thread TMA producer or a persistent grid");
   DPA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Traits::kSharedBytes));
   if (p.packed_heads > 1 && (!p.tma || Traits::kBlockM % (16 * p.packed_heads) != 0))
@@ -104,13 +109,13 @@ void launch_flash_forward_element(const FlashForwardParams& p, bool decode, cuda
   if constexpr (flash_forward_wgmma_eligible(kHeadDimQK, kHeadDimV)) {
     if (p.wgmma && p.warp_specialized) {
       using Traits = FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV>;
-      // GQA packing's tile (flash_forward_packs_gqa): two consumers on 64-key tiles at head
-      // dim 64.
+      // GQA packing's tile (flash_forward_packs_gqa): kFlashPackedConsumers consumers on 64-key
+      // tiles at head dim 64.
       if constexpr (kHeadDimQK == 64 && kHeadDimV == 64) {
-        if (p.block_n == kFlashPackedBlockN && p.consumer_warpgroups == 2)
-          return launch_flash_forward_ws<
-              FlashSm90WsTraits<Element, kHeadDimQK, kHeadDimV, kFlashPackedBlockN, 0, 2>>(p,
-                                                                                           stream);
+        if (p.block_n == kFlashPackedBlockN && p.consumer_warpgroups == kFlashPackedConsumers)
+          return launch_flash_forward_ws<FlashSm90WsTraits<
+              Element, kHeadDimQK, kHeadDimV, kFlashPackedBlockN, 0, kFlashPackedConsumers>>(
+              p, stream);
       }
       // Head dims whose key tile is not the base tile's (flash_forward_wgmma_tile_shape) also
       // have that one, for windows and dropout (flash_forward_wgmma_ws_block_n).

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "cuda/cuda_check.h"
 #include "cuda/runtime.h"
 #include "cuda/tensor_map.h"
 
@@ -185,6 +186,19 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
       params.tma && !params.tma_tails && (params.window_left < 0) == (params.window_right < 0);
   if (shape.warp_specialized && uniform_work && params.num_splits == 1)
     params.persistent_blocks = device_info(p.device_index).sm_count;
+  // Blocks of work of different lengths (causal, a window bounded on one side) on a persistent
+  // grid that hands them out from a counter (FA3's dynamic scheduler): where a static stride
+  // balanced them worse than the hardware's block scheduler, this keeps the balance and lets a
+  // block load its next Q and tiles under the current one. Only where the TMA producer is one
+  // thread (no tails, no pages).
+  if (shape.warp_specialized && !uniform_work && params.tma && !params.tma_tails &&
+      params.block_table == nullptr && params.num_splits == 1 &&
+      flash_forward_tile_counter_bytes(shape, params.num_splits) > 0) {
+    plan.tile_counter = DeviceBuffer(sizeof(int), stream);
+    DPA_CUDA_CHECK(cudaMemsetAsync(plan.tile_counter.get(), 0, sizeof(int), stream));
+    params.tile_counter = plan.tile_counter.get<int>();
+    params.persistent_blocks = device_info(p.device_index).sm_count;
+  }
   if (params.num_splits > 1) {
     params.blocks_per_split = int((kv_blocks + params.num_splits - 1) / params.num_splits);
     const int64_t rows = int64_t(params.num_splits) * p.batch * p.heads_q * p.max_seqlen_q;
@@ -198,10 +212,18 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
 }
 
 int flash_forward_num_splits(const AttentionProblem& p, const FlashTileShape& shape) {
+  // GQA packing takes one split (its Q map spans whole sequences), and its blocks see a few key
+  // tiles each, which splits would share out for nothing: four consumers' 256-row blocks would
+  // otherwise split problems of under 132 of them (b 1, 512 positions, 64 heads) and lose it.
+  if (shape.packed_heads > 1) return 1;
   const int64_t query_blocks = (p.max_seqlen_q + shape.block_m - 1) / shape.block_m;
   const int64_t kv_blocks = (p.max_seqlen_kv + shape.block_n - 1) / shape.block_n;
   return choose_num_splits(p.batch, p.heads_q, query_blocks, kv_blocks,
                            device_info(p.device_index).sm_count, shape.blocks_per_sm);
+}
+
+size_t flash_forward_tile_counter_bytes(const FlashTileShape& shape, int num_splits) {
+  return shape.warp_specialized && num_splits == 1 ? sizeof(int) : 0;
 }
 
 size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {

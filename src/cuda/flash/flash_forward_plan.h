@@ -15,8 +15,9 @@ namespace dpa::cuda {
 
 struct FlashForwardPlan {
   FlashForwardParams params;
-  SequenceTables tables;  // params point into these
-  DeviceBuffer partials;  // split-KV partial o / lse, when params.num_splits > 1
+  SequenceTables tables;      // params point into these
+  DeviceBuffer partials;      // split-KV partial o / lse, when params.num_splits > 1
+  DeviceBuffer tile_counter;  // params.tile_counter's int, when the grid schedules dynamically
 };
 
 // A tensor's batch, row and head strides (elements) into kernel parameters.
@@ -60,6 +61,11 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const Flash
 // The split-KV count the forward launches with `shape`, and the bytes of its partials.
 int flash_forward_num_splits(const AttentionProblem& problem, const FlashTileShape& shape);
 size_t flash_forward_partials_bytes(const AttentionProblem& problem, int num_splits);
+
+// The dynamic scheduler's counter (FlashForwardParams::tile_counter) where the plan may take it:
+// the warp-specialised form with one split (the plan decides on the tensor maps, which the
+// workspace's size cannot see, so this counts it wherever it may be taken).
+size_t flash_forward_tile_counter_bytes(const FlashTileShape& shape, int num_splits);
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
 // the wgmma forms on compute capability 9.0 (`arch` 90); `window_span` (AttentionProblem::

@@ -11,7 +11,7 @@ namespace dpa::cuda {
 
 template <typename Traits>
 struct ForwardDescriptors {
-  uint64_t q;  // the warpgroup's 64 rows of Q
+  uint64_t q;  // the warpgroup's 64 rows of Q in buffer 0
   uint64_t k;  // stage 0 of K
   uint64_t v;  // stage 0 of V
 
@@ -27,8 +27,9 @@ struct ForwardDescriptors {
   // K-major operands (Q, K) advance 32 bytes per 16 columns inside a 64-column block and one
   // block (rows x 128 bytes) per 64 columns; V (MN-major) advances 16 rows per k-step. A stage's
   // descriptor is taken first, so that each k-step adds only a constant.
-  __device__ __forceinline__ uint64_t q_at(int kk) const {
-    return ptx::advance_descriptor(q, (kk / 4) * (Traits::kBlockM * 128) + (kk % 4) * 32);
+  __device__ __forceinline__ uint64_t q_at(int buffer, int kk) const {
+    const uint64_t q_buffer = ptx::advance_descriptor(q, uint32_t(buffer) * Traits::kQBytes);
+    return ptx::advance_descriptor(q_buffer, (kk / 4) * (Traits::kBlockM * 128) + (kk % 4) * 32);
   }
   __device__ __forceinline__ uint64_t k_at(int stage, int kk) const {
     const uint64_t k_stage = ptx::advance_descriptor(k, uint32_t(stage) * Traits::kKBytes);

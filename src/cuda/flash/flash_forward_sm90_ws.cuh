@@ -1,13 +1,13 @@
 // The warp-specialised wgmma flash forward (sm_90a): a producer warpgroup copies Q, K and V
-// into shared memory; two or three consumer warpgroups of 64 query rows
-// (flash_forward_wgmma_ws_consumers) run the tile math of flash_tile_math.cuh on warpgroup MMAs
-// (S = Q K^T with both operands K-major in shared memory; O += P V with P from registers, the S
-// accumulators rounded in place, and V as an MN-major operand; 128-byte-swizzled tiles,
-// ptx/wgmma.cuh), scheduled in ping-pong so that one warpgroup's softmax runs while another's
-// MMAs occupy the tensor cores (FlashAttention-3's schedule). Without it the warpgroups wait for
-// S at the same time and the tensor cores idle through the S latency. It is the only sm_90a
-// forward: the plain two-warpgroup form without a producer went in session 32, once no head dim
-// ran it by default (docs/cuda_flash.md).
+// into shared memory; two to four consumer warpgroups of 64 query rows
+// (flash_forward_wgmma_ws_consumers, kFlashPackedConsumers) run the tile math of
+// flash_tile_math.cuh on warpgroup MMAs (S = Q K^T with both operands K-major in shared memory; O
+// += P V with P from registers, the S accumulators rounded in place, and V as an MN-major operand;
+// 128-byte-swizzled tiles, ptx/wgmma.cuh), scheduled in ping-pong so that one warpgroup's softmax
+// runs while another's MMAs occupy the tensor cores (FlashAttention-3's schedule). Without it the
+// warpgroups wait for S at the same time and the tensor cores idle through the S latency. It is the
+// only sm_90a forward: the plain two-warpgroup form without a producer went in session 32, once no
+// head dim ran it by default (docs/cuda_flash.md).
 //
 // - Stages: K and V of one tile share a stage; kStages stages (3 where they fit). With two
 //   stages K and V each have a full and an empty barrier per stage, with three one pair serves
@@ -24,7 +24,7 @@
 //   consumer 0's barrier once up front. Arrivals and waits balance exactly (consumer 0 waits
 //   once more at the end), so no barrier is left mid-phase when the block exits.
 // - Registers: the producer gives its registers to the consumers (setmaxnreg 24 / 240 with two
-//   consumers, FlashAttention-3's split; 24 / 160 with three).
+//   consumers, FlashAttention-3's split; 24 / 160 with three; 24 / 112 with four).
 // - Within a consumer, FlashAttention-3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) are
 //   issued together, and the softmax of tile n runs while P(n-1) V(n-1) does.
 // - Persistent grid (p.persistent_blocks): each block loops over blocks of work w = blockIdx.x,
@@ -32,7 +32,9 @@
 //   early and concurrent blocks share their heads' K and V in L2). The stage ring runs on across
 //   blocks of work, and Q has a second barrier, q_empty, which the consumers arrive on once
 //   their last S = Q K^T of a block is done: the producer loads the next block's Q and first
-//   K, V tiles while the consumers finish the last tile and store O. The ping-pong alternation
+//   K, V tiles while the consumers finish the last tile and store O. Where two Q buffers fit
+//   (flash_forward_wgmma_ws_q_buffers) the next block's Q loads while this one's first tiles
+//   run. The ping-pong alternation
 //   runs on across blocks of work too (every consumer visits the same tiles).
 #pragma once
 
@@ -72,8 +74,10 @@ struct FlashSm90WsTraits {
   // FlashAttention-3 gives a cp.async producer 40 / 232). With three consumers at d = 64, 152
   // registers made ptxas serialise the wgmmas (C7512); 160 do not (ptxas -v: 52 bytes of spills
   // in all, from the capped masked tiles' peak and the producer's 24; the pool would allow 32).
+  // With four (GQA packing's 64-key tiles at d = 64, kFlashPackedConsumers) the pool is 96 per
+  // thread, and 112 hold a consumer's S, P and O without spills or serialised wgmmas.
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : kConsumers == 3 ? 160 : 112;
   static constexpr int kLaunchRegisters = 65536 / (128 * (1 + kConsumers)) / 8 * 8;
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   static constexpr int kKBytes = kBlockN * kHeadDimQK * 2;
@@ -82,16 +86,20 @@ struct FlashSm90WsTraits {
   static constexpr int kStages = kStagesT > 0 ? kStagesT
                                               : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV,
                                                                               kBlockM, kBlockN);
+  static constexpr int kQBuffers =
+      flash_forward_wgmma_ws_q_buffers(kHeadDimQK, kHeadDimV, kBlockM, kBlockN, kStages);
   static constexpr int kSharedBytes =
-      kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
+      kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
   // K and V of a stage on barriers of their own where there are only two stages (below, at
   // the barriers' definition); with three, one pair of barriers for both.
   static constexpr bool kSeparateKvBarriers = kStages == 2;
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(4 * kStages + 2 <= kBarrierBytes / 8, "mbarriers fit their slot");
+  static_assert(4 * kStages + 2 * kQBuffers <= kFlashWsMbarrierBytes / 8,
+                "mbarriers fit their slot");
+  static_assert(4 * kQBuffers <= kFlashWsBlockIdBytes, "one block id per Q buffer");
   // One stage would deadlock: a consumer waits for tile n before it releases tile n - 1.
   static_assert(kStages >= 2, "at least two stages");
-  static_assert(kConsumers == 2 || kConsumers == 3, "named barriers 1-3 order the consumers");
+  static_assert(kConsumers >= 2 && kConsumers <= 4, "named barriers 1-4 order the consumers");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <=
                     kLaunchRegisters * kThreads,
                 "setmaxnreg within the registers the block launched with");
@@ -123,16 +131,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   extern __shared__ __align__(1024) unsigned char shared_ws[];
   const uint32_t shared_base = (ptx::shared_address(shared_ws) + 1023u) & ~1023u;
-  const uint32_t q_shared = shared_base;
+  constexpr int kQBuffers = Traits::kQBuffers;
+  constexpr uint32_t kAllQBytes = kQBuffers * Traits::kQBytes;
+  auto q_shared = [&](int buffer) { return shared_base + uint32_t(buffer) * Traits::kQBytes; };
   auto k_shared = [&](int stage) {
-    return shared_base + Traits::kQBytes + uint32_t(stage) * Traits::kKBytes;
+    return shared_base + kAllQBytes + uint32_t(stage) * Traits::kKBytes;
   };
   auto v_shared = [&](int stage) {
-    return shared_base + Traits::kQBytes + kStages * Traits::kKBytes +
-           uint32_t(stage) * Traits::kVBytes;
+    return shared_base + kAllQBytes + kStages * Traits::kKBytes + uint32_t(stage) * Traits::kVBytes;
   };
   const uint32_t barriers =
-      shared_base + Traits::kQBytes + kStages * (Traits::kKBytes + Traits::kVBytes);
+      shared_base + kAllQBytes + kStages * (Traits::kKBytes + Traits::kVBytes);
   // With two stages (d = 256) K and V of a stage have their own barriers (FlashAttention-3's
   // two pipelines): a consumer is done with K(n) once S(n) is computed, an iteration before it
   // is done with V(n) (P(n) V(n) runs under S(n + 1)), so K(n + 2) can load a whole iteration
@@ -152,8 +161,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto v_empty = [&](int stage) {
     return kSeparateKv ? barriers + 8u * (3 * kStages + stage) : k_empty(stage);
   };
-  const uint32_t q_full = barriers + 8u * (4 * kStages);
-  const uint32_t q_empty = barriers + 8u * (4 * kStages + 1);
+  // Block of work r (its `round`) reads Q buffer r % kQBuffers, in phase r / kQBuffers of its
+  // barriers.
+  auto q_full = [&](int buffer) { return barriers + 8u * (4 * kStages + buffer); };
+  // Dynamic scheduling (p.tile_counter): the block of work in Q buffer b, written by the
+  // producer before its q_full arrival and read by the consumers after their wait.
+  auto block_id = [&](int buffer) { return barriers + kFlashWsMbarrierBytes + 4u * buffer; };
+  auto q_empty = [&](int buffer) { return barriers + 8u * (4 * kStages + kQBuffers + buffer); };
 
   // Blocks of work: query blocks (fastest, last first), heads, batch * splits. With GQA
   // packing a block is block_positions positions of the packed heads, named by the first.
@@ -174,7 +188,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // issues V's boxes and adds one arrival to V's barrier: a tile of 16-key pages is 8 boxes per
   // tensor, and one warp issuing all 16 in turn is the suspect in the 16-key-page prefill's
   // last 12% against a contiguous cache (docs/perf.md, session 29).
-  const uint32_t producer_arrivals = p.tma ? (p.tma_tails ? 32 : 1) : 128;
+  // With dynamic scheduling (p.tile_counter) warp 0 stays whole as well: lane 0 claims each block
+  // of work and a shuffle hands the claim to the warp, so that ptxas knows it is warp-uniform (a
+  // claim by one thread moved the producer's uniform values into its 24 registers: about 130
+  // bytes of spills).
+  const bool dynamic = p.tile_counter != nullptr;
+  const bool whole_producer_warp = p.tma_tails || dynamic;
+  const uint32_t producer_arrivals = p.tma ? (whole_producer_warp ? 32 : 1) : 128;
   const bool v_by_warp1 = p.tma && p.block_table != nullptr;
   const uint32_t v_arrivals = producer_arrivals + (v_by_warp1 ? 1 : 0);
   if (threadIdx.x == 0) {
@@ -186,8 +206,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::mbarrier_init(v_empty(s), kConsumerThreads);
       }
     }
-    ptx::mbarrier_init(q_full, producer_arrivals);
-    ptx::mbarrier_init(q_empty, kConsumerThreads);
+    for (int buffer = 0; buffer < kQBuffers; ++buffer) {
+      ptx::mbarrier_init(q_full(buffer), producer_arrivals);
+      ptx::mbarrier_init(q_empty(buffer), kConsumerThreads);
+    }
   }
   __syncthreads();
 
@@ -216,8 +238,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Broadcast so that ptxas knows the role is warp-uniform (a per-thread test moved the
     // producer's uniform values into its 24 registers: 168 bytes of spills).
     const bool v_warp = __shfl_sync(0xffffffffu, v_by_warp1 && thread / 32 == 1, 0);
-    if (thread >= (p.tma_tails ? 32 : 1) && !v_warp) return;
-    const unsigned producer_lanes = p.tma_tails ? 0xffffffffu : 1u;
+    if (thread >= (whole_producer_warp ? 32 : 1) && !v_warp) return;
+    const unsigned producer_lanes = whole_producer_warp ? 0xffffffffu : 1u;
     if (thread == 0) {
       ptx::prefetch_tensor_map(&p.q_map);
       ptx::prefetch_tensor_map(&p.k_map);
@@ -254,27 +276,61 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                          kv_head, box.batch, full);
     };
     int round = 0, issued = 0;
+    // Dynamic scheduling (the plan sets it only without tails or pages, so warp 0 alone walks
+    // the blocks of work): after blockIdx.x each block takes gridDim.x + the counter's next
+    // value, and publishes every block of work it takes, those without tiles and the end (an
+    // index past the work) included, through the Q buffers' barriers, so that the consumers
+    // follow it.
+    auto publish = [&](int w, bool with_q) {
+      const int q_buffer = round % kQBuffers;
+      if (round >= kQBuffers) ptx::mbarrier_wait(q_empty(q_buffer), (round / kQBuffers - 1) & 1);
+      if (lane == 0) ptx::shared_store(block_id(q_buffer), w);
+      if (!with_q) {
+        ptx::mbarrier_arrive(q_full(q_buffer));
+        ++round;
+      }
+    };
 #pragma unroll 1
-    for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
+    for (int w = blockIdx.x;;) {
+      if (w >= work_count) {
+        if (dynamic && !v_warp) publish(work_count, false);
+        break;
+      }
+      // The next block of work, claimed once this one is issued (a claim held across the tile
+      // loop spilled the 24-register producer: about 130 bytes). The atomic's latency delays only
+      // the next Q's load, which the consumers need a few tiles later.
+      auto next = [&](int current) {
+        if (!dynamic) return current + int(gridDim.x);
+        const int claimed = lane == 0 ? ptx::global_fetch_add(p.tile_counter, 1) : 0;
+        return int(gridDim.x) + __shfl_sync(0xffffffffu, claimed, 0);
+      };
       FlashBlock<Element> b;
-      if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
+      if (!block_of(w, b) || b.n_block_end == b.n_block_begin) {
+        if (dynamic && !v_warp) publish(w, false);
+        w = next(w);
+        continue;
+      }
       const int kv_head = b.head / p.group_size;
       const int kv_row0 = p.start_kv ? p.start_kv[b.batch] : 0;
       const int kv_batch = p.start_kv ? 0 : b.batch;
       const int* pages = p.block_table ? p.block_table + b.batch * p.block_table_stride : nullptr;
       if (!v_warp) {
-        if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
+        const int q_buffer = round % kQBuffers;
+        if (dynamic)
+          publish(w, true);
+        else if (round >= kQBuffers)
+          ptx::mbarrier_wait(q_empty(q_buffer), (round / kQBuffers - 1) & 1);
         ++round;
         const int q_row = (p.start_q ? p.start_q[b.batch] : 0) + b.m0;
         const int q_batch = p.start_q ? 0 : b.batch;
         if (lane == 0) {
-          ptx::mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
+          ptx::mbarrier_arrive_expect_tx(q_full(q_buffer), Traits::kQBytes);
 #pragma unroll
           for (int c = 0; c < kDimQK / 64; ++c)
-            ptx::tma_load_4d(q_shared + c * (kBlockM * 128), &p.q_map, 64 * c, q_row, b.head,
-                             q_batch, q_full);
+            ptx::tma_load_4d(q_shared(q_buffer) + c * (kBlockM * 128), &p.q_map, 64 * c, q_row,
+                             b.head, q_batch, q_full(q_buffer));
         } else {
-          ptx::mbarrier_arrive(q_full);
+          ptx::mbarrier_arrive(q_full(q_buffer));
         }
       }
 #pragma unroll 1
@@ -355,6 +411,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                        std::integral_constant<int, kDimV>{}, v_full(stage));
         }
       }
+      w = next(w);
     }
     if (p.tma_tails) {
       ptx::cp_async_commit();  // leave no copy of this thread in flight at exit
@@ -371,10 +428,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
       FlashBlock<Element> b;
       if (!block_of(w, b) || b.n_block_end == b.n_block_begin) continue;
-      if (round > 0) ptx::mbarrier_wait(q_empty, (round - 1) & 1);
+      const int q_buffer = round % kQBuffers;
+      if (round >= kQBuffers) ptx::mbarrier_wait(q_empty(q_buffer), (round / kQBuffers - 1) & 1);
       ++round;
-      produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared, b.q, p.q_row_stride, b.rows_here);
-      ptx::cp_async_mbarrier_arrive_noinc(q_full);
+      produce_swizzled_tile<Element, kBlockM, kDimQK>(q_shared(q_buffer), b.q, p.q_row_stride,
+                                                      b.rows_here);
+      ptx::cp_async_mbarrier_arrive_noinc(q_full(q_buffer));
 #pragma unroll 1
       for (int n_block = b.n_block_begin; n_block < b.n_block_end; ++n_block, ++issued) {
         const int stage = issued % kStages;
@@ -422,7 +481,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Each turn barrier counts the waiting warpgroup and the one that hands it the turn.
   constexpr int kTurnThreads = 256;
 
-  const ForwardDescriptors<Traits> descriptors(q_shared + consumer * 64 * 128, k_shared(0),
+  const ForwardDescriptors<Traits> descriptors(q_shared(0) + consumer * 64 * 128, k_shared(0),
                                                v_shared(0));
   // Waits until a stage's copies landed and makes them visible to this thread's wgmma
   // (cp.async writes through the generic proxy, wgmma reads through the async one; TMA
@@ -435,11 +494,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Consumer 0 goes first: the last consumer hands it the first turn.
   if (consumer == kConsumers - 1) ptx::named_barrier_arrive(1, kTurnThreads);
   int round = 0, issued = 0;
+  // Dynamic scheduling: the producer names each block of work in the Q buffer's word; a block
+  // without tiles frees the buffer at once, an index past the work ends the loop.
 #pragma unroll 1
-  for (int w = blockIdx.x; w < work_count; w += gridDim.x) {
+  for (int w = blockIdx.x;; w += gridDim.x) {
+    if (dynamic) {
+      const int q_buffer = round % kQBuffers;
+      wait_landed(q_full(q_buffer), (round / kQBuffers) & 1, false);
+      w = ptx::shared_load(block_id(q_buffer));
+    }
+    if (w >= work_count) break;
     FlashBlock<Element> b;
-    if (!block_of(w, b)) continue;
-    const int tiles = b.n_block_end - b.n_block_begin;
+    const bool here = block_of(w, b);
+    const int tiles = here ? b.n_block_end - b.n_block_begin : 0;
+    if (dynamic && tiles == 0) {
+      ptx::mbarrier_arrive(q_empty(round % kQBuffers));
+      ++round;
+    }
+    if (!here) continue;
     // This warp's 16-row slab: rows of one head (with GQA packing, the slab's head of the
     // group, and the row its position), so the per-row code below stays per head.
     const int slab = consumer * 4 + warp_in_group;
@@ -464,6 +536,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
 
     if (tiles > 0) {
+      const int q_buffer = round % kQBuffers;
       float correction[2];
       auto logits_to_probabilities = [&](float(&s_acc)[kNTiles][4], int n_block,
                                          const uint32_t(&keep)[2]) {
@@ -490,8 +563,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto issue_qk = [&](float(&s_acc)[kNTiles][4], int stage) {
 #pragma unroll
         for (int kk = 0; kk < kDimQK / 16; ++kk)
-          ptx::wgmma_ss<Element, kBlockN>(s_acc, descriptors.q_at(kk), descriptors.k_at(stage, kk),
-                                          kk > 0);
+          ptx::wgmma_ss<Element, kBlockN>(s_acc, descriptors.q_at(q_buffer, kk),
+                                          descriptors.k_at(stage, kk), kk > 0);
         ptx::wgmma_commit();
       };
       auto issue_pv = [&](int stage) {
@@ -508,7 +581,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       };
 
-      wait_landed(q_full, round & 1, !p.tma);
+      if (!dynamic) wait_landed(q_full(q_buffer), (round / kQBuffers) & 1, !p.tma);
       ++round;
       uint32_t keep[2];
       float s_acc[kNTiles][4];
@@ -522,8 +595,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(s_acc);
       if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(issued % kStages));  // K(first) read
-      if (tiles == 1) ptx::mbarrier_arrive(q_empty);          // the block's last read of Q is done
-      logits_to_probabilities(s_acc, b.n_block_begin, keep);  // O is still zero: no rescale
+      if (tiles == 1) ptx::mbarrier_arrive(q_empty(q_buffer));  // the block's last read of Q
+      logits_to_probabilities(s_acc, b.n_block_begin, keep);    // O is still zero: no rescale
       pack_probabilities(s_acc);
 
 #pragma unroll 1
@@ -548,7 +621,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
         ptx::fence_accumulators(s_acc);
         if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(stage));  // K(n) is read
-        if (it == tiles - 1) ptx::mbarrier_arrive(q_empty);
+        if (it == tiles - 1) ptx::mbarrier_arrive(q_empty(q_buffer));
         logits_to_probabilities(s_acc, n_block, keep);
         ptx::wgmma_wait<0>();
         ptx::fence_accumulators(o_acc);

@@ -97,6 +97,10 @@ struct FlashForwardParams {
   // The warp-specialised kernel's grid: at most this many blocks, each looping over blocks of
   // work (a persistent grid: one block per SM); 0 launches one block per block of work.
   int persistent_blocks = 0;
+  // Dynamic scheduling of a persistent grid (causal and one-sided windows, whose blocks of work
+  // differ in length): each block's producer takes its next block of work from this counter,
+  // zeroed before the launch; null: the static stride. Only with TMA, no tails and no pages.
+  int* tile_counter = nullptr;
   int num_splits = 1;
   int blocks_per_split = 0;
   float* partial_o = nullptr;

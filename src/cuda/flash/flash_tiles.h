@@ -64,8 +64,11 @@ constexpr FlashTileShape flash_forward_wgmma_tile_shape(int head_dim_qk, int hea
 }
 
 // The warp-specialised forward's mbarriers: K and V of each stage full and empty (up to three
-// stages), Q full and empty.
-constexpr int kFlashWsBarrierBytes = 128;
+// stages), each Q buffer's full and empty (up to two); then the block of work each Q buffer
+// holds (dynamic scheduling, FlashForwardParams::tile_counter): the region after the tiles.
+constexpr int kFlashWsMbarrierBytes = 128;
+constexpr int kFlashWsBlockIdBytes = 16;
+constexpr int kFlashWsBarrierBytes = kFlashWsMbarrierBytes + kFlashWsBlockIdBytes;
 
 // The warp-specialised form of the sm_90a kernel: a producer warpgroup and consumer warpgroups
 // of 64 rows each, the same key tile; K and V of a tile share a stage, three stages where they
@@ -76,6 +79,17 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
             stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
   constexpr int kAlignAndBarriers = 1024 + kFlashWsBarrierBytes;
   return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
+}
+
+// Q buffers of the warp-specialised form: two where they fit beside its K / V stages, so that the
+// producer loads the next block's Q while the consumers still read this one's (a block of few
+// key tiles, as under a narrow window or on the causal diagonal, otherwise waits for its Q after
+// the last tile of the block before); else one.
+constexpr int flash_forward_wgmma_ws_q_buffers(int head_dim_qk, int head_dim_v, int block_m,
+                                               int block_n, int stages) {
+  const int q_bytes = 2 * block_m * head_dim_qk,
+            stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
+  return 2 * q_bytes + stages * stage_bytes + 1024 + kFlashWsBarrierBytes <= 227 * 1024 ? 2 : 1;
 }
 
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
@@ -138,15 +152,22 @@ constexpr int flash_forward_wgmma_ws_consumers(int head_dim_qk, int head_dim_v,
 }
 
 // GQA packing in the warp-specialised form (FlashForwardParams::packed_heads,
-// docs/cuda_flash.md): a block's 128 rows are 128 / G positions of all G query heads of one KV
-// head, one head per 16-row slab, so a narrow window's block spans 128 / G positions instead
-// of 128 and takes fewer keys. That pays on 64-key tiles only (on 128-key tiles a window of 128
-// still crosses one tile boundary per block), so the packed form is the two-consumer kernel on
-// 64-key tiles at head dim 64 (gpt-oss), for G of 4 or 8 (128 / G a multiple of 16; 2 would
-// divide too, but gains little). Dropout keeps one head per block. `group_size` is 1 where the
-// rows cannot pack (flash_forward_packable_group: keys past a sequence inside the tensor, thd);
-// the plan still checks TMA and one split and runs the tile unpacked without them.
+// docs/cuda_flash.md): a block's rows are block_m / G positions of all G query heads of one KV
+// head, one head per 16-row slab, so a narrow window's block spans block_m / G positions instead
+// of block_m and takes fewer keys. That pays on 64-key tiles only (on 128-key tiles a window of
+// 128 still crosses one tile boundary per block), so the packed form is a kernel on 64-key tiles
+// at head dim 64 (gpt-oss), with kFlashPackedConsumers consumers, for G of 4 or 8 (block_m / G a
+// multiple of 16; 2 would divide too, but gains little). Dropout keeps one head per block.
+// `group_size` is 1 where the rows cannot pack (flash_forward_packable_group: keys past a sequence
+// inside the tensor, thd); the plan still checks TMA and one split and runs the tile unpacked
+// without them.
 constexpr int kFlashPackedBlockN = 64;
+// The packed form's consumer warpgroups: four (256 rows: 32 positions of 8 heads, 64 of 4), so
+// that a block's three or four masked tiles carry twice the rows of a two-consumer block, and
+// its fixed costs (Q's load, the first S and the last P V without overlap, O's store) half as
+// much per row. A consumer keeps 112 registers (the launch's 96 per thread, the producer's 24
+// given back), which its 64-key tile's S, P and O fit without spills (ptxas, session 48).
+constexpr int kFlashPackedConsumers = 4;
 constexpr bool flash_forward_packs_gqa(int head_dim_qk, int head_dim_v, int64_t window_span,
                                        int64_t group_size) {
   const bool narrow_window = window_span >= 0 && window_span <= kFlashNarrowWindowKeys;
@@ -187,16 +208,21 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
   shape.warp_specialized = true;
   shape.block_n =
       flash_forward_wgmma_ws_block_n(head_dim_qk, head_dim_v, window_span, dropout, group_size);
-  if (!dropout && flash_forward_packs_gqa(head_dim_qk, head_dim_v, window_span, group_size))
-    shape.packed_heads = int(group_size);
-  const int consumers = flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v, window_span);
+  const bool packs =
+      !dropout && flash_forward_packs_gqa(head_dim_qk, head_dim_v, window_span, group_size);
+  if (packs) shape.packed_heads = int(group_size);
+  const int consumers =
+      packs ? kFlashPackedConsumers
+            : flash_forward_wgmma_ws_consumers(head_dim_qk, head_dim_v, window_span);
   shape.block_m = 64 * consumers;
   shape.warps = 4 * (1 + consumers);
   const int stages =
       flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n);
-  shape.shared_bytes =
-      2 * (shape.block_m * head_dim_qk + stages * shape.block_n * (head_dim_qk + head_dim_v)) +
-      1024 + kFlashWsBarrierBytes;
+  const int q_buffers = flash_forward_wgmma_ws_q_buffers(head_dim_qk, head_dim_v, shape.block_m,
+                                                         shape.block_n, stages);
+  shape.shared_bytes = 2 * (q_buffers * shape.block_m * head_dim_qk +
+                            stages * shape.block_n * (head_dim_qk + head_dim_v)) +
+                       1024 + kFlashWsBarrierBytes;
   return shape;
 }
 

@@ -346,9 +346,14 @@ __global__ void __launch_bounds__(kKvThreads)
     const int tile_begin = first.begin / kKvTileKeys;
     const int tile_end =
         last.end <= first.begin ? tile_begin : (last.end + kKvTileKeys - 1) / kKvTileKeys;
-    const int per_split = (tile_end - tile_begin + p.num_splits - 1) / p.num_splits;
-    const int my_begin = min(tile_end, tile_begin + split * per_split);
-    const int my_end = min(tile_end, my_begin + per_split);
+    // Split s takes tiles tile_begin + s, + s + num_splits, ...: the splits sweep the cache
+    // together, so the blocks in flight read one moving window of it, and every split gets
+    // within one tile of the others (a contiguous share of ceil(tiles / splits) left the last
+    // splits short or empty).
+    const int my_tiles = split < tile_end - tile_begin
+                             ? (tile_end - tile_begin - split + p.num_splits - 1) / p.num_splits
+                             : 0;
+    auto my_tile = [&](int i) { return tile_begin + split + i * p.num_splits; };
 
     // Q: packed row r is query r / group of head g * group + r % group.
     const Element* q_base = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
@@ -364,8 +369,8 @@ __global__ void __launch_bounds__(kKvThreads)
     ptx::cp_async_commit();
 #pragma unroll
     for (int stage = 0; stage < kStages - 1; ++stage) {
-      if (my_begin + stage < my_end) {
-        issue(my_begin + stage);
+      if (stage < my_tiles) {
+        issue(my_tile(stage));
       } else if constexpr (!kKvStageBarriers) {
         ptx::cp_async_commit();  // an empty group keeps the wait counts fixed
       }
@@ -398,13 +403,14 @@ __global__ void __launch_bounds__(kKvThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[t][e] = 0.f;
 
-    for (int tile = my_begin; tile < my_end; ++tile) {
+    for (int i = 0; i < my_tiles; ++i) {
+      const int tile = my_tile(i);
       wait_key_tile<kStages>(barriers, consumed);
       __syncthreads();  // this tile landed; every warp is done with the stage refilled next
       const uint32_t stage = stage_of(consumed);
       ++consumed;
-      if (tile + kStages - 1 < my_end) {
-        issue(tile + kStages - 1);
+      if (i + kStages - 1 < my_tiles) {
+        issue(my_tile(i + kStages - 1));
       } else if constexpr (!kKvStageBarriers) {
         ptx::cp_async_commit();
       }

@@ -40,6 +40,29 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity)
   }
 }
 
+// A word that one thread stores in shared memory before an mbarrier arrival and others load
+// after their wait: the asm's memory clobbers keep both on their side of the barrier, whose
+// release and acquire order them. A shared-window address keeps it 32 bits (a generic pointer
+// cost the 24-register producer warpgroup spills).
+__device__ __forceinline__ void shared_store(uint32_t address, int value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
+}
+__device__ __forceinline__ int shared_load(uint32_t address) {
+  int value;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(address) : "memory");
+  return value;
+}
+
+// Adds to a global counter and returns its value before (relaxed, GPU scope).
+__device__ __forceinline__ int global_fetch_add(int* counter, int value) {
+  int before;
+  asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], %2;\n"
+               : "=r"(before)
+               : "l"(counter), "r"(value)
+               : "memory");
+  return before;
+}
+
 // Orders this thread's generic-proxy shared-memory accesses (cp.async, st.shared, ldmatrix reads)
 // before its later async-proxy ones (wgmma reads, bulk copies into or out of the same bytes);
 // follow it with a barrier where other threads' accesses must be ordered too.
