@@ -116,9 +116,11 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
   EXPECT_EQ(packed.block_m, 64 * kFlashPackedConsumers);
   EXPECT_EQ(packed.warps, 4 * (1 + kFlashPackedConsumers));
   EXPECT_LE(packed.shared_bytes, 227 * 1024);
-  EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 1024, false, 4).packed_heads, 1);
   EXPECT_EQ(
-      flash_forward_wgmma_ws_tile_shape(64, 64, kFlashNarrowWindowKeys, false, 4).packed_heads, 4);
+      flash_forward_wgmma_ws_tile_shape(64, 64, kFlashPackedWindowKeys + 1, false, 4).packed_heads,
+      1);
+  EXPECT_EQ(
+      flash_forward_wgmma_ws_tile_shape(64, 64, kFlashPackedWindowKeys, false, 4).packed_heads, 4);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, true, 8).packed_heads, 1);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, 128, true, 8).block_n, 128);
   EXPECT_EQ(flash_forward_wgmma_ws_tile_shape(64, 64, -1, false, 8).packed_heads, 1);

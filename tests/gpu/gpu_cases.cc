@@ -235,6 +235,17 @@ std::vector<GpuCase> gpu_cases() {
            all({sizes(1, 1100, 1100, 16, 2, 64), window(100, 20), alibi(false),
                 [](CaseSpec& s) { s.config.format = Format::kSBHD; }}),
            no_alibi()),
+      // Windows wider than kFlashPackedWindowKeys: unpacked today; packed where that bound widens
+      // (bench/queued/README.md), with up to 15 key tiles per 32-position block and a partial
+      // last block.
+      make("gqa_8_wide_window_sink",
+           all({sizes(2, 1500, 1500, 16, 2, 64), mask(MaskType::kCausal), window(900, 0),
+                softmax(SoftmaxType::kLearnable)}),
+           no_window()),
+      make("gqa_4_wide_window_softcap_bottom_right",
+           all({sizes(1, 1300, 1400, 16, 4, 64), mask(MaskType::kCausalBottomRight),
+                window(700, 0), softcap(50), scale_one()}),
+           no_window()),
       make("mqa_8_1", all({sizes(2, 97, 300, 8, 1, 64), mask(MaskType::kCausalBottomRight)})),
       make("sbhd_causal", all({head_dims(64, 64),
                                [](CaseSpec& s) { s.config.format = Format::kSBHD; },

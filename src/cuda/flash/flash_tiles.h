@@ -168,10 +168,16 @@ constexpr int kFlashPackedBlockN = 64;
 // much per row. A consumer keeps 112 registers (the launch's 96 per thread, the producer's 24
 // given back), which its 64-key tile's S, P and O fit without spills (ptxas, session 48).
 constexpr int kFlashPackedConsumers = 4;
+// The widest window that packs. Packing pays most where a block's rows see few keys (the window
+// of 128: 1.22-1.30x, docs/perf.md, session 50), but it also trims a wider window's masked tiles
+// (32 positions see span + 31 keys in 64-key tiles, where 192 unpacked rows see span + 191 in
+// 128-key tiles) and reads each K / V tile once for G heads; how wide it keeps paying is not
+// measured (bench/queued/README.md), so it stays at the narrow windows' bound.
+constexpr int64_t kFlashPackedWindowKeys = kFlashNarrowWindowKeys;
 constexpr bool flash_forward_packs_gqa(int head_dim_qk, int head_dim_v, int64_t window_span,
                                        int64_t group_size) {
-  const bool narrow_window = window_span >= 0 && window_span <= kFlashNarrowWindowKeys;
-  return head_dim_qk == 64 && head_dim_v == 64 && narrow_window &&
+  const bool packed_window = window_span >= 0 && window_span <= kFlashPackedWindowKeys;
+  return head_dim_qk == 64 && head_dim_v == 64 && packed_window &&
          (group_size == 4 || group_size == 8);
 }
 
