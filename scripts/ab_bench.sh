@@ -3,8 +3,9 @@
 # only in the same call, by the same method): builds `dpa` from this tree ("new", in the build
 # directory scripts/gpu_check.sh uses) and from a copy of the tree with PATCH reversed ("base",
 # in /tmp/dpa-ab-base, built in the background while the caller's other steps run), then times
-# every row of ROWS with `dpa bench` as new, base, new, and prints one table: each build's median
-# time, base / new (> 1: the change is faster) from both new runs.
+# every row of ROWS with `dpa bench` in interleaved rounds (scripts/bench_common.sh,
+# bench_rounds: base, new, base, ..., base) and prints one table: each build's median time
+# (min-max), base / new (> 1: the change is faster) with its range over the rounds.
 #
 # usage: scripts/ab_bench.sh OUTDIR PATCH ROWS
 #   PATCH  the change under test as a patch against the base (here: `git diff BASE -- src include
@@ -14,7 +15,8 @@
 #
 # Environment: DPA_BUILD_DIR (default build-device), DPA_CUDA_ARCHS (default 90a), DPA_JOBS
 # (default 16), AB_BASE_ROOT (default /tmp/dpa-ab-base: give each patch its own when one call
-# times two changes against the same new tree). AB_START_BASE=1: only start the base build in the background and return, so that
+# times two changes against the same new tree), DPA_BENCH_ROUNDS (default 3: rounds per row).
+# AB_START_BASE=1: only start the base build in the background and return, so that
 # it runs under the caller's other steps (the GPU suite); a later call without it waits for
 # that build instead of starting one.
 # Writes OUTDIR/ab.md (the table and the commands) and OUTDIR/ab.log.
@@ -33,6 +35,7 @@ source "$root/scripts/bench_common.sh"
 build="${DPA_BUILD_DIR:-$root/build-device}"
 archs="${DPA_CUDA_ARCHS:-90a}"
 jobs="${DPA_JOBS:-16}"
+rounds="${DPA_BENCH_ROUNDS:-3}"
 base_root="${AB_BASE_ROOT:-/tmp/dpa-ab-base}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -78,18 +81,9 @@ done
     head -1);" \
     "new = $(tr '\n' ' ' <"$root/.device/commit" 2>/dev/null)"
   echo
-  echo "| dpa bench arguments | base ms | new ms (two runs) | base / new |"
+  echo "| dpa bench arguments | base ms | new ms | base / new |"
   echo "|---|---|---|---|"
   while IFS= read -r line; do
-    # shellcheck disable=SC2086
-    first=$(bench_median_ms "$log" "$new" $line)
-    # shellcheck disable=SC2086
-    reference=$(bench_median_ms "$log" "$base" $line)
-    # shellcheck disable=SC2086
-    second=$(bench_median_ms "$log" "$new" $line)
-    ratio=$(awk -v b="$reference" -v x="$first" -v y="$second" 'BEGIN {
-      if (b == "-" || x == "-" || y == "-") { print "-"; exit }
-      printf "%.3f-%.3fx", b / (x > y ? x : y), b / (x < y ? x : y) }')
-    echo "| \`$line\` | $reference | $first / $second | $ratio |"
+    echo "| \`$line\` $(bench_rounds "$log" "$rounds" "$line" "$base" "$new")"
   done < <(bench_rows "$rows_file")
 } | tee "$out/ab.md"

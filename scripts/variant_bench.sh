@@ -3,9 +3,10 @@
 # ours only in the same call, by the same method). The base is this tree as built in the build
 # directory scripts/gpu_check.sh uses; each variant is the tree with one PATCH applied, rebuilt
 # incrementally in the same directory (only the files a patch touches recompile), its `dpa` kept
-# aside, the patch then reversed. Every row of ROWS is timed with `dpa bench` on the base, on
-# each variant, and on the base again; the table gives base / variant (> 1: the variant is
-# faster) against both base runs. Meant for knock-out experiments (a patch removes one part of
+# aside, the patch then reversed. Every row of ROWS is timed with `dpa bench` in interleaved
+# rounds (scripts/bench_common.sh, bench_rounds: base, each variant, base, ..., base); the table
+# gives each build's median (min-max) and base / variant (> 1: the variant is faster) with its
+# range over the rounds. Meant for knock-out experiments (a patch removes one part of
 # a kernel's work to show what that part costs) and for several candidate changes at once.
 # The tree is left as it was, also when the script is stopped (a timeout's TERM); its build
 # directory then holds the last variant's objects until the next build.
@@ -18,7 +19,8 @@
 #          while the tree, and so the suite, keeps it.
 #
 # Environment: DPA_BUILD_DIR (default build-device), DPA_CUDA_ARCHS (default 90a), DPA_JOBS
-# (default 16), DPA_VARIANT_BINARIES (a directory that keeps each build's dpa). Writes
+# (default 16), DPA_VARIANT_BINARIES (a directory that keeps each build's dpa), DPA_BENCH_ROUNDS
+# (default 3: rounds per row; each costs one `dpa bench` run per build). Writes
 # OUTDIR/variants.md (the table and the commands) and OUTDIR/variants.log.
 set -uo pipefail
 
@@ -35,6 +37,7 @@ source "$root/scripts/bench_common.sh"
 build="${DPA_BUILD_DIR:-$root/build-device}"
 archs="${DPA_CUDA_ARCHS:-90a}"
 jobs="${DPA_JOBS:-16}"
+rounds="${DPA_BENCH_ROUNDS:-3}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 log="$out/variants.log"
@@ -91,7 +94,7 @@ done
   echo "# Variants: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null |
     head -1); base = $(tr '\n' ' ' <"$root/.device/commit" 2>/dev/null)"
   echo
-  header="| dpa bench arguments | base ms (two runs) |"
+  header="| dpa bench arguments | base ms |"
   rule="|---|---|"
   for name in "${names[@]}"; do
     header+=" $name ms | base / $name |"
@@ -99,24 +102,10 @@ done
   done
   echo "$header"
   echo "$rule"
+  variant_binaries=()
+  for name in "${names[@]}"; do variant_binaries+=("$binaries/$name"); done
   while IFS= read -r line; do
-    # shellcheck disable=SC2086
-    first=$(bench_median_ms "$log" "$binaries/base" $line)
-    cells=""
-    for name in "${names[@]}"; do
-      # shellcheck disable=SC2086
-      cells+=" $(bench_median_ms "$log" "$binaries/$name" $line) |"
-    done
-    # shellcheck disable=SC2086
-    second=$(bench_median_ms "$log" "$binaries/base" $line)
-    row="| \`$line\` | $first / $second |"
-    read -r -a times <<<"${cells//|/}"
-    for i in "${!names[@]}"; do
-      ratio=$(awk -v x="$first" -v y="$second" -v v="${times[$i]}" 'BEGIN {
-        if (x == "-" || y == "-" || v == "-") { print "-"; exit }
-        printf "%.3f-%.3fx", (x < y ? x : y) / v, (x > y ? x : y) / v }')
-      row+=" ${times[$i]} | $ratio |"
-    done
-    echo "$row"
+    echo "| \`$line\` $(bench_rounds "$log" "$rounds" "$line" "$binaries/base" \
+      "${variant_binaries[@]}")"
   done < <(bench_rows "$rows_file")
 } | tee "$out/variants.md"
