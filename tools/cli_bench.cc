@@ -12,8 +12,10 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench_random.h"
 #include "cli_args.h"
 #include "cli_commands.h"
 #include "cli_config.h"
@@ -429,28 +431,23 @@ class BenchTensor {
   size_t bytes() const { return bytes_; }
 
   // Random values (not zeros: zeros would make the softmax uniform and could take fast paths):
-  // an approximately normal N(0, stddev^2) draw (sum of four uniforms) per element.
+  // an approximately normal N(0, stddev^2) draw per element (tools/bench_random.h), drawn on
+  // every hardware thread.
   void fill_random(uint64_t seed, double stddev) {
     const size_t count = bytes_ / dtype_size(dtype_);
-    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-    auto uniform = [&state] {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
-      return double(state >> 11) * (1.0 / 9007199254740992.0);
-    };
-    // sum of 4 U(0,1) has mean 2 and variance 1/3.
-    auto normal = [&] { return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508; };
+    const unsigned threads = std::thread::hardware_concurrency();
     if (dtype_ == DType::kFloat32) {
       std::vector<float> host(count);
-      for (float& x : host) x = float(stddev * normal());
+      tools::fill_normal(
+          host.data(), count, seed, float(stddev), [](float x) { return x; }, threads);
       check(cudaMemcpy(memory_.get(), host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
       return;
     }
     std::vector<uint16_t> host(count);
-    for (uint16_t& x : host) {
-      const float value = float(stddev * normal());
-      x = dtype_ == DType::kBFloat16 ? float_to_bf16(value) : float_to_half(value);
+    if (dtype_ == DType::kBFloat16) {
+      tools::fill_normal(host.data(), count, seed, float(stddev), float_to_bf16, threads);
+    } else {
+      tools::fill_normal(host.data(), count, seed, float(stddev), float_to_half, threads);
     }
     check(cudaMemcpy(memory_.get(), host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
