@@ -29,66 +29,65 @@ bench_median_ms() {
 # Times one row in interleaved rounds and prints its table cells:
 #   bench_rounds LOG ROUNDS "ARGS" BASE CANDIDATE...
 # runs BASE, every CANDIDATE, BASE, every CANDIDATE, ..., BASE (ROUNDS candidate runs, ROUNDS + 1
-# base runs), so that a drift of the GPU's clocks during the row (it warms up over a call and
-# read its base 5-20% apart on the same binary, docs/perf.md, session 50) falls on both sides
-# alike. Prints `| base | cand ms | base / cand | ...` with each time as the median of its runs
-# (min-max) and each ratio as base median / candidate median (> 1: the candidate is faster),
-# with its range over the rounds, where round r compares the mean of the base runs around it.
+# base runs), so that a drift of the GPU's clocks during the row (session 50 read the same base
+# binary 5-20% apart within a row, mostly slower the second time; docs/perf.md) falls on both
+# sides alike. Prints `| base | cand ms | base / cand | ...`: each time as the median of its
+# runs (min-max, and "k/n runs" where some failed), each ratio as the median over the rounds of
+# the mean of the two base runs around a candidate run over that run (> 1: the candidate is
+# faster), with its min-max. A run that fails or prints no positive time counts as missing.
 bench_rounds() {
-  local log="$1" rounds="$2" args="$3" base="$4"
+  local log="$1" rounds="$2" args="$3" base="$4" times="" round binary i
+  local -
+  set -f  # ARGS is split into words on purpose, but never globbed
   shift 4
-  local times="" round binary
   for round in $(seq 0 "$rounds"); do
     # shellcheck disable=SC2086
     times+=" base=$(bench_median_ms "$log" "$base" $args)"
     [ "$round" -eq "$rounds" ] && break
-    local i=0
+    i=0
     for binary in "$@"; do
       # shellcheck disable=SC2086
       times+=" c$i=$(bench_median_ms "$log" "$binary" $args)"
       i=$((i + 1))
     done
   done
-  awk -v candidates=$# -v times="$times" '
-    function median(a, n,   i, j, t) {  # sorts a[1..n] in place
+  awk -v candidates=$# -v rounds="$rounds" -v times="$times" '
+    function ok(v) { return v != "-" && v != "" && v + 0 > 0 }
+    function sort(a, n,   i, j, t) {
       for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) {
         t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
-    function cell(a, n,   c, i) {
+    function median(a, n) { return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    function cell(a, n, expected, format,   text) {  # sorts a[1..n]
       if (n == 0) return "-"
-      for (i = 1; i <= n; ++i) c[i] = a[i]
-      median(c, n)
-      return sprintf("%.3f (%.3f-%.3f)", median(a, n), c[1], c[n])
+      sort(a, n)
+      text = sprintf(format " (" format "-" format ")", median(a, n), a[1], a[n])
+      return n < expected ? text sprintf(", %d/%d runs", n, expected) : text
     }
     BEGIN {
       count = split(times, entries, " ")
-      nb = 0
       for (e = 1; e <= count; ++e) {
         split(entries[e], kv, "=")
-        if (kv[1] == "base") { base_at[++rounds_seen] = kv[2]; continue }
-        k = substr(kv[1], 2)
-        run_at[k, rounds_seen] = kv[2]
+        if (kv[1] == "base") { base_at[++seen] = kv[2]; continue }
+        run_at[substr(kv[1], 2), seen] = kv[2]
       }
-      for (r = 1; r <= rounds_seen; ++r) if (base_at[r] != "-") b[++nb] = base_at[r]
-      line = "| " cell(b, nb) " |"
-      base_median = nb ? median(b, nb) : 0
+      nb = 0
+      for (r = 1; r <= seen; ++r) if (ok(base_at[r])) b[++nb] = base_at[r] + 0
+      line = "| " cell(b, nb, rounds + 1, "%.3f") " |"
       for (k = 0; k < candidates; ++k) {
-        nc = 0; lo = ""; hi = ""
-        delete c
-        for (r = 1; r < rounds_seen; ++r) {
+        nc = 0; nr = 0
+        delete c; delete ratio
+        for (r = 1; r < seen; ++r) {
           v = run_at[k, r]
-          if (v == "-" || v == "") continue
-          c[++nc] = v
-          if (base_at[r] == "-" || base_at[r + 1] == "-") continue
-          ratio = (base_at[r] + base_at[r + 1]) / 2 / v
-          if (lo == "" || ratio < lo) lo = ratio
-          if (hi == "" || ratio > hi) hi = ratio
+          if (!ok(v)) continue
+          c[++nc] = v + 0
+          if (ok(base_at[r]) && ok(base_at[r + 1]))
+            ratio[++nr] = (base_at[r] + base_at[r + 1]) / 2 / v
         }
-        line = line " " cell(c, nc) " |"
-        if (nc == 0 || nb == 0) { line = line " - |"; continue }
-        line = line sprintf(" %.3fx", base_median / median(c, nc))
-        line = line (lo == "" ? " |" : sprintf(" (%.3f-%.3f) |", lo, hi))
+        line = line " " cell(c, nc, rounds, "%.3f") " |"
+        text = nr ? cell(ratio, nr, nr, "%.3f") : "-"
+        sub(/ \(/, "x (", text)
+        line = line " " text " |"
       }
       print line
     }'

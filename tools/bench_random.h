@@ -48,11 +48,12 @@ void fill_normal(T* out, size_t count, uint64_t seed, float stddev, Convert conv
     fill(0, count);
     return;
   }
-  std::vector<std::thread> pool;
+  // jthreads join when the pool goes, also when a later thread fails to start. `convert` is
+  // shared by every thread: a plain function of its argument.
+  std::vector<std::jthread> pool;
   const size_t share = (count + workers - 1) / workers;
   for (size_t w = 0; w < workers; ++w)
     pool.emplace_back(fill, std::min(count, w * share), std::min(count, (w + 1) * share));
-  for (std::thread& thread : pool) thread.join();
 }
 
 }  // namespace dpa::tools

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -436,20 +437,21 @@ class BenchTensor {
   void fill_random(uint64_t seed, double stddev) {
     const size_t count = bytes_ / dtype_size(dtype_);
     const unsigned threads = std::thread::hardware_concurrency();
+    // Not value-initialised: the threads' writes are the first touch of up to gigabytes.
     if (dtype_ == DType::kFloat32) {
-      std::vector<float> host(count);
+      std::unique_ptr<float[]> host(new float[count]);
       tools::fill_normal(
-          host.data(), count, seed, float(stddev), [](float x) { return x; }, threads);
-      check(cudaMemcpy(memory_.get(), host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+          host.get(), count, seed, float(stddev), [](float x) { return x; }, threads);
+      check(cudaMemcpy(memory_.get(), host.get(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
       return;
     }
-    std::vector<uint16_t> host(count);
+    std::unique_ptr<uint16_t[]> host(new uint16_t[count]);
     if (dtype_ == DType::kBFloat16) {
-      tools::fill_normal(host.data(), count, seed, float(stddev), float_to_bf16, threads);
+      tools::fill_normal(host.get(), count, seed, float(stddev), float_to_bf16, threads);
     } else {
-      tools::fill_normal(host.data(), count, seed, float(stddev), float_to_half, threads);
+      tools::fill_normal(host.get(), count, seed, float(stddev), float_to_half, threads);
     }
-    check(cudaMemcpy(memory_.get(), host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpy(memory_.get(), host.get(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
 
  private:

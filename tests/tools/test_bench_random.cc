@@ -26,6 +26,11 @@ TEST(BenchRandom, TheValuesDoNotDependOnTheThreadCount) {
   EXPECT_EQ(draws(count, 7, 1.f, 4), one);
   EXPECT_EQ(draws(count, 7, 1.f, 7), one);
   EXPECT_EQ(draws(count, 7, 1.f, 0), one);  // 0 means one thread
+  // Enough elements for 16 workers, split two, three and sixteen ways.
+  const size_t many = (size_t(17) << 20) + 3;
+  const std::vector<float> serial = draws(many, 9, 1.f, 1);
+  for (unsigned threads : {2u, 3u, 16u}) EXPECT_EQ(draws(many, 9, 1.f, threads), serial);
+  EXPECT_TRUE(draws(0, 9, 1.f, 16).empty());
 }
 
 TEST(BenchRandom, DrawsAreApproximatelyNormalWithTheGivenSpread) {
