@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/problem_builder.h"
@@ -145,6 +146,22 @@ TEST(FlashRules, FeatureRequestCarriesTheWindowSpanAndExplainTheTilesItGives) {
             std::string::npos);
   EXPECT_NE(caps.describe_plan(request(MaskType::kNoMask, -1, -1)).find("tiles 192 x 128"),
             std::string::npos);
+  // The grid: blocks of work alike (no mask and no window, or both bounds) by a static stride;
+  // causal or one bound by the dynamic scheduler (flash_forward_blocks_alike, as the plan).
+  for (const auto& [mask, left, right, dynamic] :
+       std::vector<std::tuple<MaskType, int64_t, int64_t, bool>>{
+           {MaskType::kNoMask, -1, -1, false},
+           {MaskType::kNoMask, 3, 5, false},
+           {MaskType::kCausal, 127, -1, false},
+           {MaskType::kCausal, -1, -1, true},
+           {MaskType::kCausalBottomRight, -1, -1, true},
+           {MaskType::kNoMask, 100, -1, true},
+           {MaskType::kNoMask, -1, 100, true}}) {
+    const std::string plan = caps.describe_plan(request(mask, left, right));
+    EXPECT_NE(plan.find(dynamic ? "dynamic scheduler" : "static stride"), std::string::npos)
+        << to_string(mask) << " " << left << " " << right << ": " << plan;
+    EXPECT_EQ(plan.find(dynamic ? "static stride" : "dynamic scheduler"), std::string::npos);
+  }
 }
 
 // A bf16 forward of 4096 queries on an H100/H200 at head dim `head_dim`.

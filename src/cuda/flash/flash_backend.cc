@@ -79,9 +79,16 @@ std::string describe_flash_plan(const FeatureRequest& r) {
     if (shape.packed_heads > 1)
       form += ", " + std::to_string(shape.packed_heads) +
               " query heads per block (GQA packing, where it takes one split)";
+    // The request says whether both bounds are finite (window_span) or neither is, not which
+    // one is when one is: a one-sided window counts here as bounded on the right.
+    const bool left_bounded = r.window_span >= 0;
+    const bool right_bounded = left_bounded || r.window || mask_is_causal(r.mask_type);
+    const std::string grid = cuda::flash_forward_blocks_alike(left_bounded, right_bounded)
+                                 ? ", a persistent grid by static stride"
+                                 : ", a persistent grid under a dynamic scheduler";
     return "forward kernel family wgmma warp-specialised (TMA copies where every sequence fills "
            "its tensor, else cp.async)" +
-           tiles + form;
+           tiles + form + grid + " (where TMA copies every tile and it takes one split)";
   }
   if (shape.warps == 1) return "forward kernel family mma_sync decode (split-KV)" + tiles;
   return "forward kernel family mma_sync" + tiles;

@@ -183,7 +183,8 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
     }
   }
   const bool uniform_work =
-      params.tma && !params.tma_tails && (params.window_left < 0) == (params.window_right < 0);
+      params.tma && !params.tma_tails &&
+      flash_forward_blocks_alike(params.window_left >= 0, params.window_right >= 0);
   if (shape.warp_specialized && uniform_work && params.num_splits == 1)
     params.persistent_blocks = device_info(p.device_index).sm_count;
   // Blocks of work of different lengths (causal, a window bounded on one side) on a persistent

@@ -62,6 +62,14 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& problem, const Flash
 int flash_forward_num_splits(const AttentionProblem& problem, const FlashTileShape& shape);
 size_t flash_forward_partials_bytes(const AttentionProblem& problem, int num_splits);
 
+// Whether a forward's blocks of work visit about as many key tiles each: no mask and no window,
+// or a window bounded on both sides (a causal mask's right bound is 0). A persistent grid then
+// takes them by a static stride; otherwise (causal, a window bounded on one side) by the dynamic
+// scheduler's counter. The plan (on its bounds) and explain() (on the request) both ask it.
+constexpr bool flash_forward_blocks_alike(bool left_bounded, bool right_bounded) {
+  return left_bounded == right_bounded;
+}
+
 // The dynamic scheduler's counter (FlashForwardParams::tile_counter) where the plan may take it:
 // the warp-specialised form with one split (the plan decides on the tensor maps, which the
 // workspace's size cannot see, so this counts it wherever it may be taken).
