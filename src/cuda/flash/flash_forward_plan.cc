@@ -163,13 +163,6 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
   if (use == FlashForwardPlanUse::kBackward) return plan;
   plan_tensor_maps(p, shape, params);
   params.num_splits = flash_forward_num_splits(p, shape);
-  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where
-  // every block of work visits about as many KV tiles, so that a static stride over them
-  // balances: full-length sequences (TMA's condition) and no window or one bounded on both
-  // sides. The hardware's block scheduler balances a causal triangle or ragged sequences better
-  // (measured: d = 128 causal sink 564 persistent vs 589 TFLOP/s; gpt-oss window 128 91.6 vs
-  // 77.0; docs/perf.md, session 13). A split launch has about one block of work per SM
-  // already (the splits fill the device), so it gains nothing from looping.
   // GQA packing (flash_forward_packs_gqa) where the kernel takes it: Q by TMA over whole
   // sequences (one box spans the packed heads), one split. Otherwise the packed shape's tile
   // runs one head per block.
@@ -182,19 +175,20 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
       params.packed_heads = shape.packed_heads;
     }
   }
-  const bool uniform_work =
-      params.tma && !params.tma_tails &&
-      flash_forward_blocks_alike(params.window_left >= 0, params.window_right >= 0);
-  if (shape.warp_specialized && uniform_work && params.num_splits == 1)
+  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where the
+  // TMA producer is one thread (full-length sequences: no tails) and there is one split (a split
+  // launch has about one block of work per SM already, so it gains nothing from looping).
+  const bool persistent =
+      shape.warp_specialized && params.num_splits == 1 && params.tma && !params.tma_tails;
+  if (persistent && flash_forward_blocks_alike(params.window_left >= 0, params.window_right >= 0)) {
+    // Blocks of work that visit about as many key tiles each: a static stride balances them.
     params.persistent_blocks = device_info(p.device_index).sm_count;
-  // Blocks of work of different lengths (causal, a window bounded on one side) on a persistent
-  // grid that hands them out from a counter (FA3's dynamic scheduler): where a static stride
-  // balanced them worse than the hardware's block scheduler, this keeps the balance and lets a
-  // block load its next Q and tiles under the current one. Only where the TMA producer is one
-  // thread (no tails, no pages).
-  if (shape.warp_specialized && !uniform_work && params.tma && !params.tma_tails &&
-      params.block_table == nullptr && params.num_splits == 1 &&
-      flash_forward_tile_counter_bytes(shape, params.num_splits) > 0) {
+  } else if (persistent && params.block_table == nullptr) {
+    // Blocks of work of different lengths (causal, a window bounded on one side), which a static
+    // stride balanced worse than the hardware's block scheduler (d = 128 causal sink 564 against
+    // 589 TFLOP/s, docs/perf.md, session 13): a counter hands them out, longest first (FA3's
+    // dynamic scheduler), and a block loads its next Q and tiles under the current one. Not
+    // with pages, whose producer is more than one thread.
     plan.tile_counter = DeviceBuffer(sizeof(int), stream);
     DPA_CUDA_CHECK(cudaMemsetAsync(plan.tile_counter.get(), 0, sizeof(int), stream));
     params.tile_counter = plan.tile_counter.get<int>();

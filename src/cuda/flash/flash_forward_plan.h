@@ -71,8 +71,9 @@ constexpr bool flash_forward_blocks_alike(bool left_bounded, bool right_bounded)
 }
 
 // The dynamic scheduler's counter (FlashForwardParams::tile_counter) where the plan may take it:
-// the warp-specialised form with one split (the plan decides on the tensor maps, which the
-// workspace's size cannot see, so this counts it wherever it may be taken).
+// the warp-specialised form with one split, as plan_flash_forward's persistent grid (which also
+// decides on the tensor maps, which the workspace's size cannot see, so this counts it wherever
+// it may be taken).
 size_t flash_forward_tile_counter_bytes(const FlashTileShape& shape, int num_splits);
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
