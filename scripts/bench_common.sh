@@ -14,7 +14,7 @@ bench_rows() {
   done <"$1"
 }
 
-# The median time in ms of one `dpa bench` run of BINARY ("... 6.563 ms  418.9 TFLOP/s"), or "-";
+# The median time in ms of one `dpa bench` run of BINARY ("... 6.5630 ms  418.9 TFLOP/s"), or "-";
 # the command and its output are appended to LOG.
 bench_median_ms() {
   local log="$1" binary="$2"
@@ -73,7 +73,7 @@ bench_rounds() {
       }
       nb = 0
       for (r = 1; r <= seen; ++r) if (ok(base_at[r])) b[++nb] = base_at[r] + 0
-      line = "| " cell(b, nb, rounds + 1, "%.3f") " |"
+      line = "| " cell(b, nb, rounds + 1, "%.4f") " |"
       for (k = 0; k < candidates; ++k) {
         nc = 0; nr = 0
         delete c; delete ratio
@@ -84,7 +84,7 @@ bench_rounds() {
           if (ok(base_at[r]) && ok(base_at[r + 1]))
             ratio[++nr] = (base_at[r] + base_at[r + 1]) / 2 / v
         }
-        line = line " " cell(c, nc, rounds, "%.3f") " |"
+        line = line " " cell(c, nc, rounds, "%.4f") " |"
         text = nr ? cell(ratio, nr, nr, "%.3f") : "-"
         sub(/ \(/, "x (", text)
         line = line " " text " |"

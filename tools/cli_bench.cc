@@ -810,7 +810,8 @@ int run_bench(const BenchOptions& o) {
     if (!r.error.empty()) {
       std::printf("%s  error: %s\n", line.c_str(), r.error.c_str());
     } else {
-      std::printf("%s  %s  %.3f ms  %.1f TFLOP/s", line.c_str(), r.backend.c_str(), r.median_ms,
+      // Four places: a decode call of 9 us printed as 0.009 ms hid a 10% change (session 51).
+      std::printf("%s  %s  %.4f ms  %.1f TFLOP/s", line.c_str(), r.backend.c_str(), r.median_ms,
                   r.tflops);
       if (r.gbps) std::printf("  %.0f GB/s", *r.gbps);
       std::printf("\n");
