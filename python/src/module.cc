@@ -51,9 +51,9 @@ AttentionConfig make_config(const std::string& format, const std::string& mask_t
 }
 
 // (chosen backend or None, forced, [(backend, eligible, reasons, plan)])
-using SelectionTuple = std::tuple<
-    std::optional<std::string>, bool,
-    std::vector<std::tuple<std::string, bool, std::vector<std::string>, std::string>>>;
+using SelectionTuple =
+    std::tuple<std::optional<std::string>, bool,
+               std::vector<std::tuple<std::string, bool, std::vector<std::string>, std::string>>>;
 
 SelectionTuple to_tuple(const Selection& selection) {
   SelectionTuple out;
