@@ -1,7 +1,7 @@
 // The forward plan's rules for the softmax's shift (flash_forward_plan.h): softcap with a fixed
 // max holds for bf16 caps up to 50.25 without ALiBi, and nowhere the fixed shift could overflow
 // a P or flush a visible key to zero; the online max's slack keeps an fp16 P with dropout in
-// range.
+// range. The persistent grid's rule.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,6 +50,19 @@ TEST(ForwardMaxSlack, KeepsAnFp16PWithDropoutBelowItsLargestValue) {
   }
   EXPECT_LT(forward_max_slack(DType::kFloat16, 0.004), 8.f);
   EXPECT_EQ(forward_max_slack(DType::kFloat16, 1e-6), 0.f);
+}
+
+// The persistent grid's rule, which the plan and the workspace's count of the dynamic
+// scheduler's counter share: the warp-specialised form with one split, nothing else.
+TEST(PersistentGrid, WarpSpecialisedWithOneSplitOnly) {
+  const FlashTileShape specialised = flash_forward_wgmma_ws_tile_shape(128, 128);
+  const FlashTileShape lockstep = flash_forward_wgmma_tile_shape(128, 128);
+  EXPECT_TRUE(flash_forward_may_persist(specialised, 1));
+  EXPECT_FALSE(flash_forward_may_persist(specialised, 2));
+  EXPECT_FALSE(flash_forward_may_persist(lockstep, 1));
+  EXPECT_EQ(flash_forward_tile_counter_bytes(specialised, 1), sizeof(int));
+  EXPECT_EQ(flash_forward_tile_counter_bytes(specialised, 2), 0u);
+  EXPECT_EQ(flash_forward_tile_counter_bytes(lockstep, 1), 0u);
 }
 
 }  // namespace

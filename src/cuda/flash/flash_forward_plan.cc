@@ -175,11 +175,10 @@ FlashForwardPlan plan_flash_forward(const AttentionProblem& p, const FlashTileSh
       params.packed_heads = shape.packed_heads;
     }
   }
-  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where the
-  // TMA producer is one thread (full-length sequences: no tails) and there is one split (a split
-  // launch has about one block of work per SM already, so it gains nothing from looping).
+  // A persistent grid of one block per SM (the kernel keeps one block per SM anyway) where it may
+  // persist and the TMA producer is one thread (full-length sequences: no tails).
   const bool persistent =
-      shape.warp_specialized && params.num_splits == 1 && params.tma && !params.tma_tails;
+      flash_forward_may_persist(shape, params.num_splits) && params.tma && !params.tma_tails;
   if (persistent && flash_forward_blocks_alike(params.window_left >= 0, params.window_right >= 0)) {
     // Blocks of work that visit about as many key tiles each: a static stride balances them.
     params.persistent_blocks = device_info(p.device_index).sm_count;
@@ -218,7 +217,7 @@ int flash_forward_num_splits(const AttentionProblem& p, const FlashTileShape& sh
 }
 
 size_t flash_forward_tile_counter_bytes(const FlashTileShape& shape, int num_splits) {
-  return shape.warp_specialized && num_splits == 1 ? sizeof(int) : 0;
+  return flash_forward_may_persist(shape, num_splits) ? sizeof(int) : 0;
 }
 
 size_t flash_forward_partials_bytes(const AttentionProblem& p, int num_splits) {

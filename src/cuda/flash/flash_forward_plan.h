@@ -70,10 +70,16 @@ constexpr bool flash_forward_blocks_alike(bool left_bounded, bool right_bounded)
   return left_bounded == right_bounded;
 }
 
-// The dynamic scheduler's counter (FlashForwardParams::tile_counter) where the plan may take it:
-// the warp-specialised form with one split, as plan_flash_forward's persistent grid (which also
-// decides on the tensor maps, which the workspace's size cannot see, so this counts it wherever
-// it may be taken).
+// Whether a forward may run on a persistent grid: the warp-specialised form with one split (a
+// split launch has about one block of work per SM already, so it gains nothing from looping).
+// plan_flash_forward also needs the tensor maps (its TMA producer one thread), which the
+// workspace's size cannot see.
+constexpr bool flash_forward_may_persist(const FlashTileShape& shape, int num_splits) {
+  return shape.warp_specialized && num_splits == 1;
+}
+
+// The dynamic scheduler's counter (FlashForwardParams::tile_counter): counted wherever the plan
+// may take it (flash_forward_may_persist).
 size_t flash_forward_tile_counter_bytes(const FlashTileShape& shape, int num_splits);
 
 // The library's tile shape for a problem: decode tiles for at most kFlashDecodeMaxQueries rows,
