@@ -70,22 +70,13 @@ TEST(FlashTiles, WarpSpecialisedWgmmaTilesFitSharedMemory) {
     EXPECT_LE(shape.shared_bytes, 227 * 1024) << pair[0] << "/" << pair[1];
     const int stages =
         flash_forward_wgmma_ws_stages(pair[0], pair[1], shape.block_m, shape.block_n);
-    const int q_buffers =
-        flash_forward_wgmma_ws_q_buffers(pair[0], pair[1], shape.block_m, shape.block_n, stages);
+    const int q_buffers = kFlashForwardWsQBuffers;
     EXPECT_EQ(shape.shared_bytes, 2 * (q_buffers * shape.block_m * pair[0] +
                                        stages * shape.block_n * (pair[0] + pair[1])) +
                                       1024 + kFlashWsBarrierBytes);
     // Every stage's four mbarriers and each Q buffer's two fit their slot.
     EXPECT_LE(4 * stages + 2 * q_buffers, kFlashWsMbarrierBytes / 8) << pair[0] << "/" << pair[1];
   }
-  // A second Q buffer where it fits beside the stages: at d = 64 (192 rows, three 32 KB stages;
-  // the packed and narrow-window blocks too), not at d = 128 (32 KB of Q and three 64 KB stages
-  // leave 2 KB) or d = 256.
-  EXPECT_EQ(flash_forward_wgmma_ws_q_buffers(64, 64, 192, 128, 3), 2);
-  EXPECT_EQ(flash_forward_wgmma_ws_q_buffers(64, 64, 128, 64, 3), 2);
-  EXPECT_EQ(flash_forward_wgmma_ws_q_buffers(64, 64, 128, 128, 3), 2);
-  EXPECT_EQ(flash_forward_wgmma_ws_q_buffers(128, 128, 128, 128, 3), 1);
-  EXPECT_EQ(flash_forward_wgmma_ws_q_buffers(256, 256, 128, 80, 2), 1);
   // d = 128: Q (32 KB) and three 64 KB stages fit; d = 256 (64-key tiles, 64 KB stages) does not.
   EXPECT_EQ(flash_forward_wgmma_ws_stages(128, 128, 128, 128), 3);
   EXPECT_EQ(flash_forward_wgmma_ws_stages(256, 256, 128, 64), 2);

@@ -235,9 +235,8 @@ std::vector<GpuCase> gpu_cases() {
            all({sizes(1, 1100, 1100, 16, 2, 64), window(100, 20), alibi(false),
                 [](CaseSpec& s) { s.config.format = Format::kSBHD; }}),
            no_alibi()),
-      // Windows wider than the narrow windows' 256 keys: unpacked while kFlashPackedWindowKeys is
-      // 256, packed where it widens (bench/queued/forward_session51.patch: 4096), with up to 11
-      // key tiles per 32-position block and a partial last block. A window of 600 on 1500
+      // Windows wider than the narrow windows' 256 keys, packed (kFlashPackedWindowKeys), with up
+      // to 11 key tiles per 32-position block and a partial last block. A window of 600 on 1500
       // positions moves o by 0.36 (900 moved it by only 0.18, under the 0.2 needed).
       make("gqa_8_wide_window_sink",
            all({sizes(2, 1500, 1500, 16, 2, 64), mask(MaskType::kCausal), window(600, 0),
@@ -259,8 +258,7 @@ std::vector<GpuCase> gpu_cases() {
            mask(MaskType::kNoMask)),
       // More than two blocks of work for some blocks of the persistent grid (a window bounded
       // on both sides, sequences that fill their tensors: 8 query blocks x 20 heads x 2 = 320
-      // against 132 SMs), so that a block loads a Q buffer again (flash_forward_wgmma_ws_q_buffers:
-      // two at d 64 and at 192 / 128).
+      // against 132 SMs), so that a block loads its Q buffer again (kFlashForwardWsQBuffers).
       // Causal grids scheduled from a counter (FlashForwardParams::tile_counter), d 64 (192-row
       // blocks): 272 blocks of work of two tiles against 132 SMs; then 272
       // bottom-right blocks with sq > skv, where the first 512 query rows of each head see no key,

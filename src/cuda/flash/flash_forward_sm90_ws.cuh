@@ -32,9 +32,8 @@
 //   early and concurrent blocks share their heads' K and V in L2). The stage ring runs on across
 //   blocks of work, and Q has a second barrier, q_empty, which the consumers arrive on once
 //   their last S = Q K^T of a block is done: the producer loads the next block's Q and first
-//   K, V tiles while the consumers finish the last tile and store O. Where two Q buffers fit
-//   (flash_forward_wgmma_ws_q_buffers) the next block's Q loads while this one's first tiles
-//   run. The ping-pong alternation
+//   K, V tiles while the consumers finish the last tile and store O. Q buffers form a ring
+//   (kFlashForwardWsQBuffers of them: one, measured against two). The ping-pong alternation
 //   runs on across blocks of work too (every consumer visits the same tiles).
 #pragma once
 
@@ -86,8 +85,7 @@ struct FlashSm90WsTraits {
   static constexpr int kStages = kStagesT > 0 ? kStagesT
                                               : flash_forward_wgmma_ws_stages(kHeadDimQK, kHeadDimV,
                                                                               kBlockM, kBlockN);
-  static constexpr int kQBuffers =
-      flash_forward_wgmma_ws_q_buffers(kHeadDimQK, kHeadDimV, kBlockM, kBlockN, kStages);
+  static constexpr int kQBuffers = kFlashForwardWsQBuffers;
   static constexpr int kSharedBytes =
       kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024 + kBarrierBytes;
   // K and V of a stage on barriers of their own where there are only two stages (below, at
@@ -480,6 +478,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int my_turn = 1 + consumer, next_turn = 1 + (consumer + 1) % kConsumers;
   // Each turn barrier counts the waiting warpgroup and the one that hands it the turn.
   constexpr int kTurnThreads = 256;
+  // At head dim 256 the consumers issue without turns: each GEMM is long enough that the other
+  // consumer's softmax hides under it unordered, and the turns only add waits (session 50's
+  // knock-out: the capped d256 row 1.03-1.07x without them, d64 and d128 0.94-0.98x; session
+  // 51: every d256 row 1.01-1.04x).
+  constexpr bool kTurns = kDimQK != 256;
 
   const ForwardDescriptors<Traits> descriptors(q_shared(0) + consumer * 64 * 128, k_shared(0),
                                                v_shared(0));
@@ -492,7 +495,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
 
   // Consumer 0 goes first: the last consumer hands it the first turn.
-  if (consumer == kConsumers - 1) ptx::named_barrier_arrive(1, kTurnThreads);
+  if (kTurns && consumer == kConsumers - 1) ptx::named_barrier_arrive(1, kTurnThreads);
   int round = 0, issued = 0;
   // Dynamic scheduling: the producer names each block of work in the Q buffer's word; a block
   // without tiles frees the buffer at once, an index past the work ends the loop.
@@ -588,10 +591,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       draw_keep(b.n_block_begin, keep);
       const bool first_by_threads = copied_by_threads(b.n_block_begin * kBlockN, b.seqlen_kv);
       wait_landed(k_full(issued % kStages), (issued / kStages) & 1, first_by_threads);
-      ptx::named_barrier_sync(my_turn, kTurnThreads);
+      if (kTurns) ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::wgmma_fence();
       issue_qk(s_acc, issued % kStages);
-      ptx::named_barrier_arrive(next_turn, kTurnThreads);
+      if (kTurns) ptx::named_barrier_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(s_acc);
       if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(issued % kStages));  // K(first) read
@@ -612,12 +615,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           wait_landed(v_full(previous), ((tile - 1) / kStages) & 1,
                       copied_by_threads((n_block - 1) * kBlockN, b.seqlen_kv));
         }
-        ptx::named_barrier_sync(my_turn, kTurnThreads);
+        if (kTurns) ptx::named_barrier_sync(my_turn, kTurnThreads);
         ptx::fence_accumulators(o_acc);
         ptx::wgmma_fence();
         issue_qk(s_acc, stage);
         issue_pv(previous);  // P(n-1) V(n-1)
-        ptx::named_barrier_arrive(next_turn, kTurnThreads);
+        if (kTurns) ptx::named_barrier_arrive(next_turn, kTurnThreads);
         ptx::wgmma_wait<1>();  // S(n) is ready; P(n-1) V(n-1) may still run
         ptx::fence_accumulators(s_acc);
         if constexpr (kSeparateKv) ptx::mbarrier_arrive(k_empty(stage));  // K(n) is read
@@ -637,11 +640,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         wait_landed(v_full(last), (last_tile / kStages) & 1,
                     copied_by_threads((b.n_block_end - 1) * kBlockN, b.seqlen_kv));
       }
-      ptx::named_barrier_sync(my_turn, kTurnThreads);
+      if (kTurns) ptx::named_barrier_sync(my_turn, kTurnThreads);
       ptx::fence_accumulators(o_acc);
       ptx::wgmma_fence();
       issue_pv(last);
-      ptx::named_barrier_arrive(next_turn, kTurnThreads);
+      if (kTurns) ptx::named_barrier_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait<0>();
       ptx::fence_accumulators(o_acc);
       ptx::fence_registers(p_operand);
@@ -651,7 +654,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     store_slab(p, b, o_acc, stats, row0, quad_col);
   }
   // Balances the last consumer's last arrive.
-  if (consumer == 0) ptx::named_barrier_sync(my_turn, kTurnThreads);
+  if (kTurns && consumer == 0) ptx::named_barrier_sync(my_turn, kTurnThreads);
 #else
   (void)p;  // compiled for sm_90a only; the host never launches it elsewhere
 #endif

@@ -81,16 +81,11 @@ constexpr int flash_forward_wgmma_ws_stages(int head_dim_qk, int head_dim_v, int
   return q_bytes + 3 * stage_bytes + kAlignAndBarriers <= 227 * 1024 ? 3 : 2;
 }
 
-// Q buffers of the warp-specialised form: two where they fit beside its K / V stages, so that the
-// producer loads the next block's Q while the consumers still read this one's (a block of few
-// key tiles, as under a narrow window or on the causal diagonal, otherwise waits for its Q after
-// the last tile of the block before); else one.
-constexpr int flash_forward_wgmma_ws_q_buffers(int head_dim_qk, int head_dim_v, int block_m,
-                                               int block_n, int stages) {
-  const int q_bytes = 2 * block_m * head_dim_qk,
-            stage_bytes = 2 * block_n * (head_dim_qk + head_dim_v);
-  return 2 * q_bytes + stages * stage_bytes + 1024 + kFlashWsBarrierBytes <= 227 * 1024 ? 2 : 1;
-}
+// Q buffers of the warp-specialised form: one. The ring of Q buffers (flash_forward_sm90_ws.cuh)
+// takes any count, so that the producer may load the next block's Q while the consumers still
+// read this one's. One buffer read 1.00-1.09x the speed of two (where two fit) on every row of
+// bench/rows_q_buffers.txt in session 51 (docs/perf.md); two alone were mixed in session 50.
+constexpr int kFlashForwardWsQBuffers = 1;
 
 // Windows of at most this many keys keep two consumer warpgroups at head dim 64 (below).
 constexpr int64_t kFlashNarrowWindowKeys = 256;
@@ -171,9 +166,10 @@ constexpr int kFlashPackedConsumers = 4;
 // The widest window that packs. Packing pays most where a block's rows see few keys (the window
 // of 128: 1.22-1.30x, docs/perf.md, session 50), but it also trims a wider window's masked tiles
 // (32 positions see span + 31 keys in 64-key tiles, where 192 unpacked rows see span + 191 in
-// 128-key tiles) and reads each K / V tile once for G heads; how wide it keeps paying is not
-// measured (bench/queued/README.md), so it stays at the narrow windows' bound.
-constexpr int64_t kFlashPackedWindowKeys = kFlashNarrowWindowKeys;
+// 128-key tiles) and reads each K / V tile once for G heads. Measured against the bound of 256
+// (session 51, docs/perf.md): 1.29x at a window of 512, 1.10-1.25x at 1024, 1.07x at 2048 and
+// 1.03x at 4096; wider was not measured, so packing stops there.
+constexpr int64_t kFlashPackedWindowKeys = 4096;
 constexpr bool flash_forward_packs_gqa(int head_dim_qk, int head_dim_v, int64_t window_span,
                                        int64_t group_size) {
   const bool packed_window = window_span >= 0 && window_span <= kFlashPackedWindowKeys;
@@ -224,9 +220,7 @@ constexpr FlashTileShape flash_forward_wgmma_ws_tile_shape(int head_dim_qk, int 
   shape.warps = 4 * (1 + consumers);
   const int stages =
       flash_forward_wgmma_ws_stages(head_dim_qk, head_dim_v, shape.block_m, shape.block_n);
-  const int q_buffers = flash_forward_wgmma_ws_q_buffers(head_dim_qk, head_dim_v, shape.block_m,
-                                                         shape.block_n, stages);
-  shape.shared_bytes = 2 * (q_buffers * shape.block_m * head_dim_qk +
+  shape.shared_bytes = 2 * (kFlashForwardWsQBuffers * shape.block_m * head_dim_qk +
                             stages * shape.block_n * (head_dim_qk + head_dim_v)) +
                        1024 + kFlashWsBarrierBytes;
   return shape;
