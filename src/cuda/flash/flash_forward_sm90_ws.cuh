@@ -22,7 +22,8 @@
 // - Ping-pong: consumer c waits on named barrier 1 + c before issuing its MMAs of a tile and
 //   then releases the next one's barrier (c + 1, in a ring); the last consumer releases
 //   consumer 0's barrier once up front. Arrivals and waits balance exactly (consumer 0 waits
-//   once more at the end), so no barrier is left mid-phase when the block exits.
+//   once more at the end), so no barrier is left mid-phase when the block exits. Not at head
+//   dim 256 (kTurns), whose consumers issue unordered.
 // - Registers: the producer gives its registers to the consumers (setmaxnreg 24 / 240 with two
 //   consumers, FlashAttention-3's split; 24 / 160 with three; 24 / 112 with four).
 // - Within a consumer, FlashAttention-3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) are
