@@ -207,6 +207,17 @@ TEST(FlashTiles, BackwardPlanSizesTheFamilyThatRuns) {
   // of 128 x 128, the dq tile, the barriers and the alignment pad.
   EXPECT_EQ(flash_backward_one_kernel_dq_buffers(64), 1);
   EXPECT_EQ(flash_backward_one_kernel_du_buffers(64, true), 2);
+  // Tickets where the producer's threads add the tiles: head dim 64 without dropout (whose tiles
+  // the consumers add) outside deterministic mode (which orders the adds by flags); not head dim
+  // 128 (the copy engine's bulk reductions) nor the wide form; and only at 64-row query tiles
+  // (narrow windows), where few key blocks share a tile.
+  EXPECT_TRUE(flash_backward_dq_takes_tickets(64, 64, false, false, 64));
+  EXPECT_FALSE(flash_backward_dq_takes_tickets(64, 64, true, false, 64));
+  EXPECT_FALSE(flash_backward_dq_takes_tickets(64, 64, false, true, 64));
+  EXPECT_FALSE(flash_backward_dq_takes_tickets(128, 128, false, false, 64));
+  EXPECT_FALSE(flash_backward_dq_takes_tickets(256, 256, false, false, 64));
+  EXPECT_FALSE(flash_backward_dq_takes_tickets(64, 64, false, false, 128));
+  EXPECT_EQ(kDqTicketCount & kDqTicketStored, 0);
   EXPECT_EQ(flash_backward_one_kernel_shared_bytes(64, 64, false, 128),
             2 * 128 * 128 + 2 * 2 * 128 * 128 + 2 * 2 * 128 * 4 + 2 * 128 * 128 * 2 + 128 * 64 * 4 +
                 128 + 1024);

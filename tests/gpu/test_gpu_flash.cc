@@ -164,6 +164,36 @@ TEST_F(FlashDecodeWithoutKeys, GivesZeroAndTheSinkLse) {
   expect_contract(got, "cuda_flash");
 }
 
+// A backward without queries (sq = 0) at head dim 64, whose one-kernel form takes dq tickets
+// (flash_backward_dq_takes_tickets) for query tiles it then has none of: no error, and dk and
+// dv are zero, as cpu_exact gives.
+using FlashBackwardWithoutQueries = FlashDecodeWithoutKeys;
+TEST_F(FlashBackwardWithoutQueries, GivesZeroKeyGradients) {
+  CaseSpec spec;
+  spec.dtype = DType::kBFloat16;
+  spec.batch = 2;
+  spec.seqlen_q = 0;
+  spec.seqlen_kv = 300;
+  spec.heads_q = 8;
+  spec.heads_kv = 2;
+  spec.head_dim_qk = spec.head_dim_v = 64;
+  spec.seed = 78;
+  const CaseTensors tensors = make_case(spec);
+  const auto expect_zero_key_gradients = [&](const CaseOutputs& out, const char* who) {
+    ASSERT_EQ(out.dk.numel(), spec.batch * spec.seqlen_kv * spec.heads_kv * 64) << who;
+    ASSERT_EQ(out.dv.numel(), out.dk.numel()) << who;
+    for (int64_t n = 0; n < out.dk.numel(); ++n) {
+      ASSERT_EQ(out.dk.get(n), 0.0) << who << ": dk[" << n << "]";
+      ASSERT_EQ(out.dv.get(n), 0.0) << who << ": dv[" << n << "]";
+    }
+  };
+  expect_zero_key_gradients(run_case(spec, tensors, BackendKind::kCpuExact), "cpu_exact");
+  if (reference_only_mode()) GTEST_SKIP() << "reference only";
+  const CaseOutputs got = run_device_case(spec, tensors, BackendKind::kCudaFlash, true);
+  EXPECT_EQ(got.backward_backend, BackendKind::kCudaFlash);
+  expect_zero_key_gradients(got, "cuda_flash");
+}
+
 GpuCase find_case(const std::string& name) {
   for (const GpuCase& c : gpu_cases())
     if (c.name == name) return c;

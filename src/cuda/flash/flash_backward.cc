@@ -38,20 +38,22 @@ FlashBackwardPlan backward_plan(const AttentionProblem& p) {
                              requested_backward_family(p.flash_backward_kernel), p.window_span());
 }
 
-// The one-kernel backward's query tiles per (batch, head) in deterministic mode, and their
-// count over the batch's heads (one order flag each).
-int64_t dq_order_tiles(const AttentionProblem& p) {
+// The one-kernel backward's 64-row query tiles per (batch, head), and their count over the
+// batch's heads: one order flag each in deterministic mode, else one ticket word each where
+// flash_backward_dq_takes_tickets.
+int64_t dq_tiles_per_head(const AttentionProblem& p) {
   constexpr int64_t kTileRows = kOneKernelBackwardBlockM;
   return (p.max_seqlen_q + kTileRows - 1) / kTileRows;
 }
-size_t dq_order_count(const AttentionProblem& p) {
-  return size_t(p.batch * p.heads_q * dq_order_tiles(p));
+size_t dq_tile_count(const AttentionProblem& p) {
+  return size_t(p.batch * p.heads_q * dq_tiles_per_head(p));
 }
 
 // The backward's own buffers, by family.
 struct FlashBackwardBuffers {
   size_t dq_accum = 0;    // fp32 [b, H, sq rounded up to whole tiles, dqk], one-kernel family
   size_t dq_order = 0;    // int32 [b, H, query tiles], the one-kernel family in deterministic mode
+  size_t dq_tickets = 0;  // int32 [b, H, query tiles], where flash_backward_dq_takes_tickets
   size_t row_delta = 0;   // fp32 [b, H, sq] D_i
   size_t row_dalpha = 0;  // fp32 [b, H, sq] per-row sink gradient terms
 };
@@ -62,7 +64,11 @@ FlashBackwardBuffers flash_backward_buffers(const AttentionProblem& p, FlashBack
   if (family == FlashBackwardFamily::kOneKernel) {
     sizes.dq_accum = size_t(p.batch * p.heads_q * dq_workspace_rows(p.max_seqlen_q)) *
                      size_t(p.head_dim_qk) * sizeof(float);
-    if (p.deterministic) sizes.dq_order = dq_order_count(p) * sizeof(int);
+    if (p.deterministic) sizes.dq_order = dq_tile_count(p) * sizeof(int);
+    if (flash_backward_dq_takes_tickets(int(p.head_dim_qk), int(p.head_dim_v),
+                                        p.dropout_threshold != 0, p.deterministic,
+                                        backward_plan(p).query_tile_rows))
+      sizes.dq_tickets = dq_tile_count(p) * sizeof(int);
   }
   sizes.row_delta = rows * sizeof(float);
   if (p.wants_dsoftmax_offset) sizes.row_dalpha = rows * sizeof(float);
@@ -92,7 +98,7 @@ void plan_query_tile_maps(const AttentionProblem& p, FlashBackwardParams& bp) {
 size_t flash_backward_workspace_bytes(const AttentionProblem& p) {
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, backward_plan(p).family);
   return workspace_bytes_for({sequence_tables_bytes(p), sizes.dq_accum, sizes.dq_order,
-                              sizes.row_delta, sizes.row_dalpha});
+                              sizes.dq_tickets, sizes.row_delta, sizes.row_dalpha});
 }
 
 void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
@@ -122,12 +128,18 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   const FlashBackwardBuffers sizes = flash_backward_buffers(p, family);
   DeviceBuffer dq_accum(sizes.dq_accum, stream);
   // Zeroed by the backward's prepare kernel (flash_backward_rows.cuh), which reads each row's o
-  // and dO anyway.
+  // and dO anyway, unless the tiles take tickets.
   if (bp.one_kernel) bp.dq_accum = dq_accum.get<float>();
+  DeviceBuffer dq_tickets(sizes.dq_tickets, stream);
+  if (sizes.dq_tickets > 0) {
+    bp.dq_tickets = dq_tickets.get<int>();
+    bp.dq_tiles_per_head = int(dq_tiles_per_head(p));
+    DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_tickets, 0, dq_tickets.bytes(), stream));
+  }
   DeviceBuffer dq_order(sizes.dq_order, stream);
   if (sizes.dq_order > 0) {
     bp.dq_order = dq_order.get<int>();
-    bp.dq_order_tiles = int(dq_order_tiles(p));
+    bp.dq_tiles_per_head = int(dq_tiles_per_head(p));
     const int64_t key_block_rows =
         flash_backward_one_kernel_block_n(int(p.head_dim_qk), int(p.head_dim_v));
     bp.key_chain = deterministic_key_chain(

@@ -156,6 +156,14 @@ __device__ __forceinline__ int64_t dq_workspace_row(const FlashForwardParams& p,
   return (int64_t(batch) * p.heads_q + head) * dq_workspace_rows(p.max_seqlen_q) + i;
 }
 
+// The ticket word (FlashBackwardParams::dq_tickets) of (batch, head)'s query tile whose first row
+// is `first_row`: one word per 64-row workspace tile, a 128-row query tile's at its first.
+__device__ __forceinline__ int* dq_ticket_word(const FlashBackwardParams& bp, int batch, int head,
+                                               int first_row) {
+  return bp.dq_tickets + (int64_t(batch) * bp.fwd.heads_q + head) * bp.dq_tiles_per_head +
+         first_row / kOneKernelBackwardBlockM;
+}
+
 // Stores fp32 fragments (a slab's rows g and g + 8, kDim columns) times `factor` as Element
 // rows: `row_pointer(i)` gives row i's first element, nullptr to skip it.
 template <typename Element, int kDim, typename RowPointer>

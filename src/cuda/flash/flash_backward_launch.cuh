@@ -51,6 +51,8 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
       throw Error(ErrorCode::kInternal, "dropout",
                   "the wide one-kernel backward at this head dim has no keep bits");
     }
+    if (p.dq_tickets != nullptr)
+      throw Error(ErrorCode::kInternal, "", "the wide one-kernel backward takes no dq tickets");
     if (p.query_tile_rows != Wide::kBlockM)
       throw Error(ErrorCode::kInternal, "",
                   "one-kernel backward's query_tile_rows disagrees with its form");
@@ -67,6 +69,15 @@ void launch_flash_backward_one_kernel_sm90(const FlashBackwardParams& p, cudaStr
       auto kernel = deterministic
                         ? flash_backward_one_kernel_sm90_kernel<Traits, Traits::kDropout, true>
                         : flash_backward_one_kernel_sm90_kernel<Traits, Traits::kDropout, false>;
+      // Without tickets where the form takes them the kernel would read no ticket words; with
+      // them where it does not, the unzeroed workspace would be summed into. Without query rows
+      // there are no tiles, no tickets (nor deterministic mode's flags) and no iterations.
+      if (f.max_seqlen_q > 0 &&
+          (p.dq_tickets != nullptr) !=
+              flash_backward_dq_takes_tickets(kHeadDimQK, kHeadDimV, Traits::kDropout,
+                                              deterministic, Traits::kBlockM))
+        throw Error(ErrorCode::kInternal, "",
+                    "one-kernel backward's dq tickets disagree with its form");
       if (f.max_seqlen_kv > 0)
         launch_backward_kernel(kernel, grid_of(Traits::kBlockN), Traits::kThreads,
                                Traits::kSharedBytes, p, stream);
@@ -117,9 +128,10 @@ void launch_flash_backward_element(const FlashBackwardParams& p, cudaStream_t st
   if (f.batch == 0 || f.heads_q == 0) return;
   const unsigned batch = unsigned(f.batch);
   if (f.max_seqlen_q > 0) {
-    // Also zeroes the one-kernel family's dq workspace (p.dq_accum), whose rows per head are
-    // rounded up to whole tiles.
-    const int64_t rows = p.one_kernel ? dq_workspace_rows(f.max_seqlen_q) : f.max_seqlen_q;
+    // Also zeroes the one-kernel family's dq workspace (p.dq_accum) where it takes no tickets;
+    // its rows per head are rounded up to whole tiles.
+    const bool zeroes = p.one_kernel && p.dq_tickets == nullptr;
+    const int64_t rows = zeroes ? dq_workspace_rows(f.max_seqlen_q) : f.max_seqlen_q;
     flash_backward_prepare_kernel<Element, kHeadDimQK, kHeadDimV>
         <<<backward_row_grid(rows, f.heads_q, f.batch, kHeadDimV), kBackwardRowBlockThreads, 0,
            stream>>>(p);

@@ -26,18 +26,24 @@ struct FlashBackwardParams {
   // (flash_backward_sm90_one_kernel.cuh): dq summed in `dq_accum`, [b, H, max_sq rounded up to
   // whole 128-row tiles (dq_workspace_rows), head_dim_qk] fp32, each 64-row tile in fragment order
   // for the narrow form (dq_fragment_offset), zeroed by the prepare kernel
-  // (flash_backward_rows.cuh), then converted; in any order unless dq_order is set.
+  // (flash_backward_rows.cuh) unless dq_tickets is set, then converted; in any order unless
+  // dq_order is set.
   bool one_kernel = false;
   float* dq_accum = nullptr;
   // The narrow kernel's query tile (flash_backward_one_kernel_block_m), which the tensor maps'
   // boxes have; the launch checks it against the kernel's form.
   int query_tile_rows = 0;
   // Deterministic mode of the one-kernel backward: per (batch, head, 64-row query tile) the
-  // next key block whose dq partial may be added ([b, H, dq_order_tiles] int32, zeroed by the
+  // next key block whose dq partial may be added ([b, H, dq_tiles_per_head] int32, zeroed by the
   // host; kDeterministicKeyChain; a kernel with 128-row tiles uses the first half); null
   // otherwise. Key blocks run in chains of `key_chain`.
   int* dq_order = nullptr;
-  int dq_order_tiles = 0, key_chain = 0;
+  int dq_tiles_per_head = 0, key_chain = 0;
+  // Where flash_backward_dq_takes_tickets: per (batch, head, 64-row query tile), how many key
+  // blocks have taken the tile (the low bits, kDqTicketCount) and whether the first has stored
+  // its partial (kDqTicketStored), [b, H, dq_tiles_per_head] int32 zeroed by the host; a
+  // kernel with 128-row tiles uses the first of each pair. The dq workspace is then not zeroed.
+  int* dq_tickets = nullptr;
 
   // Bulk tensor copies (TMA) of each query tile's Q and dO in the one-kernel backward's producer:
   // boxes of query_tile_rows rows by 64 columns (cuda/tensor_map.h). Only where

@@ -36,8 +36,9 @@ __device__ __forceinline__ void load_eight(const Element* row, int c, float (&ou
 }
 
 // D and the sink-gradient share of each row (0 outside its sequence), and with the one-kernel
-// family (bp.dq_accum set) the row's dq workspace zeroed, the rows that round the last tile up
-// included (launched over dq_workspace_rows(max_seqlen_q) rows): a group of
+// family (bp.dq_accum set) without tickets (bp.dq_tickets null) the row's dq workspace zeroed,
+// the rows that round the last tile up included (launched over dq_workspace_rows(max_seqlen_q)
+// rows): a group of
 // backward_row_threads(kDimV) threads per row, kBackwardRowBlockThreads per block, grid (row
 // blocks, heads, batch).
 template <typename Element, int kDimQK, int kDimV>
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(kBackwardRowBlockThreads)
   // No lane returns before the shuffles below: a warp's last rows may lie past max_seqlen_q.
   const bool stored = i < p.max_seqlen_q;
   const int64_t index = row_workspace_index(p, batch, head, i);
-  if (bp.dq_accum != nullptr && i < dq_workspace_rows(p.max_seqlen_q)) {
+  if (bp.dq_accum != nullptr && bp.dq_tickets == nullptr && i < dq_workspace_rows(p.max_seqlen_q)) {
     float4* accum =
         reinterpret_cast<float4*>(bp.dq_accum + dq_workspace_row(p, batch, head, i) * kDimQK);
     for (int c = part; c < kDimQK / 4; c += kThreads) accum[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -135,8 +136,9 @@ __global__ void __launch_bounds__(kBackwardRowBlockThreads)
 // and pass, puts each float4's two row pairs in place in a row-major shared tile, and then writes
 // whole rows, 8 columns per thread and pass. Written straight from the fragments (a thread per
 // 16-float chunk, two rows of 8 columns), a warp's 16-byte stores fell on 64 rows, and the pass
-// took 2.5x the row-order conversion's time (docs/perf.md, session 40). Grid (tiles per head,
-// heads, batch).
+// took 2.5x the row-order conversion's time (docs/perf.md, session 40). With tickets
+// (bp.dq_tickets), a tile that no key block took was never written: its rows are zeros. Grid
+// (tiles per head, heads, batch).
 template <typename Element, int kDimQK>
 __global__ void __launch_bounds__(kBackwardRowBlockThreads)
     flash_backward_convert_dq_fragments_kernel(const __grid_constant__ FlashBackwardParams bp) {
@@ -154,9 +156,16 @@ __global__ void __launch_bounds__(kBackwardRowBlockThreads)
   if (i0 >= seqlen_q) return;
   const float4* accum =
       reinterpret_cast<const float4*>(bp.dq_accum + dq_workspace_row(p, batch, head, i0) * kDimQK);
+  bool taken = true;
+  if (bp.dq_tickets != nullptr) {
+    // The ticket word of the kernel's query tile that holds this workspace tile.
+    const int first_row = i0 / bp.query_tile_rows * bp.query_tile_rows;
+    taken = (*dq_ticket_word(bp, batch, head, first_row) & kDqTicketCount) != 0;
+  }
   float4 values[kFloat4s / kThreads];
 #pragma unroll
-  for (int k = 0; k < kFloat4s / kThreads; ++k) values[k] = accum[k * kThreads + threadIdx.x];
+  for (int k = 0; k < kFloat4s / kThreads; ++k)
+    values[k] = taken ? accum[k * kThreads + threadIdx.x] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int k = 0; k < kFloat4s / kThreads; ++k) {
     const DqFragmentPosition at = dq_fragment_position(k * kThreads + int(threadIdx.x), kDimQK);

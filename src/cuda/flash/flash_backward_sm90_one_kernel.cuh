@@ -21,7 +21,10 @@
 // reduction per tile; deterministic mode's split producer does the same from warp 2's first
 // thread, in key-block order), so the consumers issue no global reductions. Head dim 64 keeps one
 // tile, which the producer's threads read and add (16-byte reductions), and its dropout form adds
-// dq_tile from the consumers' registers instead (one_kernel_dq_from_registers).
+// dq_tile from the consumers' registers instead (one_kernel_dq_from_registers); without dropout
+// and outside deterministic mode each of its tiles takes a ticket
+// (flash_backward_dq_takes_tickets): the first key block stores its partial, the later ones add to
+// it once that store is published, and the workspace is never zeroed.
 // launch_flash_backward_sm90_one_kernel then converts the workspace to dq (times scale).
 #pragma once
 
@@ -340,8 +343,14 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
   // The tile's flag in deterministic mode: the key block whose turn it is to add query tile
   // `tile` of head `head`.
   auto dq_order_flag = [&](int head, int tile) {
-    return bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_order_tiles + tile;
+    return bp.dq_order + (int64_t(kb.batch) * p.heads_q + head) * bp.dq_tiles_per_head + tile;
   };
+  // Outside deterministic mode, where flash_backward_dq_takes_tickets: each tile's ticket word
+  // (dq_ticket_word; the launch checks that the host allotted them).
+  constexpr bool kTickets =
+      flash_backward_dq_takes_tickets(kDimQK, Traits::kHeadDimV, kDropout, kDeterministic, kBlockM);
+  static_assert(!kTickets || (!kBulk && !kDropout), "tickets where the producer's threads add");
+  auto dq_ticket = [&](int head, int i0) { return dq_ticket_word(bp, kb.batch, head, i0); };
   // All 128 producer threads add each tile; kHandOffThread issues the bulk reductions and
   // deterministic mode's hand-offs.
   auto add_dq_tile = [&](int j) {
@@ -367,7 +376,25 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
         order = dq_order_flag(head, tile);
         waits_for_previous = previous.first <= tile && tile <= previous.last;
       }
+      [[maybe_unused]] int ticket = 0;
+      if constexpr (kTickets) {
+        // Taken before the wait for the tile, which hides the atomic's round trip; a block that
+        // holds ticket 0 waits for nothing but its own consumers before it stores, so the later
+        // ones' waits below always end.
+        if (threadIdx.x == kHandOffThread)
+          ticket = atomicAdd(dq_ticket(head, i0), 1) & kDqTicketCount;
+      }
       ptx::mbarrier_wait(l.dq_full(buffer), (j / kBuffers) & 1);
+      // Whether this block stores the tile (ticket 0) rather than adding to the first's partial.
+      [[maybe_unused]] bool stores = false;
+      if constexpr (kTickets) {
+        if (threadIdx.x == kHandOffThread && ticket != 0)
+          while ((ptx::load_acquire_gpu(dq_ticket(head, i0)) & kDqTicketStored) == 0) {
+          }
+        __syncwarp();  // thread 32's warp whole again before the aligned barrier
+        stores = ptx::named_barrier_sync_or(kProducerBarrier, kAdders,
+                                            threadIdx.x == kHandOffThread && ticket == 0);
+      }
       if constexpr (kDeterministic) {
         if (threadIdx.x == kHandOffThread && waits_for_previous)
           while (ptx::load_acquire_gpu(order) != key_block) {
@@ -398,10 +425,20 @@ __device__ __forceinline__ void run_one_kernel_backward_producer(
           for (int k = 0; k < kLoadsInFlight; ++k) sums[k] = tile[(pass + k) * kAdders];
 #pragma unroll
           for (int k = 0; k < kLoadsInFlight; ++k)
-            ptx::red_add_v4(accum + (pass + k) * kAdders, sums[k]);
+            ptx::store_or_add_v4(accum + (pass + k) * kAdders, sums[k], stores);
         }
       }
       ptx::mbarrier_arrive(l.dq_empty(buffer));  // the tile is read
+      if constexpr (kTickets) {
+        if (stores) {
+          // Every adder's stores made, then published at GPU scope (as a grid barrier does).
+          ptx::named_barrier_sync(kProducerBarrier, kAdders);
+          if (threadIdx.x == kHandOffThread) {
+            __threadfence();
+            atomicOr(dq_ticket(head, i0), kDqTicketStored);
+          }
+        }
+      }
       if constexpr (kDeterministic) {
         ptx::named_barrier_sync(kProducerBarrier, kAdders);  // every adder's reductions issued
         if (threadIdx.x == kHandOffThread) ptx::store_release_gpu(order, key_block + 1);

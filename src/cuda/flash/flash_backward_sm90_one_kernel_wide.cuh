@@ -147,7 +147,7 @@ __device__ __forceinline__ void hand_over_dq_tile(const FlashBackwardParams& bp,
                             kb.seqlen_kv, kb.diagonal, p.window_left, p.window_right);
   const int key_block = kb.j0 / Traits::kBlockN, tile = kb.first_query(j) / Traits::kBlockM;
   int* order =
-      bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(j)) * bp.dq_order_tiles + tile;
+      bp.dq_order + (int64_t(kb.batch) * p.heads_q + kb.head(j)) * bp.dq_tiles_per_head + tile;
   const bool first_lane = threadIdx.x % 32 == 0;
   if (first_lane) {
     if (previous.first <= tile && tile <= previous.last)

@@ -452,6 +452,25 @@ constexpr DqFragmentPosition dq_fragment_position(int index, int head_dim_qk) {
 constexpr int flash_backward_one_kernel_dq_buffers(int head_dim_qk) {
   return head_dim_qk == 128 ? 2 : 1;
 }
+// Whether the narrow form's dq tiles take tickets (FlashBackwardParams::dq_tickets): where the
+// producer's 128 threads add each tile to the workspace (one dq buffer, no dropout, whose head
+// dim 64 form adds from the consumers' registers) outside deterministic mode. The first key
+// block to take a tile's ticket stores its partial and the later ones add to it, so the
+// workspace needs no zeroing; a tile no block took is written as zeros by the conversion. The
+// zeroing moved the whole workspace (2 x 64 x 8192 x 64 floats for gpt-oss, about 88 us of a
+// 0.99 ms backward under its window of 128 on an H100, docs/perf.md, session 51). Only at
+// 64-row query tiles (narrow windows), where few key blocks share a tile: without a window or
+// under a wide one (128-row tiles) the key blocks reach each tile together and the later tickets'
+// waits for the first store cost more than the zeroing saves (d64 0.84x, causal 0.86x, window
+// 1024 0.90x against 1.06x at the gpt-oss window of 128, session 52), and that form's producer
+// spilled 32 / 16 bytes more with them.
+constexpr int kDqTicketStored = 1 << 30, kDqTicketCount = kDqTicketStored - 1;
+constexpr bool flash_backward_dq_takes_tickets(int head_dim_qk, int head_dim_v, bool dropout,
+                                               bool deterministic, int query_tile_rows) {
+  return flash_backward_one_kernel_narrow_eligible(head_dim_qk, head_dim_v) &&
+         flash_backward_one_kernel_dq_buffers(head_dim_qk) == 1 && !dropout && !deterministic &&
+         query_tile_rows == 64;
+}
 // The narrow form's dU^T buffers: two, so that a consumer stores tile j + 1's dU^T while the other
 // may still read tile j's in its dq product; one in head dim 128's dropout form, where the keep
 // words and the second dq tile leave no room for two (the consumers then wait for each other's

@@ -89,6 +89,17 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// named_barrier_sync that also returns whether `value` was true in any of the threads.
+__device__ __forceinline__ bool named_barrier_sync_or(int id, int threads, bool value) {
+  int any;
+  asm volatile(
+      "{\n .reg .pred given, result;\n setp.ne.s32 given, %1, 0;\n"
+      " bar.red.or.pred result, %2, %3, given;\n selp.s32 %0, 1, 0, result;\n}\n"
+      : "=r"(any)
+      : "r"(int(value)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
