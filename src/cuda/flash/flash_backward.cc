@@ -131,15 +131,14 @@ void run_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
   // and dO anyway, unless the tiles take tickets.
   if (bp.one_kernel) bp.dq_accum = dq_accum.get<float>();
   DeviceBuffer dq_tickets(sizes.dq_tickets, stream);
+  bp.dq_tiles_per_head = int(dq_tiles_per_head(p));  // for the tickets or the order flags
   if (sizes.dq_tickets > 0) {
     bp.dq_tickets = dq_tickets.get<int>();
-    bp.dq_tiles_per_head = int(dq_tiles_per_head(p));
     DPA_CUDA_CHECK(cudaMemsetAsync(bp.dq_tickets, 0, dq_tickets.bytes(), stream));
   }
   DeviceBuffer dq_order(sizes.dq_order, stream);
   if (sizes.dq_order > 0) {
     bp.dq_order = dq_order.get<int>();
-    bp.dq_tiles_per_head = int(dq_tiles_per_head(p));
     const int64_t key_block_rows =
         flash_backward_one_kernel_block_n(int(p.head_dim_qk), int(p.head_dim_v));
     bp.key_chain = deterministic_key_chain(

@@ -156,8 +156,8 @@ __device__ __forceinline__ int64_t dq_workspace_row(const FlashForwardParams& p,
   return (int64_t(batch) * p.heads_q + head) * dq_workspace_rows(p.max_seqlen_q) + i;
 }
 
-// The ticket word (FlashBackwardParams::dq_tickets) of (batch, head)'s query tile whose first row
-// is `first_row`: one word per 64-row workspace tile, a 128-row query tile's at its first.
+// The ticket word (FlashBackwardParams::dq_tickets) of (batch, head)'s 64-row query tile whose
+// first row is `first_row` (tickets only at 64-row tiles: flash_backward_dq_takes_tickets).
 __device__ __forceinline__ int* dq_ticket_word(const FlashBackwardParams& bp, int batch, int head,
                                                int first_row) {
   return bp.dq_tickets + (int64_t(batch) * bp.fwd.heads_q + head) * bp.dq_tiles_per_head +

@@ -41,8 +41,8 @@ struct FlashBackwardParams {
   int dq_tiles_per_head = 0, key_chain = 0;
   // Where flash_backward_dq_takes_tickets: per (batch, head, 64-row query tile), how many key
   // blocks have taken the tile (the low bits, kDqTicketCount) and whether the first has stored
-  // its partial (kDqTicketStored), [b, H, dq_tiles_per_head] int32 zeroed by the host; a
-  // kernel with 128-row tiles uses the first of each pair. The dq workspace is then not zeroed.
+  // its partial (kDqTicketStored), [b, H, dq_tiles_per_head] int32 zeroed by the host (only at
+  // 64-row query tiles). The dq workspace is then not zeroed.
   int* dq_tickets = nullptr;
 
   // Bulk tensor copies (TMA) of each query tile's Q and dO in the one-kernel backward's producer:

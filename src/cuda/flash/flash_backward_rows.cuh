@@ -38,9 +38,8 @@ __device__ __forceinline__ void load_eight(const Element* row, int c, float (&ou
 // D and the sink-gradient share of each row (0 outside its sequence), and with the one-kernel
 // family (bp.dq_accum set) without tickets (bp.dq_tickets null) the row's dq workspace zeroed,
 // the rows that round the last tile up included (launched over dq_workspace_rows(max_seqlen_q)
-// rows): a group of
-// backward_row_threads(kDimV) threads per row, kBackwardRowBlockThreads per block, grid (row
-// blocks, heads, batch).
+// rows): a group of backward_row_threads(kDimV) threads per row, kBackwardRowBlockThreads per
+// block, grid (row blocks, heads, batch).
 template <typename Element, int kDimQK, int kDimV>
 __global__ void __launch_bounds__(kBackwardRowBlockThreads)
     flash_backward_prepare_kernel(const __grid_constant__ FlashBackwardParams bp) {
@@ -156,12 +155,8 @@ __global__ void __launch_bounds__(kBackwardRowBlockThreads)
   if (i0 >= seqlen_q) return;
   const float4* accum =
       reinterpret_cast<const float4*>(bp.dq_accum + dq_workspace_row(p, batch, head, i0) * kDimQK);
-  bool taken = true;
-  if (bp.dq_tickets != nullptr) {
-    // The ticket word of the kernel's query tile that holds this workspace tile.
-    const int first_row = i0 / bp.query_tile_rows * bp.query_tile_rows;
-    taken = (*dq_ticket_word(bp, batch, head, first_row) & kDqTicketCount) != 0;
-  }
+  const bool taken =
+      bp.dq_tickets == nullptr || (*dq_ticket_word(bp, batch, head, i0) & kDqTicketCount) != 0;
   float4 values[kFloat4s / kThreads];
 #pragma unroll
   for (int k = 0; k < kFloat4s / kThreads; ++k)
