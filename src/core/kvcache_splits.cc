@@ -36,6 +36,11 @@ bool kvcache_deep_pipeline(int64_t key_tiles, int splits) {
   return splits > 1 && key_tiles <= kKvCacheDeepPipelineTiles * splits;
 }
 
+bool kvcache_whole_range_in_flight(int64_t key_tiles, int splits, int deep_stages, int64_t blocks,
+                                   int64_t deep_slots) {
+  return splits == 1 && key_tiles <= deep_stages && blocks <= deep_slots;
+}
+
 bool kvcache_prefill_on_flash(int arch, bool packed_q, int64_t queries_per_sequence,
                               int64_t head_dim) {
   return arch == 90 && !packed_q && queries_per_sequence >= kKvCacheFlashPrefillQueries &&

@@ -40,6 +40,14 @@ int64_t kvcache_key_tiles(int64_t capacity, int64_t window_left, int64_t window_
 // has hundreds of tiles (docs/perf.md, session 12).
 bool kvcache_deep_pipeline(int64_t key_tiles, int splits);
 
+// Whether an unsplit launch takes the deeper pipeline of `deep_stages` so that each block has
+// all of its at most `key_tiles` tiles in flight at once (a windowed decode step: a 128-key
+// window spans three 64-key tiles, which two stages load one after another, each issued only
+// once the one before it has landed): only where its `blocks` fit on the device at once at the
+// deeper pipeline (`deep_slots`), so that the fewer blocks per SM cost no extra wave.
+bool kvcache_whole_range_in_flight(int64_t key_tiles, int splits, int deep_stages, int64_t blocks,
+                                   int64_t deep_slots);
+
 // Queries per sequence from which a prefill call runs on cuda_flash's warp-specialised forward
 // (128-row blocks, one query head each) rather than on the KV-cache kernel, whose 16-row blocks
 // read every key again for each 16 packed rows.

@@ -52,6 +52,18 @@ TEST(KvCacheSplits, OnlySplitsOfFewTilesTakeTheDeepPipeline) {
   EXPECT_FALSE(kvcache_deep_pipeline(kKvCacheDeepPipelineTiles * 8 + 1, 8));
 }
 
+TEST(KvCacheSplits, AWholeWindowInFlightOnlyInOneWave) {
+  // A 128-key window over one query (three tiles) at d = 128's three deep stages, b = 16 x 8 KV
+  // heads = 128 blocks against 132 SMs x 2 deep blocks.
+  EXPECT_TRUE(kvcache_whole_range_in_flight(3, 1, 3, 128, 264));
+  EXPECT_TRUE(kvcache_whole_range_in_flight(2, 1, 3, 264, 264));
+  // More blocks than fit at once: the default's more blocks per SM cost no extra wave.
+  EXPECT_FALSE(kvcache_whole_range_in_flight(3, 1, 3, 265, 264));
+  // More tiles than the deep stages, or a split launch (kvcache_deep_pipeline's case).
+  EXPECT_FALSE(kvcache_whole_range_in_flight(4, 1, 3, 128, 264));
+  EXPECT_FALSE(kvcache_whole_range_in_flight(3, 2, 3, 128, 264));
+}
+
 TEST(KvCacheSplits, OnlyLongPrefillChunksOnHopperRunOnTheFlashForward) {
   EXPECT_TRUE(kvcache_prefill_on_flash(90, false, 512, 128));
   EXPECT_TRUE(kvcache_prefill_on_flash(90, false, kKvCacheFlashPrefillQueries, 64));

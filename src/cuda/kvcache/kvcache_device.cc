@@ -104,6 +104,7 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
   p.heads_q = int(plan.heads_q);
   p.heads_kv = int(plan.heads_kv);
   p.group = int(plan.heads_q / plan.heads_kv);
+  p.by_group = FastDivider(p.group);
   const double scale = config.scale ? *config.scale : 1.0 / std::sqrt(double(head_dim));
   p.scale_log2 = float(scale * kLog2e);
   p.use_softcap = config.softcap > 0;
@@ -136,13 +137,19 @@ KvCacheLaunch plan_launch(const KvCachePlan& plan, const KvCacheConfig& config,
                                               std::min<int64_t>(queries, kRowsPerBlock));
   const int64_t blocks = sequence_heads * row_blocks;
   p.num_splits = kvcache_num_splits(blocks, key_tiles, slots);
-  // The deeper pipeline where each split has few tiles, if it fits in shared memory.
+  // The deeper pipeline where each split has few tiles, or where it holds each block's whole
+  // key range and its blocks still fit on the device at once, if its shared memory fits (its
+  // occupancy is asked only then).
   const int deep = kvcache_split_stages(head_dim);
-  if (kvcache_deep_pipeline(key_tiles, p.num_splits) && deep != launch.stages &&
+  if (deep != launch.stages &&
       size_t(kvcache_shared_bytes(head_dim, deep)) <= device.shared_memory_per_block_optin) {
-    launch.stages = deep;
-    slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(head_dim, deep);
-    p.num_splits = kvcache_num_splits(blocks, key_tiles, slots);
+    const int64_t deep_slots = int64_t(device.sm_count) * kvcache_blocks_per_sm(head_dim, deep);
+    if (kvcache_deep_pipeline(key_tiles, p.num_splits) ||
+        kvcache_whole_range_in_flight(key_tiles, p.num_splits, deep, blocks, deep_slots)) {
+      launch.stages = deep;
+      slots = deep_slots;
+      p.num_splits = kvcache_num_splits(blocks, key_tiles, slots);
+    }
   }
   p.total_rows = plan.packed_q ? queries : plan.batch * queries;
   return launch;

@@ -53,9 +53,9 @@ int blocks_per_sm() {
 }
 
 // Both dtypes have 16-bit elements: the same shared memory, the same occupancy. Each variant is
-// asked only when it runs (a device without the opt-in shared memory of d = 256 must still run
-// d = 64; kvcache_shared_bytes lets the caller refuse first). The first device asked decides (a
-// machine of mixed GPUs gets that device's occupancy: a speed question only).
+// asked only where its shared memory fits (a device without the opt-in shared memory of d = 256
+// must still run d = 64; kvcache_shared_bytes lets the caller refuse first). The first device asked
+// decides (a machine of mixed GPUs gets that device's occupancy: a speed question only).
 template <int kDim>
 int blocks_per_sm_staged(int stages) {
   if (stages == kv_split_stages(kDim)) {

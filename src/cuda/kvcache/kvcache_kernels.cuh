@@ -55,8 +55,12 @@ struct KvCacheTiles {
   // slack of 1 KB, then Q, then the stages' mbarriers.
   static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + kQBytes + kBarrierBytes;
   // The epilogue's reduction (per warp: 16 rows of O, their max and sum; then per row the
-  // warps' weights and the LSE) reuses the stages.
-  static constexpr int kReductionFloats = kKvWarps * kKvRows * (kDim + 3) + kKvRows;
+  // warps' weights and the LSE) reuses the stages. O's rows are padded by 8 floats: a warp
+  // stores 8 rows x 4 float2 at a time, which rows kDim floats apart put on the same banks
+  // (4x the ideal wavefronts under ncu, session 52); 8 floats apart, each half-warp's four rows
+  // cover the 32 banks once.
+  static constexpr int kORowFloats = kDim + 8;
+  static constexpr int kReductionFloats = kKvWarps * kKvRows * (kORowFloats + 3) + kKvRows;
   static_assert(4 * kReductionFloats <= kStages * kStageBytes,
                 "the epilogue's reduction must fit in the pipeline's shared memory");
 };
@@ -340,8 +344,9 @@ __global__ void __launch_bounds__(kKvThreads)
   for (int m0 = int(blockIdx.y) * kKvRows; m0 < rows; m0 += int(gridDim.y) * kKvRows) {
     __syncthreads();  // the previous rows' epilogue is done with shared memory
     const int rows_here = min(kKvRows, rows - m0);
-    const VisibleRange first = kv_visible(p, m0 / p.group, diagonal, s.keys);
-    const VisibleRange last = kv_visible(p, (m0 + rows_here - 1) / p.group, diagonal, s.keys);
+    const VisibleRange first = kv_visible(p, p.by_group.quotient(m0), diagonal, s.keys);
+    const VisibleRange last =
+        kv_visible(p, p.by_group.quotient(m0 + rows_here - 1), diagonal, s.keys);
     // Visible ranges grow with the query, so the rows' union lies in [first.begin, last.end).
     const int tile_begin = first.begin / kKvTileKeys;
     const int tile_end =
@@ -361,8 +366,9 @@ __global__ void __launch_bounds__(kKvThreads)
       const int row = chunk / (kDim / 8), column = (chunk % (kDim / 8)) * 8;
       const bool valid = row < rows_here;
       const int packed = m0 + (valid ? row : 0);
-      const int64_t offset = int64_t(s.q_start + packed / p.group) * p.q_row_stride +
-                             int64_t(g * p.group + packed % p.group) * p.q_head_stride;
+      const int i = p.by_group.quotient(packed);
+      const int64_t offset = int64_t(s.q_start + i) * p.q_row_stride +
+                             int64_t(g * p.group + packed - i * p.group) * p.q_head_stride;
       ptx::cp_async_16(ptx::shared_address(q_shared + row * kStride + column),
                        q_base + offset + column, valid);
     }
@@ -375,6 +381,13 @@ __global__ void __launch_bounds__(kKvThreads)
         ptx::cp_async_commit();  // an empty group keeps the wait counts fixed
       }
     }
+    // A block of exactly kStages tiles (a decode step's 128-key window: two tiles on two stages,
+    // or three on the deeper pipeline that kvcache_whole_range_in_flight gives it) issues its
+    // last one now as well, on the stage barriers: the loop would issue it only once the first
+    // had landed, paying one more copy's latency in a block that has little else to do. Not at
+    // d = 256, whose registers are full (ptxas spilled its two-stage form with it).
+    const bool all_ahead = kKvStageBarriers && kDim <= 128 && my_tiles == kStages;
+    if (all_ahead) issue(my_tile(kStages - 1));
     // Stage barriers do not count cp.async groups: Q is awaited here, after the first tiles are
     // on their way (the first tile's __syncthreads publishes it to every warp).
     if constexpr (kKvStageBarriers) ptx::cp_async_wait<0>();
@@ -386,8 +399,8 @@ __global__ void __launch_bounds__(kKvThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int packed = m0 + quad_row + 8 * half;
-      query[half] = packed / p.group;
-      const int head = g * p.group + packed % p.group;
+      query[half] = p.by_group.quotient(packed);
+      const int head = g * p.group + packed - query[half] * p.group;
       slope[half] = p.alibi_slopes && quad_row + 8 * half < rows_here
                         ? p.alibi_slopes[b * p.alibi_batch_stride + head] * kLog2e
                         : 0.f;
@@ -409,7 +422,7 @@ __global__ void __launch_bounds__(kKvThreads)
       __syncthreads();  // this tile landed; every warp is done with the stage refilled next
       const uint32_t stage = stage_of(consumed);
       ++consumed;
-      if (i + kStages - 1 < my_tiles) {
+      if (i + kStages - 1 < my_tiles && !all_ahead) {
         issue(my_tile(i + kStages - 1));
       } else if constexpr (!kKvStageBarriers) {
         ptx::cp_async_commit();
@@ -455,8 +468,9 @@ __global__ void __launch_bounds__(kKvThreads)
     if constexpr (!kKvStageBarriers) ptx::cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages: the reduction reuses them
     // The four warps' states: O (relative to each warp's max), max and sum per row.
-    float* warp_o = reinterpret_cast<float*>(stages_generic);  // [warp][row][kDim]
-    float* warp_max = warp_o + kKvWarps * kKvRows * kDim;      // [warp][row]
+    constexpr int kORow = Tiles::kORowFloats;
+    float* warp_o = reinterpret_cast<float*>(stages_generic);  // [warp][row][kORow]
+    float* warp_max = warp_o + kKvWarps * kKvRows * kORow;     // [warp][row]
     float* warp_sum = warp_max + kKvWarps * kKvRows;
     float* warp_weight = warp_sum + kKvWarps * kKvRows;  // [warp][row]: its factor in the result
     float* row_lse = warp_weight + kKvWarps * kKvRows;   // [row]
@@ -472,7 +486,7 @@ __global__ void __launch_bounds__(kKvThreads)
       }
 #pragma unroll
       for (int t = 0; t < kVTiles; ++t)
-        *reinterpret_cast<float2*>(warp_o + row * kDim + 8 * t + 2 * quad_col) =
+        *reinterpret_cast<float2*>(warp_o + row * kORow + 8 * t + 2 * quad_col) =
             make_float2(o_acc[t][2 * half], o_acc[t][2 * half + 1]);
     }
     __syncthreads();
@@ -488,7 +502,7 @@ __global__ void __launch_bounds__(kKvThreads)
       float lse = sum == 0.f ? -INFINITY : (max + __log2f(sum)) * kLn2;
       float scale = sum == 0.f ? 0.f : 1.f / sum;
       if (p.num_splits == 1) {  // the sink joins here, once per row (else in the merge)
-        const int head = g * p.group + (m0 + row) % p.group;
+        const int head = g * p.group + (m0 + row) - p.by_group.quotient(m0 + row) * p.group;
         const float sink = sink_logit(p.softmax_type, p.softmax_offset, head);
         const float top = max_keeping_nan(lse, sink);
         const float top_shift = top == -INFINITY ? 0.f : top;
@@ -511,12 +525,12 @@ __global__ void __launch_bounds__(kKvThreads)
       for (int w = 0; w < kKvWarps; ++w) {
         const float weight = warp_weight[w * kKvRows + row];
         const float2 part =
-            *reinterpret_cast<const float2*>(warp_o + (w * kKvRows + row) * kDim + column);
+            *reinterpret_cast<const float2*>(warp_o + (w * kKvRows + row) * kORow + column);
         value.x += weight * part.x;
         value.y += weight * part.y;
       }
-      const int packed = m0 + row, i = packed / p.group;
-      const int head = g * p.group + packed % p.group;
+      const int packed = m0 + row, i = p.by_group.quotient(packed);
+      const int head = g * p.group + packed - i * p.group;
       if (p.num_splits == 1) {
         Element* o_row = static_cast<Element*>(p.o) + b * p.o_batch_stride +
                          int64_t(s.q_start + i) * p.o_row_stride + head * p.o_head_stride;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "cuda/fast_divider.h"
+
 namespace dpa::cuda {
 
 struct KvCacheParams {
@@ -55,6 +57,9 @@ struct KvCacheParams {
   int new_per_sequence = 0;
 
   int batch = 0, heads_q = 0, heads_kv = 0, group = 1;
+  // FastDivider(group): a packed row's query and head within the group without an integer
+  // division (a short block of a windowed decode step divides several times per thread).
+  FastDivider by_group;
 
   // Logits in log2 units, as FlashForwardParams: scale_log2 * (q.k), or
   // softcap_log2 * tanh(softcap_arg_scale * (q.k)).
