@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace dpa {
 
@@ -34,9 +35,20 @@ class Error : public std::runtime_error {
   std::string argument_;
 };
 
-// Throws kInvalidArgument naming `argument` when `condition` is false.
+// Throws kInvalidArgument naming `argument` when `condition` is false. Every call validates
+// tens of arguments, so the message is built only on failure: a literal, or a callable that
+// returns the message (`[&] { return "has " + str(n) + " rows"; }`) where it is composed.
+inline void require(bool condition, const char* argument, const char* message) {
+  if (!condition) throw Error(ErrorCode::kInvalidArgument, argument, message);
+}
 inline void require(bool condition, const char* argument, const std::string& message) {
   if (!condition) throw Error(ErrorCode::kInvalidArgument, argument, message);
+}
+// (enable_if, not a requires-clause: CUDA translation units include this header as C++17.)
+template <typename MakeMessage,
+          typename = std::enable_if_t<std::is_invocable_r_v<std::string, MakeMessage>>>
+void require(bool condition, const char* argument, MakeMessage&& make_message) {
+  if (!condition) throw Error(ErrorCode::kInvalidArgument, argument, make_message());
 }
 
 }  // namespace dpa

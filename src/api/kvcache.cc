@@ -46,8 +46,9 @@ TensorView int32_view(std::vector<int32_t>& values) {
 
 // The sequence tables the attention takes are int32, as the caller's are.
 int32_t table_entry(int64_t value, const char* argument) {
-  require(value <= std::numeric_limits<int32_t>::max(), argument,
-          "gives " + std::to_string(value) + " rows in all, beyond the int32 sequence tables");
+  require(value <= std::numeric_limits<int32_t>::max(), argument, [&] {
+    return "gives " + std::to_string(value) + " rows in all, beyond the int32 sequence tables";
+  });
   return int32_t(value);
 }
 
@@ -218,7 +219,7 @@ bool check_tables_from(const EnvironmentGetter& getenv) {
   if (value == nullptr || *value == 0) return false;
   const std::string text(value);
   require(text == "0" || text == "1", "DPA_KVCACHE_CHECK_TABLES",
-          "must be 0 or 1, got '" + text + "'");
+          [&] { return "must be 0 or 1, got '" + text + "'"; });
   return text == "1";
 }
 

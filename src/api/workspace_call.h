@@ -26,13 +26,15 @@ void run_in_workspace(const Workspace& workspace, Needed&& needed_bytes, Run&& p
     bytes = needed;
     require(data != nullptr, "workspace", "the allocator returned no memory");
   } else {
-    require(bytes >= needed, "workspace",
-            "has " + std::to_string(bytes) + " bytes, the call needs " + std::to_string(needed) +
-                " (workspace_size)");
+    require(bytes >= needed, "workspace", [&] {
+      return "has " + std::to_string(bytes) + " bytes, the call needs " + std::to_string(needed) +
+             " (workspace_size)";
+    });
   }
-  require(reinterpret_cast<uintptr_t>(data) % kWorkspaceAlignment == 0, "workspace",
-          "must start on a " + std::to_string(kWorkspaceAlignment) +
-              "-byte boundary (as cudaMalloc's blocks do)");
+  require(reinterpret_cast<uintptr_t>(data) % kWorkspaceAlignment == 0, "workspace", [&] {
+    return "must start on a " + std::to_string(kWorkspaceAlignment) +
+           "-byte boundary (as cudaMalloc's blocks do)";
+  });
   WorkspaceArena arena(data, bytes);
   WorkspaceScope scope(&arena);
   pass();

@@ -27,12 +27,13 @@ std::vector<int64_t> read_int32_vector(const TensorView& t, void* stream) {
 }
 
 std::vector<int64_t> lengths_from_cu(const std::vector<int64_t>& cu, const char* name) {
-  require(cu[0] == 0, name, "must start at 0, got " + std::to_string(cu[0]));
+  require(cu[0] == 0, name, [&] { return "must start at 0, got " + std::to_string(cu[0]); });
   std::vector<int64_t> lengths(cu.size() - 1);
   for (size_t i = 0; i + 1 < cu.size(); ++i) {
-    require(cu[i + 1] >= cu[i], name,
-            "must be non-decreasing (entry " + std::to_string(i + 1) + " is " +
-                std::to_string(cu[i + 1]) + " < " + std::to_string(cu[i]) + ")");
+    require(cu[i + 1] >= cu[i], name, [&] {
+      return "must be non-decreasing (entry " + std::to_string(i + 1) + " is " +
+             std::to_string(cu[i + 1]) + " < " + std::to_string(cu[i]) + ")";
+    });
     lengths[i] = cu[i + 1] - cu[i];
   }
   return lengths;

@@ -22,8 +22,9 @@ std::string where(const TensorView& t) {
 }
 
 void require_device_of(const TensorView& t, const char* name, const TensorView& q) {
-  require(!t.defined() || (t.device == q.device && t.device_index == q.device_index), name,
-          "is on " + where(t) + ", q on " + where(q) + " (every tensor of the call on one device)");
+  require(!t.defined() || (t.device == q.device && t.device_index == q.device_index), name, [&] {
+    return "is on " + where(t) + ", q on " + where(q) + " (every tensor of the call on one device)";
+  });
 }
 
 void refuse(bool condition, const char* name, const std::string& why) {
@@ -31,19 +32,23 @@ void refuse(bool condition, const char* name, const std::string& why) {
 }
 
 void require_int32(const TensorView& t, const char* name, int ndim) {
-  require(
-      t.ndim == ndim, name,
-      "must be a " + str(ndim) + "-D int32 tensor, got " + str(t.ndim) + "-D " + t.shape_string());
-  require(t.dtype == DType::kInt32, name, "must be int32, got " + std::string(to_string(t.dtype)));
+  require(t.ndim == ndim, name, [&] {
+    return "must be a " + str(ndim) + "-D int32 tensor, got " + str(t.ndim) + "-D " +
+           t.shape_string();
+  });
+  require(t.dtype == DType::kInt32, name,
+          [&] { return "must be int32, got " + std::string(to_string(t.dtype)); });
   for (int d = 0; d < t.ndim; ++d)
-    require(t.shape[size_t(d)] >= 0, name, "has a negative extent in " + t.shape_string());
+    require(t.shape[size_t(d)] >= 0, name,
+            [&] { return "has a negative extent in " + t.shape_string(); });
 }
 
 // A sequence table [b + 1]: starts at 0, non-decreasing, ends within `rows`; returns lengths.
 void require_boundaries_shape(const TensorView& t, const char* name, int64_t batch) {
   require_int32(t, name, 1);
-  require(t.shape[0] == batch + 1, name,
-          "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]));
+  require(t.shape[0] == batch + 1, name, [&] {
+    return "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]);
+  });
 }
 
 std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int64_t rows,
@@ -52,43 +57,50 @@ std::vector<int64_t> read_boundaries(const TensorView& t, const char* name, int6
   const std::vector<int64_t> cu = read_int32_vector(t, stream);
   std::vector<int64_t> lengths = lengths_from_cu(cu, name);
   starts->assign(cu.begin(), cu.end() - 1);
-  require(cu.back() <= rows, name,
-          "ends at row " + str(cu.back()) + " beyond the " + str(rows) + " rows of " + rows_name);
+  require(cu.back() <= rows, name, [&] {
+    return "ends at row " + str(cu.back()) + " beyond the " + str(rows) + " rows of " + rows_name;
+  });
   return lengths;
 }
 
 void require_disjoint(const TensorView& a, const char* a_name, const TensorView& b,
                       const char* b_name) {
   require(!byte_range(a).intersects(byte_range(b)), a_name,
-          std::string("overlaps ") + b_name + " in memory");
+          [&] { return std::string("overlaps ") + b_name + " in memory"; });
 }
 
 void require_rows_contiguous(const TensorView& t, const char* name) {
-  require(t.shape[size_t(t.ndim - 1)] <= 1 || t.strides[size_t(t.ndim - 1)] == 1, name,
-          "must be contiguous in its last dimension (the head dim), got strides of " +
-              t.shape_string());
+  require(t.shape[size_t(t.ndim - 1)] <= 1 || t.strides[size_t(t.ndim - 1)] == 1, name, [&] {
+    return "must be contiguous in its last dimension (the head dim), got strides of " +
+           t.shape_string();
+  });
 }
 
 // k_new / v_new against the cache: [b, s_new, G, d] or packed [t_new, G, d].
 void check_new(const TensorView& t, const char* name, const TensorView& cache, int64_t batch,
                bool packed, DType dtype) {
-  require(t.ndim == (packed ? 3 : 4), name,
-          packed ? "must be [t_new, G, d] with cu_seqlens_k_new, got " + t.shape_string()
-                 : "must be [b, s_new, G, d] (or [t_new, G, d] with cu_seqlens_k_new), got " +
-                       t.shape_string());
+  require(t.ndim == (packed ? 3 : 4), name, [&] {
+    return packed ? "must be [t_new, G, d] with cu_seqlens_k_new, got " + t.shape_string()
+                  : "must be [b, s_new, G, d] (or [t_new, G, d] with cu_seqlens_k_new), got " +
+                        t.shape_string();
+  });
   for (int d = 0; d < t.ndim; ++d)
-    require(t.shape[size_t(d)] >= 0, name, "has a negative extent in " + t.shape_string());
-  require(t.dtype == dtype, name,
-          "must have q's dtype " + std::string(to_string(dtype)) + ", got " +
-              std::string(to_string(t.dtype)));
+    require(t.shape[size_t(d)] >= 0, name,
+            [&] { return "has a negative extent in " + t.shape_string(); });
+  require(t.dtype == dtype, name, [&] {
+    return "must have q's dtype " + std::string(to_string(dtype)) + ", got " +
+           std::string(to_string(t.dtype));
+  });
   if (!packed)
     require(t.shape[0] == batch, name,
-            "batch size " + str(t.shape[0]) + " differs from q's " + str(batch));
+            [&] { return "batch size " + str(t.shape[0]) + " differs from q's " + str(batch); });
   const int heads = t.ndim - 2;
-  require(t.shape[size_t(heads)] == cache.shape[2], name,
-          "has " + str(t.shape[size_t(heads)]) + " KV heads, the cache " + str(cache.shape[2]));
-  require(t.shape[size_t(heads + 1)] == cache.shape[3], name,
-          "has head dim " + str(t.shape[size_t(heads + 1)]) + ", the cache " + str(cache.shape[3]));
+  require(t.shape[size_t(heads)] == cache.shape[2], name, [&] {
+    return "has " + str(t.shape[size_t(heads)]) + " KV heads, the cache " + str(cache.shape[2]);
+  });
+  require(t.shape[size_t(heads + 1)] == cache.shape[3], name, [&] {
+    return "has head dim " + str(t.shape[size_t(heads + 1)]) + ", the cache " + str(cache.shape[3]);
+  });
   require_rows_contiguous(t, name);
 }
 
@@ -129,10 +141,11 @@ void check_slots(const KvCachePlan& plan) {
         plan, i, plan.cached[size_t(i)], plan.keys(i), [&](int64_t page, const PageRun& run) {
           for (const PageRun& other : writes[page]) {
             const int64_t pos = shared_position(run, other);
-            require(pos < 0, "block_table",
-                    "maps position " + str(pos) + " of sequence " + str(i) +
-                        " onto the cache slot that position " + str(shared_position(other, run)) +
-                        " of sequence " + str(other.sequence) + " also appends to");
+            require(pos < 0, "block_table", [&] {
+              return "maps position " + str(pos) + " of sequence " + str(i) +
+                     " onto the cache slot that position " + str(shared_position(other, run)) +
+                     " of sequence " + str(other.sequence) + " also appends to";
+            });
           }
           writes[page].push_back(run);
         });
@@ -143,11 +156,11 @@ void check_slots(const KvCachePlan& plan) {
       if (it == writes.end()) return;
       for (const PageRun& written : it->second) {
         const int64_t pos = shared_position(run, written);
-        require(pos < 0, "block_table",
-                "maps position " + str(pos) + " of sequence " + str(i) +
-                    " onto a cache slot that this call's append writes (position " +
-                    str(shared_position(written, run)) + " of sequence " + str(written.sequence) +
-                    ")");
+        require(pos < 0, "block_table", [&] {
+          return "maps position " + str(pos) + " of sequence " + str(i) +
+                 " onto a cache slot that this call's append writes (position " +
+                 str(shared_position(written, run)) + " of sequence " + str(written.sequence) + ")";
+        });
       }
     });
 }
@@ -172,14 +185,16 @@ void read_tables(const KvCacheArgs& a, KvCachePlan& plan) {
   for (int64_t i = 0; i < b; ++i) {
     const int64_t cached = plan.cached[size_t(i)];
     require(cached >= 0, "cache_seqlens",
-            "entry " + str(i) + " is " + str(cached) + " (lengths are >= 0)");
-    require(plan.keys(i) <= std::numeric_limits<int32_t>::max(), "cache_seqlens",
-            "entry " + str(i) + " and the append give " + str(plan.keys(i)) +
-                " keys, beyond int32 positions");
-    require(plan.keys(i) <= plan.capacity, "cache_seqlens",
-            "entry " + str(i) + " holds " + str(cached) + " tokens and the call appends " +
-                str(plan.added[size_t(i)]) + ", beyond the cache's capacity of " +
-                str(plan.capacity) + " positions per sequence");
+            [&] { return "entry " + str(i) + " is " + str(cached) + " (lengths are >= 0)"; });
+    require(plan.keys(i) <= std::numeric_limits<int32_t>::max(), "cache_seqlens", [&] {
+      return "entry " + str(i) + " and the append give " + str(plan.keys(i)) +
+             " keys, beyond int32 positions";
+    });
+    require(plan.keys(i) <= plan.capacity, "cache_seqlens", [&] {
+      return "entry " + str(i) + " holds " + str(cached) + " tokens and the call appends " +
+             str(plan.added[size_t(i)]) + ", beyond the cache's capacity of " + str(plan.capacity) +
+             " positions per sequence";
+    });
   }
   if (!plan.paged) return;
   // Only the pages that hold keys are read, and only they are kept (a table may be far larger
@@ -192,9 +207,10 @@ void read_tables(const KvCacheArgs& a, KvCachePlan& plan) {
     const std::vector<int32_t> row = table_row(a.block_table, i, used, a.stream);
     for (int64_t p = 0; p < used; ++p) {
       const int64_t page = row[size_t(p)];
-      require(page >= 0 && page < num_pages, "block_table",
-              "entry [" + str(i) + ", " + str(p) + "] is page " + str(page) +
-                  ", outside the pool of " + str(num_pages) + " pages");
+      require(page >= 0 && page < num_pages, "block_table", [&] {
+        return "entry [" + str(i) + ", " + str(p) + "] is page " + str(page) +
+               ", outside the pool of " + str(num_pages) + " pages";
+      });
       plan.pages.push_back(page);
     }
   }
@@ -209,16 +225,18 @@ void check_outputs_and_features(const KvCachePlan& plan, const KvCacheArgs& a,
   std::vector<int64_t> o_shape(a.q.shape.begin(), a.q.shape.begin() + a.q.ndim);
   o_shape.back() = plan.head_dim_v;
   require(a.o.ndim == a.q.ndim && std::equal(o_shape.begin(), o_shape.end(), a.o.shape.begin()),
-          "o",
-          "must be q's shape with v's head dim " + str(plan.head_dim_v) + ", got " +
-              a.o.shape_string());
-  require(a.o.dtype == a.q.dtype, "o",
-          "must have q's dtype " + std::string(to_string(a.q.dtype)) + ", got " +
-              std::string(to_string(a.o.dtype)));
+          "o", [&] {
+            return "must be q's shape with v's head dim " + str(plan.head_dim_v) + ", got " +
+                   a.o.shape_string();
+          });
+  require(a.o.dtype == a.q.dtype, "o", [&] {
+    return "must have q's dtype " + std::string(to_string(a.q.dtype)) + ", got " +
+           std::string(to_string(a.o.dtype));
+  });
   require_rows_contiguous(a.o, "o");
   auto require_fp32_contiguous = [](const TensorView& t, const char* name) {
     require(t.dtype == DType::kFloat32, name,
-            "must be float32, got " + std::string(to_string(t.dtype)));
+            [&] { return "must be float32, got " + std::string(to_string(t.dtype)); });
     require(t.is_contiguous(), name, "must be contiguous");
   };
   if (a.lse.defined()) {
@@ -228,17 +246,20 @@ void check_outputs_and_features(const KvCachePlan& plan, const KvCacheArgs& a,
             ? a.lse.ndim == 2 && a.lse.shape[0] == plan.heads_q && a.lse.shape[1] == a.q.shape[0]
             : a.lse.ndim == 3 && a.lse.shape[0] == plan.batch && a.lse.shape[1] == plan.heads_q &&
                   a.lse.shape[2] == a.q.shape[1];
-    require(fits, "lse",
-            std::string("must be ") + (plan.packed_q ? "[H, tq]" : "[b, H, sq]") + ", got " +
-                a.lse.shape_string());
+    require(fits, "lse", [&] {
+      return std::string("must be ") + (plan.packed_q ? "[H, tq]" : "[b, H, sq]") + ", got " +
+             a.lse.shape_string();
+    });
   }
   if (a.alibi_slopes.defined()) {
     require_fp32_contiguous(a.alibi_slopes, "alibi_slopes");
     const TensorView& t = a.alibi_slopes;
     require((t.ndim == 1 && t.shape[0] == plan.heads_q) ||
                 (t.ndim == 2 && t.shape[0] == plan.batch && t.shape[1] == plan.heads_q),
-            "alibi_slopes",
-            "must be [H] or [b, H] with H = " + str(plan.heads_q) + ", got " + t.shape_string());
+            "alibi_slopes", [&] {
+              return "must be [H] or [b, H] with H = " + str(plan.heads_q) + ", got " +
+                     t.shape_string();
+            });
   }
   const bool learnable = config.softmax_type == SoftmaxType::kLearnable;
   require(a.softmax_offset.defined() == learnable, "softmax_offset",
@@ -246,9 +267,11 @@ void check_outputs_and_features(const KvCachePlan& plan, const KvCacheArgs& a,
                     : "is given but softmax_type is not learnable");
   if (learnable) {
     require_fp32_contiguous(a.softmax_offset, "softmax_offset");
-    require(
-        a.softmax_offset.ndim == 1 && a.softmax_offset.shape[0] == plan.heads_q, "softmax_offset",
-        "must be [H] with H = " + str(plan.heads_q) + ", got " + a.softmax_offset.shape_string());
+    require(a.softmax_offset.ndim == 1 && a.softmax_offset.shape[0] == plan.heads_q,
+            "softmax_offset", [&] {
+              return "must be [H] with H = " + str(plan.heads_q) + ", got " +
+                     a.softmax_offset.shape_string();
+            });
   }
 }
 
@@ -353,10 +376,12 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
   plan.device = a.q.device;
   plan.device_index = a.q.device_index;
   plan.tables_read = plan.device == Device::kCPU || config.check_tables;
-  require(a.q.ndim == 3 || a.q.ndim == 4, "q",
-          "must be [b, sq, H, d] or [tq, H, d] with cu_seqlens_q, got " + a.q.shape_string());
+  require(a.q.ndim == 3 || a.q.ndim == 4, "q", [&] {
+    return "must be [b, sq, H, d] or [tq, H, d] with cu_seqlens_q, got " + a.q.shape_string();
+  });
   for (int d = 0; d < a.q.ndim; ++d)
-    require(a.q.shape[size_t(d)] >= 0, "q", "has a negative extent in " + a.q.shape_string());
+    require(a.q.shape[size_t(d)] >= 0, "q",
+            [&] { return "has a negative extent in " + a.q.shape_string(); });
   require(is_floating(a.q.dtype), "q", "must be a floating-point tensor");
   plan.packed_q = a.q.ndim == 3;
   require(plan.packed_q == a.cu_seqlens_q.defined(), "cu_seqlens_q",
@@ -376,49 +401,59 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
   for (const auto& [t, name] :
        {std::make_pair(&a.k_cache, "k_cache"), std::make_pair(&a.v_cache, "v_cache")}) {
     require(t->defined(), name, "is required");
-    require(
-        t->ndim == 4, name,
-        "must be [b, s_max, G, d] or paged [num_pages, page_size, G, d], got " + t->shape_string());
+    require(t->ndim == 4, name, [&] {
+      return "must be [b, s_max, G, d] or paged [num_pages, page_size, G, d], got " +
+             t->shape_string();
+    });
     for (int d = 0; d < 4; ++d)
-      require(t->shape[size_t(d)] >= 0, name, "has a negative extent in " + t->shape_string());
-    require(t->dtype == a.q.dtype, name,
-            "must have q's dtype " + std::string(to_string(a.q.dtype)) + ", got " +
-                std::string(to_string(t->dtype)));
+      require(t->shape[size_t(d)] >= 0, name,
+              [&] { return "has a negative extent in " + t->shape_string(); });
+    require(t->dtype == a.q.dtype, name, [&] {
+      return "must have q's dtype " + std::string(to_string(a.q.dtype)) + ", got " +
+             std::string(to_string(t->dtype));
+    });
     require_rows_contiguous(*t, name);
   }
   for (int d = 0; d < 3; ++d)
-    require(a.v_cache.shape[size_t(d)] == a.k_cache.shape[size_t(d)], "v_cache",
-            "must match k_cache in its first three dimensions: " + a.v_cache.shape_string() +
-                " against " + a.k_cache.shape_string());
+    require(a.v_cache.shape[size_t(d)] == a.k_cache.shape[size_t(d)], "v_cache", [&] {
+      return "must match k_cache in its first three dimensions: " + a.v_cache.shape_string() +
+             " against " + a.k_cache.shape_string();
+    });
   plan.heads_kv = a.k_cache.shape[2];
   plan.head_dim_v = a.v_cache.shape[3];
-  require(a.k_cache.shape[3] == plan.head_dim_qk, "k_cache",
-          "has head dim " + str(a.k_cache.shape[3]) + ", q " + str(plan.head_dim_qk));
-  require(plan.heads_kv > 0 && plan.heads_q % plan.heads_kv == 0, "k_cache",
-          "has " + str(plan.heads_kv) + " KV heads, which must divide q's " + str(plan.heads_q));
+  require(a.k_cache.shape[3] == plan.head_dim_qk, "k_cache", [&] {
+    return "has head dim " + str(a.k_cache.shape[3]) + ", q " + str(plan.head_dim_qk);
+  });
+  require(plan.heads_kv > 0 && plan.heads_q % plan.heads_kv == 0, "k_cache", [&] {
+    return "has " + str(plan.heads_kv) + " KV heads, which must divide q's " + str(plan.heads_q);
+  });
 
   require(a.cache_seqlens.defined(), "cache_seqlens", "is required (int32 [b])");
   require_int32(a.cache_seqlens, "cache_seqlens", 1);
-  require(a.cache_seqlens.shape[0] == b, "cache_seqlens",
-          "must have b = " + str(b) + " entries, got " + str(a.cache_seqlens.shape[0]));
+  require(a.cache_seqlens.shape[0] == b, "cache_seqlens", [&] {
+    return "must have b = " + str(b) + " entries, got " + str(a.cache_seqlens.shape[0]);
+  });
 
   plan.paged = a.block_table.defined();
   if (plan.paged) {
     require_int32(a.block_table, "block_table", 2);
-    require(a.block_table.shape[0] == b, "block_table",
-            "must have b = " + str(b) + " rows, got " + a.block_table.shape_string());
+    require(a.block_table.shape[0] == b, "block_table", [&] {
+      return "must have b = " + str(b) + " rows, got " + a.block_table.shape_string();
+    });
     plan.page_size = a.k_cache.shape[1];
-    require(is_power_of_two(plan.page_size) && plan.page_size <= 256, "k_cache",
-            "has page size " + str(plan.page_size) +
-                " (dimension 1 of a paged cache), which must be a power of two from 1 to 256");
+    require(is_power_of_two(plan.page_size) && plan.page_size <= 256, "k_cache", [&] {
+      return "has page size " + str(plan.page_size) +
+             " (dimension 1 of a paged cache), which must be a power of two from 1 to 256";
+    });
     // Positions are int32 (cache_seqlens): a longer table adds no capacity.
     const int64_t max_pages = a.block_table.shape[1];
     plan.capacity =
         std::min<int64_t>(max_pages, std::numeric_limits<int32_t>::max()) * plan.page_size;
   } else {
-    require(a.k_cache.shape[0] == b, "k_cache",
-            "has batch size " + str(a.k_cache.shape[0]) + ", q " + str(b) +
-                " (pass block_table for a paged cache)");
+    require(a.k_cache.shape[0] == b, "k_cache", [&] {
+      return "has batch size " + str(a.k_cache.shape[0]) + ", q " + str(b) +
+             " (pass block_table for a paged cache)";
+    });
     plan.capacity = a.k_cache.shape[1];
   }
 
@@ -433,11 +468,12 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
   if (a.k_new.defined()) {
     check_new(a.k_new, "k_new", a.k_cache, b, plan.packed_new, a.q.dtype);
     check_new(a.v_new, "v_new", a.v_cache, b, plan.packed_new, a.q.dtype);
-    require(
-        a.v_new.shape[0] == a.k_new.shape[0] &&
-            (plan.packed_new || a.v_new.shape[1] == a.k_new.shape[1]),
-        "v_new",
-        "must have k_new's rows: " + a.v_new.shape_string() + " against " + a.k_new.shape_string());
+    require(a.v_new.shape[0] == a.k_new.shape[0] &&
+                (plan.packed_new || a.v_new.shape[1] == a.k_new.shape[1]),
+            "v_new", [&] {
+              return "must have k_new's rows: " + a.v_new.shape_string() + " against " +
+                     a.k_new.shape_string();
+            });
     if (plan.packed_new) {
       require(a.cu_seqlens_k_new.defined(), "cu_seqlens_k_new",
               "is required with packed [t_new, G, d] k_new / v_new");

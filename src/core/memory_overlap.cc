@@ -98,16 +98,18 @@ bool provably_share_memory(const TensorView& a, const TensorView& b) {
 void require_no_repeated_elements(const TensorView& out, const char* name) {
   if (!has_elements(out)) return;  // an extent of 0 makes strides of 0
   for (int d = 0; d < out.ndim; ++d)
-    require(out.shape[size_t(d)] <= 1 || out.strides[size_t(d)] != 0, name,
-            "has stride 0 in dimension " + std::to_string(d) + " of " + out.shape_string() +
-                ": its elements there are one, which the call would write more than once");
+    require(out.shape[size_t(d)] <= 1 || out.strides[size_t(d)] != 0, name, [&] {
+      return "has stride 0 in dimension " + std::to_string(d) + " of " + out.shape_string() +
+             ": its elements there are one, which the call would write more than once";
+    });
 }
 
 void require_apart(const TensorView& out, const char* out_name, const TensorView& other,
                    const char* other_name) {
-  require(!provably_share_memory(out, other), out_name,
-          std::string("shares memory with ") + other_name +
-              ": the call reads its inputs while it writes its outputs");
+  require(!provably_share_memory(out, other), out_name, [&] {
+    return std::string("shares memory with ") + other_name +
+           ": the call reads its inputs while it writes its outputs";
+  });
 }
 
 void require_workspace_apart(const Workspace& workspace, std::span<const NamedView> views) {
@@ -115,8 +117,9 @@ void require_workspace_apart(const Workspace& workspace, std::span<const NamedVi
   const auto begin = reinterpret_cast<uintptr_t>(workspace.data);
   const ByteRange block{begin, begin + workspace.bytes};
   for (const auto& [view, name] : views)
-    require(!block.intersects(byte_range(*view)), "workspace",
-            std::string("overlaps ") + name + " in memory: the call may write all of its bytes");
+    require(!block.intersects(byte_range(*view)), "workspace", [&] {
+      return std::string("overlaps ") + name + " in memory: the call may write all of its bytes";
+    });
 }
 
 void require_forward_outputs_apart(const ForwardArgs& args) {

@@ -22,24 +22,28 @@ void require_defined(const TensorView& t, const char* name, bool needs_data) {
 }
 
 void require_device(const TensorView& t, const char* name, Device device, int device_index) {
-  require(t.device == device && (device == Device::kCPU || t.device_index == device_index), name,
-          "must be on the same device as q (" + std::string(to_string(device)) + ")");
+  require(
+      t.device == device && (device == Device::kCPU || t.device_index == device_index), name,
+      [&] { return "must be on the same device as q (" + std::string(to_string(device)) + ")"; });
 }
 
 void require_dtype(const TensorView& t, const char* name, DType dtype) {
-  require(t.dtype == dtype, name,
-          "must have dtype " + std::string(to_string(dtype)) + ", got " +
-              std::string(to_string(t.dtype)));
+  require(t.dtype == dtype, name, [&] {
+    return "must have dtype " + std::string(to_string(dtype)) + ", got " +
+           std::string(to_string(t.dtype));
+  });
 }
 
 void require_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
   bool same = t.ndim == int(shape.size());
   int d = 0;
   for (int64_t extent : shape) same = same && t.shape[d++] == extent;
-  std::string expected = "[";
-  d = 0;
-  for (int64_t extent : shape) expected += (d++ ? ", " : "") + str(extent);
-  require(same, name, "must have shape " + expected + "], got " + t.shape_string());
+  require(same, name, [&] {
+    std::string expected = "[";
+    int n = 0;
+    for (int64_t extent : shape) expected += (n++ ? ", " : "") + str(extent);
+    return "must have shape " + expected + "], got " + t.shape_string();
+  });
 }
 
 void require_contiguous(const TensorView& t, const char* name) {
@@ -73,9 +77,10 @@ struct QkvShape {
 
 QkvShape qkv_shape(const TensorView& t, Format format, const char* name) {
   const int expected_ndim = format == Format::kTHD ? 3 : 4;
-  require(t.ndim == expected_ndim, name,
-          "must have " + str(expected_ndim) + " dimensions for format " +
-              std::string(to_string(format)) + ", got " + t.shape_string());
+  require(t.ndim == expected_ndim, name, [&] {
+    return "must have " + str(expected_ndim) + " dimensions for format " +
+           std::string(to_string(format)) + ", got " + t.shape_string();
+  });
   require(t.strides[t.ndim - 1] == 1 || t.shape[t.ndim - 1] == 1, name,
           "must have a contiguous head dimension (last stride 1)");
   QkvShape s;
@@ -88,8 +93,9 @@ QkvShape qkv_shape(const TensorView& t, Format format, const char* name) {
   // per-sequence tables of b entries: a bound here turns 2^40 sequences into a named error
   // instead of a bare bad_alloc.
   for (int64_t extent : {s.batch, s.seq, s.heads, s.dim})
-    require(extent <= kMaxExtent, name,
-            "has an extent above 2^31 - 1 (" + str(extent) + "), beyond what dpa indexes");
+    require(extent <= kMaxExtent, name, [&] {
+      return "has an extent above 2^31 - 1 (" + str(extent) + "), beyond what dpa indexes";
+    });
   return s;
 }
 
@@ -98,9 +104,10 @@ void require_same_layout_shape(const TensorView& t, const TensorView& like, int6
   bool same = t.ndim == like.ndim;
   for (int d = 0; same && d + 1 < like.ndim; ++d) same = t.shape[d] == like.shape[d];
   same = same && t.shape[t.ndim - 1] == dim;
-  require(same, name,
-          "must have the shape of " + std::string(like_name) + " with last dim " + str(dim) +
-              ", got " + t.shape_string());
+  require(same, name, [&] {
+    return "must have the shape of " + std::string(like_name) + " with last dim " + str(dim) +
+           ", got " + t.shape_string();
+  });
   require(t.strides[t.ndim - 1] == 1 || dim == 1, name,
           "must have a contiguous head dimension (last stride 1)");
 }
@@ -123,11 +130,13 @@ std::string number(double value) {
 }
 
 void check_cu_seqlens_tensor(const TensorView& t, const char* name, int64_t batch, Device device) {
-  require(t.ndim == 1, name, "must be a 1-D int32 tensor [b + 1], got " + t.shape_string());
+  require(t.ndim == 1, name,
+          [&] { return "must be a 1-D int32 tensor [b + 1], got " + t.shape_string(); });
   require_dtype(t, name, DType::kInt32);
   if (batch >= 0)
-    require(t.shape[0] == batch + 1, name,
-            "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]));
+    require(t.shape[0] == batch + 1, name, [&] {
+      return "must have b + 1 = " + str(batch + 1) + " entries, got " + str(t.shape[0]);
+    });
   require(t.shape[0] >= 1, name, "must have at least one entry");
   // Contents are validated on the host: device-resident tables (b + 1 integers) are copied.
   require(t.device == Device::kCPU || t.device == device, name,
@@ -142,20 +151,22 @@ std::vector<int64_t> thd_starts(const std::vector<int64_t>& cu, const std::vecto
   if (padded.ndim == 0) {
     for (size_t b = 0; b < lengths.size(); ++b) starts[b] = cu[b];
     require(cu.back() <= total, total_name,
-            "has " + str(total) + " rows but cu_seqlens ends at " + str(cu.back()));
+            [&] { return "has " + str(total) + " rows but cu_seqlens ends at " + str(cu.back()); });
     return starts;
   }
   std::vector<int64_t> offsets = read_int32_vector(padded, stream);
   require(offsets[0] >= 0, padded_name, "must start at a non-negative row");
   for (size_t b = 0; b < lengths.size(); ++b) {
     starts[b] = offsets[b];
-    require(offsets[b + 1] >= offsets[b] + lengths[b], padded_name,
-            "must leave room for each sequence (sequence " + str(int64_t(b)) + " has length " +
-                str(lengths[b]) + " but its slot is " + str(offsets[b + 1] - offsets[b]) + ")");
+    require(offsets[b + 1] >= offsets[b] + lengths[b], padded_name, [&] {
+      return "must leave room for each sequence (sequence " + str(int64_t(b)) + " has length " +
+             str(lengths[b]) + " but its slot is " + str(offsets[b + 1] - offsets[b]) + ")";
+    });
   }
-  require(
-      offsets.back() <= total, padded_name,
-      "ends at row " + str(offsets.back()) + " beyond the " + str(total) + " rows of the tensor");
+  require(offsets.back() <= total, padded_name, [&] {
+    return "ends at row " + str(offsets.back()) + " beyond the " + str(total) +
+           " rows of the tensor";
+  });
   return starts;
 }
 
@@ -164,12 +175,12 @@ BroadcastLayout broadcast_layout(const TensorView& t, const char* name, int64_t 
                                  int64_t heads, int64_t sq, int64_t skv, bool allow_row_broadcast,
                                  bool allow_col_broadcast) {
   require(t.ndim == 4, name,
-          "must have 4 dimensions [b|1, H|1, sq|1, skv], got " + t.shape_string());
+          [&] { return "must have 4 dimensions [b|1, H|1, sq|1, skv], got " + t.shape_string(); });
   auto check_dim = [&](int d, int64_t full, bool allow_one, const char* what) {
-    require(t.shape[d] == full || (allow_one && t.shape[d] == 1), name,
-            std::string("dimension ") + str(d) + " (" + what + ") must be " + str(full) +
-                (allow_one ? " or 1" : "") + ", got " + str(t.shape[d]) + " in " +
-                t.shape_string());
+    require(t.shape[d] == full || (allow_one && t.shape[d] == 1), name, [&] {
+      return std::string("dimension ") + str(d) + " (" + what + ") must be " + str(full) +
+             (allow_one ? " or 1" : "") + ", got " + str(t.shape[d]) + " in " + t.shape_string();
+    });
   };
   check_dim(0, batch, true, "batch");
   check_dim(1, heads, true, "heads");
@@ -208,16 +219,19 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   const QkvShape k = qkv_shape(in.k, config.format, "k");
   const QkvShape v = qkv_shape(in.v, config.format, "v");
   require(k.batch == q.batch, "k",
-          "batch size " + str(k.batch) + " differs from q's " + str(q.batch));
+          [&] { return "batch size " + str(k.batch) + " differs from q's " + str(q.batch); });
   require(v.batch == q.batch, "v",
-          "batch size " + str(v.batch) + " differs from q's " + str(q.batch));
-  require(v.seq == k.seq, "v", "sequence length " + str(v.seq) + " differs from k's " + str(k.seq));
+          [&] { return "batch size " + str(v.batch) + " differs from q's " + str(q.batch); });
+  require(v.seq == k.seq, "v",
+          [&] { return "sequence length " + str(v.seq) + " differs from k's " + str(k.seq); });
   require(v.heads == k.heads, "v",
-          "head count " + str(v.heads) + " differs from k's " + str(k.heads));
-  require(k.dim == q.dim, "k", "head dim " + str(k.dim) + " differs from q's " + str(q.dim));
-  require(
-      q.heads % k.heads == 0, "k",
-      "query heads H = " + str(q.heads) + " must be a multiple of KV heads G = " + str(k.heads));
+          [&] { return "head count " + str(v.heads) + " differs from k's " + str(k.heads); });
+  require(k.dim == q.dim, "k",
+          [&] { return "head dim " + str(k.dim) + " differs from q's " + str(q.dim); });
+  require(q.heads % k.heads == 0, "k", [&] {
+    return "query heads H = " + str(q.heads) +
+           " must be a multiple of KV heads G = " + str(k.heads);
+  });
 
   p.heads_q = q.heads;
   p.heads_kv = k.heads;
@@ -241,8 +255,9 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     require(in.cu_seqlens_kv.ndim > 0, "cu_seqlens_kv", "is required with format thd");
     check_cu_seqlens_tensor(in.cu_seqlens_q, "cu_seqlens_q", -1, p.device);
     p.batch = in.cu_seqlens_q.shape[0] - 1;
-    require(p.batch <= kMaxExtent, "cu_seqlens_q",
-            "has " + str(p.batch + 1) + " entries: more sequences than dpa indexes (2^31 - 1)");
+    require(p.batch <= kMaxExtent, "cu_seqlens_q", [&] {
+      return "has " + str(p.batch + 1) + " entries: more sequences than dpa indexes (2^31 - 1)";
+    });
     check_cu_seqlens_tensor(in.cu_seqlens_kv, "cu_seqlens_kv", p.batch, p.device);
     if (in.cu_seqlens_q_padded.ndim)
       check_cu_seqlens_tensor(in.cu_seqlens_q_padded, "cu_seqlens_q_padded", p.batch, p.device);
@@ -273,8 +288,9 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
       std::vector<int64_t> lens = lengths_from_cu(cu, name);
       if (!thd)
         for (int64_t len : lens)
-          require(len <= full, name,
-                  "gives a sequence length " + str(len) + " beyond the tensor's " + str(full));
+          require(len <= full, name, [&] {
+            return "gives a sequence length " + str(len) + " beyond the tensor's " + str(full);
+          });
       return lens;
     };
     p.seqlen_q = lengths(cu_q, "cu_seqlens_q", q.seq);
@@ -328,8 +344,9 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
   if (config.bias_type == BiasType::kNoBias) {
     require(in.bias.ndim == 0, "bias", "is given but bias_type is no_bias");
   } else {
-    require(in.bias.ndim > 0, "bias",
-            "is required with bias_type " + std::string(to_string(config.bias_type)));
+    require(in.bias.ndim > 0, "bias", [&] {
+      return "is required with bias_type " + std::string(to_string(config.bias_type));
+    });
     require_aux(in.bias, "bias");
     require(is_floating(in.bias.dtype), "bias", "must be a floating-point tensor");
     p.bias = in.bias;
@@ -345,9 +362,10 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     const bool per_head = in.alibi_slopes.ndim == 1 && in.alibi_slopes.shape[0] == p.heads_q;
     const bool per_batch = in.alibi_slopes.ndim == 2 && in.alibi_slopes.shape[0] == p.batch &&
                            in.alibi_slopes.shape[1] == p.heads_q;
-    require(per_head || per_batch, "alibi_slopes",
-            "must have shape [H] = [" + str(p.heads_q) + "] or [b, H] = [" + str(p.batch) + ", " +
-                str(p.heads_q) + "], got " + in.alibi_slopes.shape_string());
+    require(per_head || per_batch, "alibi_slopes", [&] {
+      return "must have shape [H] = [" + str(p.heads_q) + "] or [b, H] = [" + str(p.batch) + ", " +
+             str(p.heads_q) + "], got " + in.alibi_slopes.shape_string();
+    });
     p.has_alibi = true;
     p.alibi_slopes = in.alibi_slopes;
     p.alibi_stride_batch = per_batch ? p.heads_q : 0;
@@ -355,8 +373,9 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
     if (read_contents && in.alibi_slopes.device == Device::kCPU) {
       const float* slopes = static_cast<const float*>(in.alibi_slopes.data);
       for (int64_t n = 0; n < in.alibi_slopes.numel(); ++n)
-        require(std::isfinite(slopes[n]), "alibi_slopes",
-                "must be finite (entry " + str(n) + " is " + number(slopes[n]) + ")");
+        require(std::isfinite(slopes[n]), "alibi_slopes", [&] {
+          return "must be finite (entry " + str(n) + " is " + number(slopes[n]) + ")";
+        });
     }
   }
 
@@ -374,12 +393,13 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
       const float* alpha = static_cast<const float*>(in.softmax_offset.data);
       for (int64_t h = 0; h < p.heads_q; ++h)
         require(!std::isnan(alpha[h]) && alpha[h] != INFINITY, "softmax_offset",
-                "must not contain NaN or +inf (head " + str(h) + ")");
+                [&] { return "must not contain NaN or +inf (head " + str(h) + ")"; });
     }
   } else {
-    require(in.softmax_offset.ndim == 0, "softmax_offset",
-            "is only used with softmax_type learnable (got " +
-                std::string(to_string(config.softmax_type)) + ")");
+    require(in.softmax_offset.ndim == 0, "softmax_offset", [&] {
+      return "is only used with softmax_type learnable (got " +
+             std::string(to_string(config.softmax_type)) + ")";
+    });
   }
 
   // Arbitrary mask.
@@ -399,7 +419,7 @@ AttentionProblem resolve(const AttentionConfig& config, const AttentionInputs& i
 
 void set_dropout(AttentionProblem& p, double dropout, const RngState& rng) {
   require(std::isfinite(dropout) && dropout >= 0.0 && dropout < 1.0, "dropout",
-          "must be in [0, 1), got " + std::to_string(dropout));
+          [&] { return "must be in [0, 1), got " + std::to_string(dropout); });
   p.dropout = dropout;
   p.dropout_threshold = dropout_threshold(dropout);
   p.keep_prob = dropout_keep_prob(p.dropout_threshold);
@@ -432,28 +452,31 @@ void check_like(const AttentionProblem& p, const TensorView& t, const char* name
 
 void validate_config(const AttentionConfig& config) {
   require(std::isfinite(config.softcap) && config.softcap >= 0.0, "softcap",
-          "must be finite and >= 0 (0 disables it), got " + number(config.softcap));
-  require(config.softcap == 0.0 || in_representable_range(config.softcap), "softcap",
-          "must be 0 or within [" + number(kMinConfigMagnitude) + ", " +
-              number(kMaxConfigMagnitude) + "] (the fp32 kernels' range), got " +
-              number(config.softcap));
+          [&] { return "must be finite and >= 0 (0 disables it), got " + number(config.softcap); });
+  require(config.softcap == 0.0 || in_representable_range(config.softcap), "softcap", [&] {
+    return "must be 0 or within [" + number(kMinConfigMagnitude) + ", " +
+           number(kMaxConfigMagnitude) + "] (the fp32 kernels' range), got " +
+           number(config.softcap);
+  });
   require(std::isfinite(config.dropout) && config.dropout >= 0.0 && config.dropout < 1.0, "dropout",
-          "must be in [0, 1), got " + std::to_string(config.dropout));
+          [&] { return "must be in [0, 1), got " + std::to_string(config.dropout); });
   if (config.scale) {
     require(std::isfinite(*config.scale) && *config.scale > 0.0, "scale",
-            "must be finite and > 0, got " + number(*config.scale));
-    require(in_representable_range(*config.scale), "scale",
-            "must be within [" + number(kMinConfigMagnitude) + ", " + number(kMaxConfigMagnitude) +
-                "] (the fp32 kernels' range), got " + number(*config.scale));
+            [&] { return "must be finite and > 0, got " + number(*config.scale); });
+    require(in_representable_range(*config.scale), "scale", [&] {
+      return "must be within [" + number(kMinConfigMagnitude) + ", " + number(kMaxConfigMagnitude) +
+             "] (the fp32 kernels' range), got " + number(*config.scale);
+    });
   }
   require(config.window_left >= -1, "window_left",
-          "must be >= -1 (-1 is unbounded), got " + str(config.window_left));
+          [&] { return "must be >= -1 (-1 is unbounded), got " + str(config.window_left); });
   require(config.window_right >= -1, "window_right",
-          "must be >= -1 (-1 is unbounded), got " + str(config.window_right));
+          [&] { return "must be >= -1 (-1 is unbounded), got " + str(config.window_right); });
   if (mask_is_causal(config.mask_type))
-    require(config.window_right <= 0, "window_right",
-            "must be 0 or -1 with causal mask " + std::string(to_string(config.mask_type)) +
-                ", got " + str(config.window_right));
+    require(config.window_right <= 0, "window_right", [&] {
+      return "must be 0 or -1 with causal mask " + std::string(to_string(config.mask_type)) +
+             ", got " + str(config.window_right);
+    });
   require(config.layer_number >= 0, "layer_number", "must be >= 0");
   // An enum value outside its name table (types.cc) is unknown: one rule, no bounds to keep.
   auto known = [](auto value) { return to_string(value) != "unknown"; };
@@ -506,9 +529,10 @@ AttentionProblem build_backward_problem(const AttentionConfig& config, const Bac
     bool same_shape = args.dbias.ndim == p.bias.ndim;
     for (int d = 0; same_shape && d < p.bias.ndim; ++d)
       same_shape = args.dbias.shape[d] == p.bias.shape[d];
-    require(same_shape, "dbias",
-            "must have the shape of bias " + p.bias.shape_string() + ", got " +
-                args.dbias.shape_string());
+    require(same_shape, "dbias", [&] {
+      return "must have the shape of bias " + p.bias.shape_string() + ", got " +
+             args.dbias.shape_string();
+    });
     p.dbias = args.dbias;
     p.dbias_layout = broadcast_layout(args.dbias, "dbias", p.batch, p.heads_q, p.max_seqlen_q,
                                       p.max_seqlen_kv, true, false);

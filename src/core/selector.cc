@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <sstream>
+#include <type_traits>
 
 #include "core/logging.h"
 #include "dpa/error.h"
@@ -31,8 +32,19 @@ std::string list(const std::vector<T>& values) {
 
 using Rule = std::function<std::optional<std::string>(const FeatureRequest&, const Capabilities&)>;
 
-std::optional<std::string> fail_if(bool failed, std::string reason) {
+// A rule's reason is built only when it fails: every call runs every rule of its backend.
+std::optional<std::string> fail_if(bool failed, const char* reason) {
+  if (failed) return std::string(reason);
+  return std::nullopt;
+}
+std::optional<std::string> fail_if(bool failed, const std::string& reason) {
   if (failed) return reason;
+  return std::nullopt;
+}
+template <typename MakeReason>
+requires std::is_invocable_r_v<std::string, MakeReason> std::optional<std::string> fail_if(
+    bool failed, MakeReason&& make_reason) {
+  if (failed) return make_reason();
   return std::nullopt;
 }
 
@@ -48,46 +60,52 @@ const std::vector<Rule>& rules() {
         return fail_if(!c.available, c.unavailable_reason);
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(r.device != c.device, "runs on " + std::string(to_string(c.device)) +
-                                                 " tensors, inputs are on " +
-                                                 std::string(to_string(r.device)));
+        return fail_if(r.device != c.device, [&] {
+          return "runs on " + std::string(to_string(c.device)) + " tensors, inputs are on " +
+                 std::string(to_string(r.device));
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(r.device_arch < c.min_arch, "needs sm_" + std::to_string(c.min_arch) +
-                                                       " or newer, device is sm_" +
-                                                       std::to_string(r.device_arch));
+        return fail_if(r.device_arch < c.min_arch, [&] {
+          return "needs sm_" + std::to_string(c.min_arch) + " or newer, device is sm_" +
+                 std::to_string(r.device_arch);
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!contains(c.dtypes, r.dtype), "dtype " + std::string(to_string(r.dtype)) +
-                                                         " not supported (supports " +
-                                                         list(c.dtypes) + ")");
+        return fail_if(!contains(c.dtypes, r.dtype), [&] {
+          return "dtype " + std::string(to_string(r.dtype)) + " not supported (supports " +
+                 list(c.dtypes) + ")";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!contains(c.formats, r.format),
-                       "format " + std::string(to_string(r.format)) + " not supported");
+        return fail_if(!contains(c.formats, r.format), [&] {
+          return "format " + std::string(to_string(r.format)) + " not supported";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!head_dim_ok(r.head_dim_qk, c.head_dims_qk, c.max_head_dim),
-                       "head dim qk " + std::to_string(r.head_dim_qk) +
-                           " not supported (supports " +
-                           (c.head_dims_qk.empty() ? "up to " + std::to_string(c.max_head_dim)
-                                                   : list(c.head_dims_qk)) +
-                           ")");
+        return fail_if(!head_dim_ok(r.head_dim_qk, c.head_dims_qk, c.max_head_dim), [&] {
+          return "head dim qk " + std::to_string(r.head_dim_qk) + " not supported (supports " +
+                 (c.head_dims_qk.empty() ? "up to " + std::to_string(c.max_head_dim)
+                                         : list(c.head_dims_qk)) +
+                 ")";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!head_dim_ok(r.head_dim_v, c.head_dims_v, c.max_head_dim),
-                       "head dim v " + std::to_string(r.head_dim_v) + " not supported (supports " +
-                           (c.head_dims_v.empty() ? "up to " + std::to_string(c.max_head_dim)
-                                                  : list(c.head_dims_v)) +
-                           ")");
+        return fail_if(!head_dim_ok(r.head_dim_v, c.head_dims_v, c.max_head_dim), [&] {
+          return "head dim v " + std::to_string(r.head_dim_v) + " not supported (supports " +
+                 (c.head_dims_v.empty() ? "up to " + std::to_string(c.max_head_dim)
+                                        : list(c.head_dims_v)) +
+                 ")";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(r.head_dim_qk != r.head_dim_v && !c.different_head_dims,
                        "different qk and v head dims not supported");
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!contains(c.mask_types, r.mask_type),
-                       "mask type " + std::string(to_string(r.mask_type)) + " not supported");
+        return fail_if(!contains(c.mask_types, r.mask_type), [&] {
+          return "mask type " + std::string(to_string(r.mask_type)) + " not supported";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(r.window && !c.window, "sliding window not supported");
@@ -97,8 +115,9 @@ const std::vector<Rule>& rules() {
                        "thd padded offsets (cu_seqlens_*_padded) not supported");
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!contains(c.bias_types, r.bias_type),
-                       "bias type " + std::string(to_string(r.bias_type)) + " not supported");
+        return fail_if(!contains(c.bias_types, r.bias_type), [&] {
+          return "bias type " + std::string(to_string(r.bias_type)) + " not supported";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(r.bias_grad && !c.bias_grad, "bias gradient not supported");
@@ -110,9 +129,10 @@ const std::vector<Rule>& rules() {
         return fail_if(r.softcap && !c.softcap, "softcap not supported");
       },
       [](const FeatureRequest& r, const Capabilities& c) {
-        return fail_if(!contains(c.softmax_types, r.softmax_type),
-                       "softmax type " + std::string(to_string(r.softmax_type)) +
-                           " (attention sink) not supported");
+        return fail_if(!contains(c.softmax_types, r.softmax_type), [&] {
+          return "softmax type " + std::string(to_string(r.softmax_type)) +
+                 " (attention sink) not supported";
+        });
       },
       [](const FeatureRequest& r, const Capabilities& c) {
         return fail_if(r.sink_grad && !c.sink_grad, "sink offset gradient not supported");
@@ -214,7 +234,7 @@ std::vector<std::string> rejection_reasons(const FeatureRequest& request,
 
 Selection select_backend(const FeatureRequest& request,
                          const std::vector<const Capabilities*>& candidates,
-                         std::optional<BackendKind> forced) {
+                         std::optional<BackendKind> forced, Verdicts verdicts) {
   Selection selection;
   selection.forced = forced.has_value();
   for (const Capabilities* caps : candidates) {
@@ -230,6 +250,7 @@ Selection select_backend(const FeatureRequest& request,
     }
     if (verdict.eligible && !selection.chosen) selection.chosen = caps->kind;
     selection.verdicts.push_back(std::move(verdict));
+    if (verdicts == Verdicts::kUntilChosen && selection.chosen) break;
   }
   if (forced) {
     bool known = false;
@@ -289,11 +310,12 @@ std::string Selection::to_string() const {
 
 Selection select_for_problem(const AttentionConfig& config, const AttentionProblem& problem,
                              const std::vector<const Backend*>& backends,
-                             FeatureRequest* request_out, bool with_plans) {
+                             FeatureRequest* request_out, bool with_plans, Verdicts verdicts) {
   FeatureRequest request = make_feature_request(problem);
   std::vector<const Capabilities*> candidates;
   for (const Backend* backend : backends) candidates.push_back(&backend->capabilities());
-  Selection selection = select_backend(request, candidates, forced_backend(config.backend));
+  Selection selection =
+      select_backend(request, candidates, forced_backend(config.backend), verdicts);
   if (with_plans)
     for (size_t n = 0; n < candidates.size(); ++n)
       if (selection.verdicts[n].eligible && candidates[n]->describe_plan)
@@ -305,7 +327,10 @@ Selection select_for_problem(const AttentionConfig& config, const AttentionProbl
 const Backend& choose_backend(const AttentionConfig& config, const AttentionProblem& problem,
                               const std::vector<const Backend*>& backends) {
   FeatureRequest request;
-  Selection selection = select_for_problem(config, problem, backends, &request);
+  // The debug log prints every backend's verdict; otherwise the call stops at its backend.
+  const Verdicts verdicts =
+      log_level() == LogLevel::kDebug ? Verdicts::kEveryBackend : Verdicts::kUntilChosen;
+  Selection selection = select_for_problem(config, problem, backends, &request, false, verdicts);
   log_selection(request, selection);
   require_chosen(selection);
   for (const Backend* backend : backends)

@@ -15,11 +15,17 @@ namespace dpa {
 std::vector<std::string> rejection_reasons(const FeatureRequest& request,
                                            const Capabilities& capabilities);
 
+// Which verdicts a selection holds: every candidate's (explain, the debug log, the error that
+// lists every backend's reasons), or only those up to the chosen one. A call needs no more than
+// that, and a later candidate's rules can cost a device query (cuda_unfused's free memory).
+enum class Verdicts { kEveryBackend, kUntilChosen };
+
 // Chooses the first eligible backend of `candidates` (ordered fastest first), or the forced
-// one. Never throws: an empty choice is reported in the Selection.
+// one. Never throws: an empty choice is reported in the Selection, with every verdict.
 Selection select_backend(const FeatureRequest& request,
                          const std::vector<const Capabilities*>& candidates,
-                         std::optional<BackendKind> forced);
+                         std::optional<BackendKind> forced,
+                         Verdicts verdicts = Verdicts::kEveryBackend);
 
 // The forced backend for a config: config.backend unless kAuto (DPA_BACKEND reaches it
 // through core/environment.h, at construction).
@@ -36,7 +42,8 @@ std::string describe_request(const FeatureRequest& request);
 // no string is built on the call path.
 Selection select_for_problem(const AttentionConfig& config, const AttentionProblem& problem,
                              const std::vector<const Backend*>& backends,
-                             FeatureRequest* request_out = nullptr, bool with_plans = false);
+                             FeatureRequest* request_out = nullptr, bool with_plans = false,
+                             Verdicts verdicts = Verdicts::kEveryBackend);
 
 // The backend a call runs: selects, logs the selection (DPA_LOG) and fails closed (throws
 // kNotSupported with every backend's reasons when none is eligible). The one choice that the

@@ -173,6 +173,57 @@ TEST(Selector, UnavailableBackendIsRejectedWithItsReason) {
   EXPECT_EQ(selection.verdicts[0].reasons.at(0), "no CUDA device");
 }
 
+// A call stops at its backend: a later candidate's rules (cuda_unfused's asks the device for
+// its free memory) are not run. Without a choice, every verdict is there for the error.
+TEST(Selector, CallsStopAtTheChosenBackend) {
+  Capabilities fast = everything(BackendKind::kCudaFlash);
+  Capabilities later = everything(BackendKind::kCudaUnfused);
+  int later_rules_run = 0;
+  later.size_limit = [&](const FeatureRequest&) -> std::optional<std::string> {
+    ++later_rules_run;
+    return std::nullopt;
+  };
+  const std::vector<const Capabilities*> candidates = {&fast, &later};
+  Selection call =
+      select_backend(FeatureRequest{}, candidates, std::nullopt, Verdicts::kUntilChosen);
+  ASSERT_TRUE(call.chosen);
+  EXPECT_EQ(*call.chosen, BackendKind::kCudaFlash);
+  EXPECT_EQ(call.verdicts.size(), 1u);
+  EXPECT_EQ(later_rules_run, 0);
+
+  Selection every = select_backend(FeatureRequest{}, candidates, std::nullopt);
+  EXPECT_EQ(every.verdicts.size(), 2u);
+  EXPECT_EQ(later_rules_run, 1);
+
+  fast.softcap = false;
+  later.softcap = false;
+  FeatureRequest capped;
+  capped.softcap = true;
+  Selection none = select_backend(capped, candidates, std::nullopt, Verdicts::kUntilChosen);
+  EXPECT_FALSE(none.chosen);
+  ASSERT_EQ(none.verdicts.size(), 2u);
+  EXPECT_EQ(none.verdicts[1].reasons.at(0), "softcap not supported");
+}
+
+// The message is composed only when the check fails.
+TEST(Require, BuildsItsMessageOnlyOnFailure) {
+  int built = 0;
+  auto message = [&] {
+    ++built;
+    return std::string("has ") + std::to_string(3) + " rows";
+  };
+  EXPECT_NO_THROW(require(true, "q", message));
+  EXPECT_EQ(built, 0);
+  try {
+    require(false, "q", message);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.argument(), "q");
+    EXPECT_NE(std::string(error.what()).find("has 3 rows"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(built, 1);
+}
+
 TEST(Selector, DeviceMismatchRejects) {
   Capabilities gpu = everything(BackendKind::kCudaFlash);
   gpu.device = Device::kCUDA;
