@@ -66,9 +66,10 @@ TensorView to_view(const dpa_tensor_t& t, const char* name) {
 void apply_call(const dpa_call_t* call, void*& stream, Workspace& workspace) {
   if (call == nullptr) return;
   // A newer caller's larger struct is accepted: its fields start with ours.
-  require(call->size >= sizeof(dpa_call_t), "call",
-          "has size " + std::to_string(call->size) +
-              ", expected at least sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t)));
+  require(call->size >= sizeof(dpa_call_t), "call", [&] {
+    return "has size " + std::to_string(call->size) +
+           ", expected at least sizeof(dpa_call_t) = " + std::to_string(sizeof(dpa_call_t));
+  });
   require(call->workspace != nullptr || call->workspace_bytes == 0, "call",
           "has workspace_bytes but no workspace");
   stream = call->stream;

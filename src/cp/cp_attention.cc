@@ -346,7 +346,7 @@ BackendKind backward_staged(const AttentionConfig& config, const CpConfig& cp_co
             "dbias", "must be a contiguous tensor with bias's dtype, on q's device");
     for (int d = 0; d < 4; ++d)
       require(args.dbias.shape[d] == args.in.bias.shape[d], "dbias",
-              "must have the shape of bias " + args.in.bias.shape_string());
+              [&] { return "must have the shape of bias " + args.in.bias.shape_string(); });
   }
   const bool wants_dalpha = args.dsoftmax_offset.ndim > 0;
   if (wants_dalpha)
@@ -622,9 +622,10 @@ namespace {
 // tensors go through a host-staged view of the communicator.
 bool device_resident(const DeviceCommunicator& comm, const AttentionInputs& in) {
   if (in.q.device != Device::kCUDA) return false;
-  require(in.q.device_index == comm.device(), "q",
-          "is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
-              std::to_string(comm.device()));
+  require(in.q.device_index == comm.device(), "q", [&] {
+    return "is on CUDA device " + std::to_string(in.q.device_index) + ", the communicator on " +
+           std::to_string(comm.device());
+  });
   return true;
 }
 

@@ -31,25 +31,28 @@ SideGeometry side_geometry(Format format, int cp, const TensorView& local, const
     std::vector<int64_t> padded =
         cu_padded.ndim > 0 ? read_host_int32(cu_padded, padded_name) : cu_values;
     require(int64_t(cu_values.size()) == batch + 1 && padded.size() == cu_values.size(),
-            padded_name, "must have b + 1 entries like " + std::string(cu_name));
+            padded_name, [&] { return "must have b + 1 entries like " + std::string(cu_name); });
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t slot = padded[size_t(b + 1)] - padded[size_t(b)];
       const int64_t length = cu_values[size_t(b + 1)] - cu_values[size_t(b)];
-      require(slot % (2 * cp) == 0 && slot >= length && length >= 0, padded_name,
-              "slot " + str(b) + " (" + str(slot) + " rows) must hold the sequence (" +
-                  str(length) + ") and be a multiple of 2 * cp = " + str(2 * cp) +
-                  " (see thd_cp_partition)");
+      require(slot % (2 * cp) == 0 && slot >= length && length >= 0, padded_name, [&] {
+        return "slot " + str(b) + " (" + str(slot) + " rows) must hold the sequence (" +
+               str(length) + ") and be a multiple of 2 * cp = " + str(2 * cp) +
+               " (see thd_cp_partition)";
+      });
       side.length.push_back(length);
       side.chunk.push_back(slot / (2 * cp));
       side.local_start.push_back(padded[size_t(b)] / cp);
     }
-    require(local.shape[0] == padded.back() / cp, name,
-            "must hold cu_seqlens_padded[b] / cp = " + str(padded.back() / cp) + " rows, got " +
-                str(local.shape[0]));
+    require(local.shape[0] == padded.back() / cp, name, [&] {
+      return "must hold cu_seqlens_padded[b] / cp = " + str(padded.back() / cp) + " rows, got " +
+             str(local.shape[0]);
+    });
   } else {
     const int64_t local_seq = local.shape[format == Format::kBSHD ? 1 : 0];
-    require(local_seq % 2 == 0, name,
-            "local sequence length must be even (two chunks per rank), got " + str(local_seq));
+    require(local_seq % 2 == 0, name, [&] {
+      return "local sequence length must be even (two chunks per rank), got " + str(local_seq);
+    });
     const int64_t full = local_seq * cp;
     std::vector<int64_t> lengths(size_t(batch), full);
     if (cu.ndim > 0) {
@@ -58,7 +61,7 @@ SideGeometry side_geometry(Format format, int cp, const TensorView& local, const
       for (int64_t b = 0; b < batch; ++b) {
         lengths[size_t(b)] = cu_values[size_t(b + 1)] - cu_values[size_t(b)];
         require(lengths[size_t(b)] >= 0 && lengths[size_t(b)] <= full, cu_name,
-                "gives a length outside [0, " + str(full) + "]");
+                [&] { return "gives a length outside [0, " + str(full) + "]"; });
       }
     }
     side.length = lengths;
@@ -94,13 +97,17 @@ Plan make_plan(const CpConfig& config, const Communicator& comm, int64_t heads_q
       break;
     case CpCommType::kA2AP2P:
       require(config.a2a_group_size >= 1 && plan.cp % config.a2a_group_size == 0, "a2a_group_size",
-              "must divide the CP size " + str(plan.cp) + ", got " + str(config.a2a_group_size));
+              [&] {
+                return "must divide the CP size " + str(plan.cp) + ", got " +
+                       str(config.a2a_group_size);
+              });
       plan.a2a = config.a2a_group_size;
       break;
   }
-  require(heads_q % plan.a2a == 0, "q",
-          "head count H = " + str(heads_q) + " must be a multiple of the a2a group size " +
-              str(plan.a2a) + " (heads are sharded)");
+  require(heads_q % plan.a2a == 0, "q", [&] {
+    return "head count H = " + str(heads_q) + " must be a multiple of the a2a group size " +
+           str(plan.a2a) + " (heads are sharded)";
+  });
   // KV heads: when G does not split over the group, replicate them to the fewest G' (a
   // multiple of G dividing H) that does, instead of refusing (DESIGN.md §8).
   int64_t replicated = heads_kv;
@@ -139,12 +146,15 @@ void require_unsharded(const TensorView& t, const char* name, const Geometry& g,
   expected += row_broadcast ? "|1, " : ", ";
   expected += str(skv);
   expected += "]";
-  require(t.ndim == 4, name,
-          "must be a tensor " + expected +
-              " of the unsharded sequences (every rank passes the whole tensor)");
+  require(t.ndim == 4, name, [&] {
+    return "must be a tensor " + expected +
+           " of the unsharded sequences (every rank passes the whole tensor)";
+  });
   require((t.shape[0] == g.batch || t.shape[0] == 1) && (t.shape[1] == heads || t.shape[1] == 1) &&
               (t.shape[2] == sq || (row_broadcast && t.shape[2] == 1)) && t.shape[3] == skv,
-          name, "must have the unsharded shape " + expected + ", got " + t.shape_string());
+          name, [&] {
+            return "must have the unsharded shape " + expected + ", got " + t.shape_string();
+          });
 }
 
 }  // namespace
@@ -156,7 +166,7 @@ void require_like(const TensorView& t, const TensorView& like, int64_t dim, cons
   for (int d = 0; d + 1 < like.ndim; ++d)
     require(t.shape[d] == like.shape[d], name, "must have the local shard's shape");
   require(t.shape[t.ndim - 1] == dim && t.strides[t.ndim - 1] == 1, name,
-          "must have a contiguous last dim of " + str(dim));
+          [&] { return "must have a contiguous last dim of " + str(dim); });
 }
 
 Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicator& comm,
@@ -172,7 +182,7 @@ Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicato
   };
   for (const auto& [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) {
     require(t->ndim == expected_ndim && on_q_device(*t), name,
-            "must have " + str(expected_ndim) + " dims, on q's device");
+            [&] { return "must have " + str(expected_ndim) + " dims, on q's device"; });
     require(t->strides[t->ndim - 1] == 1, name, "must have a contiguous head dim");
     require(t->dtype == in.q.dtype && is_floating(t->dtype), name, "must share q's floating dtype");
   }
@@ -225,8 +235,9 @@ Setup setup(const AttentionConfig& config, const CpConfig& cp, const Communicato
   if (config.bias_type == BiasType::kNoBias) {
     require(in.bias.ndim == 0, "bias", "is given but bias_type is no_bias");
   } else {
-    require(in.bias.ndim > 0, "bias",
-            "is required with bias_type " + std::string(to_string(config.bias_type)));
+    require(in.bias.ndim > 0, "bias", [&] {
+      return "is required with bias_type " + std::string(to_string(config.bias_type));
+    });
     require(is_floating(in.bias.dtype), "bias", "must be a floating-point tensor");
     require_unsharded(in.bias, "bias", g, heads_q, true);
   }

@@ -175,9 +175,11 @@ void require_shard_tensor(const TensorView& t, const char* name, const Shard& s,
   expected += "]";
   require(same && t.dtype == dtype && t.is_contiguous() && t.device == Device::kCUDA &&
               t.device_index == s.device,
-          name,
-          "must be a contiguous " + std::string(to_string(dtype)) + " tensor " + expected +
-              " on CUDA device " + str(s.device) + " (the device ring), got " + t.shape_string());
+          name, [&] {
+            return "must be a contiguous " + std::string(to_string(dtype)) + " tensor " + expected +
+                   " on CUDA device " + str(s.device) + " (the device ring), got " +
+                   t.shape_string();
+          });
 }
 
 std::vector<int64_t> shard_shape(const Shard& s, int64_t heads, int64_t dim) {
@@ -190,9 +192,10 @@ std::vector<int64_t> shard_shape(const Shard& s, int64_t heads, int64_t dim) {
 Shard validated_shard(const AttentionConfig& config, const DeviceCommunicator& comm,
                       const AttentionInputs& in) {
   const Shard s = shard_of(config, in);
-  require(comm.device() == s.device, "q",
-          "must be on the communicator's CUDA device " + str(comm.device()) + ", got device " +
-              str(s.device));
+  require(comm.device() == s.device, "q", [&] {
+    return "must be on the communicator's CUDA device " + str(comm.device()) + ", got device " +
+           str(s.device);
+  });
   require(s.heads_kv > 0 && s.heads_q % s.heads_kv == 0, "k",
           "KV heads must divide the query heads");
   if (config.softmax_type == SoftmaxType::kLearnable)

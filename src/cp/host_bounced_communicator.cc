@@ -57,7 +57,8 @@ class BouncedRequest final : public CommRequest {
 class BouncedCommunicator final : public DeviceCommunicator {
  public:
   BouncedCommunicator(Communicator& host, int device) : host_(host), device_(device) {
-    require(device >= 0, "device", "must be a CUDA device index, got " + std::to_string(device));
+    require(device >= 0, "device",
+            [&] { return "must be a CUDA device index, got " + std::to_string(device); });
     const cuda::DeviceGuard guard(device_);
     check(cudaStreamCreate(&stream_), "creating its stream");  // blocking: after legacy work
   }
@@ -173,7 +174,7 @@ class BouncedCommunicator final : public DeviceCommunicator {
   void check_device_pointer(const void* data, size_t bytes, const char* name) const {
     if (bytes == 0) return;
     require(cuda::is_device_memory_of(data, device_), name,
-            "must be device memory on CUDA device " + std::to_string(device_));
+            [&] { return "must be device memory on CUDA device " + std::to_string(device_); });
   }
 
   // Device bytes -> a host buffer, after every operation ordered before the post.

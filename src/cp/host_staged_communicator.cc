@@ -99,7 +99,8 @@ class HostStagedCommunicator final : public Communicator {
   }
 
   CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
-    require(count >= 0, "count", "must not be negative, got " + std::to_string(count));
+    require(count >= 0, "count",
+            [&] { return "must not be negative, got " + std::to_string(count); });
     const size_t bytes = size_t(count) * dtype_size(dtype);
     auto buffer = upload(data, bytes);
     void* device = buffer->get();
@@ -118,7 +119,7 @@ class HostStagedCommunicator final : public Communicator {
   CommHandle reduce_scatter(const void* send_data, void* recv_data, int64_t count_per_rank,
                             DType dtype) override {
     require(count_per_rank >= 0, "count_per_rank",
-            "must not be negative, got " + std::to_string(count_per_rank));
+            [&] { return "must not be negative, got " + std::to_string(count_per_rank); });
     const size_t block = size_t(count_per_rank) * dtype_size(dtype);
     auto input = upload(send_data, block * size_t(size()));
     auto output = stream_buffer(block);

@@ -203,8 +203,9 @@ class InProcessCommunicator final : public Communicator {
   }
 
   void check_peer(int peer) const {
-    require(peer >= 0 && peer < size(), "peer",
-            "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer));
+    require(peer >= 0 && peer < size(), "peer", [&] {
+      return "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer);
+    });
   }
 
   CommHandle post(CollectiveKind kind, const void* input, size_t bytes,
@@ -252,14 +253,16 @@ InProcessGroup::~InProcessGroup() = default;
 int InProcessGroup::size() const { return state_->size; }
 
 std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
-  require(rank >= 0 && rank < state_->size, "rank",
-          "must be in [0, " + std::to_string(state_->size) + "), got " + std::to_string(rank));
+  require(rank >= 0 && rank < state_->size, "rank", [&] {
+    return "must be in [0, " + std::to_string(state_->size) + "), got " + std::to_string(rank);
+  });
   return std::make_unique<InProcessCommunicator>(state_, rank);
 }
 
 std::unique_ptr<DeviceCommunicator> InProcessGroup::device_communicator(int rank, int device) {
-  require(rank >= 0 && rank < state_->size, "rank",
-          "must be in [0, " + std::to_string(state_->size) + "), got " + std::to_string(rank));
+  require(rank >= 0 && rank < state_->size, "rank", [&] {
+    return "must be in [0, " + std::to_string(state_->size) + "), got " + std::to_string(rank);
+  });
   return cp::make_in_process_device_communicator(state_, rank, device);
 }
 

@@ -220,7 +220,8 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
  public:
   InProcessDeviceCommunicator(std::shared_ptr<State> state, int rank, int device)
       : state_(std::move(state)), rank_(rank), device_(device) {
-    require(device >= 0, "device", "must be a CUDA device index, got " + std::to_string(device));
+    require(device >= 0, "device",
+            [&] { return "must be a CUDA device index, got " + std::to_string(device); });
     const cuda::DeviceGuard guard(device_);
     // A blocking stream: each operation comes after the legacy default stream's earlier work.
     check(*state_, cudaStreamCreate(&stream_), "creating its stream");
@@ -229,9 +230,10 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
     if (state_->device->device < 0) state_->device->device = device;
     if (state_->device->device != device) {
       cudaStreamDestroy(stream_);
-      require(false, "device",
-              "must be the device of the group's other device communicators (" +
-                  std::to_string(state_->device->device) + "): virtual ranks share one GPU");
+      require(false, "device", [&] {
+        return "must be the device of the group's other device communicators (" +
+               std::to_string(state_->device->device) + "): virtual ranks share one GPU";
+      });
     }
   }
   ~InProcessDeviceCommunicator() override {
@@ -269,7 +271,8 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
 
   CommHandle all_reduce(void* data, int64_t count, DType dtype) override {
     require_reducible(dtype);
-    require(count >= 0, "count", "must not be negative, got " + std::to_string(count));
+    require(count >= 0, "count",
+            [&] { return "must not be negative, got " + std::to_string(count); });
     if (count == 0) return std::make_unique<DoneRequest>();
     return post_collective(CollectiveKind::kAllReduce, data, data,
                            size_t(count) * dtype_size(dtype), size_t(count) * dtype_size(dtype),
@@ -284,7 +287,7 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
                             DType dtype) override {
     require_reducible(dtype);
     require(count_per_rank >= 0, "count_per_rank",
-            "must not be negative, got " + std::to_string(count_per_rank));
+            [&] { return "must not be negative, got " + std::to_string(count_per_rank); });
     if (count_per_rank == 0) return std::make_unique<DoneRequest>();
     const size_t block = size_t(count_per_rank) * dtype_size(dtype);
     return post_collective(CollectiveKind::kReduceScatter, send_data, recv_data,
@@ -299,15 +302,16 @@ class InProcessDeviceCommunicator final : public DeviceCommunicator {
 
  private:
   void check_peer(int peer) const {
-    require(peer >= 0 && peer < size(), "peer",
-            "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer));
+    require(peer >= 0 && peer < size(), "peer", [&] {
+      return "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer);
+    });
   }
 
   // A buffer must be device memory of the group's device (a host pointer would fault in a copy).
   void check_device_pointer(const void* data, size_t bytes, const char* name) const {
     if (bytes == 0) return;
     require(cuda::is_device_memory_of(data, device_), name,
-            "must be device memory on CUDA device " + std::to_string(device_));
+            [&] { return "must be device memory on CUDA device " + std::to_string(device_); });
   }
 
   // An event of this communicator's device, not yet recorded.

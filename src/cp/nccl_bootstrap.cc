@@ -45,9 +45,10 @@ std::optional<long long> parse_integer(const char* text, long long lo, long long
 long long env_int(const GetEnv& getenv, const char* name, long long lo, long long hi) {
   const char* text = getenv(name);
   const std::optional<long long> value = parse_integer(text, lo, hi);
-  require(value.has_value(), name,
-          "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-              std::string(text ? text : "") + "'");
+  require(value.has_value(), name, [&] {
+    return "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+           std::string(text ? text : "") + "'";
+  });
   return *value;
 }
 
@@ -141,8 +142,9 @@ bool nccl_built() {
 std::optional<LaunchEnv> launch_env_from(const GetEnv& getenv) {
   for (const LauncherVariables& vars : kLaunchers) {
     if (getenv(vars.rank) == nullptr) continue;
-    require(getenv(vars.size) != nullptr, vars.size,
-            std::string("must be set along with ") + vars.rank + " (" + vars.launcher + ")");
+    require(getenv(vars.size) != nullptr, vars.size, [&] {
+      return std::string("must be set along with ") + vars.rank + " (" + vars.launcher + ")";
+    });
     LaunchEnv env;
     env.launcher = vars.launcher;
     env.size = int(env_int(getenv, vars.size, 1, kMaxRanks));
@@ -162,9 +164,10 @@ std::optional<LaunchEnv> launch_env() {
 
 void write_nccl_id_file(const std::string& path, const std::vector<uint8_t>& id,
                         const std::string& key) {
-  require(id.size() == kNcclUniqueIdBytes, "id",
-          "must hold " + std::to_string(kNcclUniqueIdBytes) + " bytes, got " +
-              std::to_string(id.size()));
+  require(id.size() == kNcclUniqueIdBytes, "id", [&] {
+    return "must hold " + std::to_string(kNcclUniqueIdBytes) + " bytes, got " +
+           std::to_string(id.size());
+  });
   require(key.find('\n') == std::string::npos && key.find('\r') == std::string::npos, "key",
           "must be one line");
   require(!path.empty(), "id_file", "must not be empty");
@@ -280,9 +283,10 @@ NcclEnvConfig nccl_env_config_from(const GetEnv& getenv,
   if (getenv("DPA_NCCL_DEVICE") != nullptr) {
     config.device = int(env_int(getenv, "DPA_NCCL_DEVICE", 0, 1 << 16));
   } else {
-    require(config.launch.local_rank >= 0, "DPA_NCCL_DEVICE",
-            "must be set: the launcher (" + config.launch.launcher +
-                ") gave no local rank to choose the CUDA device from");
+    require(config.launch.local_rank >= 0, "DPA_NCCL_DEVICE", [&] {
+      return "must be set: the launcher (" + config.launch.launcher +
+             ") gave no local rank to choose the CUDA device from";
+    });
     config.device = config.launch.local_rank;
   }
 

@@ -109,7 +109,7 @@ std::string dtype_name(DType dtype) { return std::string(to_string(dtype)); }
 
 ncclDataType_t reduction_type(DType dtype) {
   require(dtype == DType::kFloat32 || dtype == DType::kFloat64, "dtype",
-          "reductions take float32 or float64 data, got " + dtype_name(dtype));
+          [&] { return "reductions take float32 or float64 data, got " + dtype_name(dtype); });
   return dtype == DType::kFloat32 ? ncclFloat32 : ncclFloat64;
 }
 
@@ -581,14 +581,16 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   // NCCL kernels read and write device memory of this communicator's GPU; a host pointer
   // would fault (and poison the context) or silently take a slow path.
   void require_device_memory(const void* pointer, const char* name) const {
-    require(cuda::is_device_memory_of(pointer, device()), name,
-            "must be device memory on CUDA device " + std::to_string(device()) +
-                " (the NCCL communicator moves device buffers)");
+    require(cuda::is_device_memory_of(pointer, device()), name, [&] {
+      return "must be device memory on CUDA device " + std::to_string(device()) +
+             " (the NCCL communicator moves device buffers)";
+    });
   }
 
   void check_peer(int peer) const {
-    require(peer >= 0 && peer < size(), "peer",
-            "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer));
+    require(peer >= 0 && peer < size(), "peer", [&] {
+      return "must be a rank in [0, " + std::to_string(size()) + "), got " + std::to_string(peer);
+    });
   }
 
   std::shared_ptr<NcclState> state_;
@@ -622,14 +624,16 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
   // Numbered first, before anything that can throw on one rank only, so that every rank's
   // sequence of keys on this path stays the same.
   const int generation = bootstrap.id_file.empty() ? 0 : next_generation(bootstrap);
-  require(size >= 1, "size", "must be >= 1, got " + std::to_string(size));
-  require(rank >= 0 && rank < size, "rank",
-          "must be in [0, " + std::to_string(size) + "), got " + std::to_string(rank));
+  require(size >= 1, "size", [&] { return "must be >= 1, got " + std::to_string(size); });
+  require(rank >= 0 && rank < size, "rank", [&] {
+    return "must be in [0, " + std::to_string(size) + "), got " + std::to_string(rank);
+  });
   require(timeout.count() > 0, "timeout", "must be positive");
   require(bootstrap.unique_id.empty() != bootstrap.id_file.empty(), "bootstrap",
           "needs exactly one of unique_id and id_file");
   require(bootstrap.unique_id.empty() || bootstrap.unique_id.size() == kNcclUniqueIdBytes,
-          "bootstrap", "unique_id must hold " + std::to_string(kNcclUniqueIdBytes) + " bytes");
+          "bootstrap",
+          [&] { return "unique_id must hold " + std::to_string(kNcclUniqueIdBytes) + " bytes"; });
   // NCCL_COMM_BLOCKING=1 would make init, group launches and finalize block, voiding every
   // deadline this communicator promises.
   const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
@@ -640,8 +644,9 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(int rank, int size, int
   if (status != cudaSuccess)
     throw comm_error("nccl init on rank " + std::to_string(rank) +
                      ": no usable CUDA device: " + cuda_text(status));
-  require(device >= 0 && device < device_count, "device",
-          "must be in [0, " + std::to_string(device_count) + "), got " + std::to_string(device));
+  require(device >= 0 && device < device_count, "device", [&] {
+    return "must be in [0, " + std::to_string(device_count) + "), got " + std::to_string(device);
+  });
 
   const auto deadline = Clock::now() + timeout;
   std::vector<uint8_t> id_bytes = bootstrap.unique_id;

@@ -32,9 +32,10 @@ std::optional<CpCommType> parse_cp_comm_type(std::string_view name) {
 std::vector<int64_t> dual_chunk_positions(int64_t seqlen, int cp, int rank) {
   require(cp >= 1, "cp", "must be >= 1");
   require(rank >= 0 && rank < cp, "rank", "must be in [0, cp)");
-  require(seqlen % (2 * cp) == 0, "seqlen",
-          "must be a multiple of 2 * cp = " + std::to_string(2 * cp) + ", got " +
-              std::to_string(seqlen));
+  require(seqlen % (2 * cp) == 0, "seqlen", [&] {
+    return "must be a multiple of 2 * cp = " + std::to_string(2 * cp) + ", got " +
+           std::to_string(seqlen);
+  });
   const int64_t chunk = seqlen / (2 * cp);
   std::vector<int64_t> positions;
   positions.reserve(size_t(2 * chunk));
@@ -86,7 +87,7 @@ void for_each_shard_row(const TensorView& full, const TensorView& local, Format 
   const int seq_dim = format == Format::kBSHD ? 1 : 0, batch_dim = 1 - seq_dim;
   const std::vector<int64_t> positions = dual_chunk_positions(full.shape[seq_dim], cp, rank);
   require(local.shape[seq_dim] == int64_t(positions.size()), "local",
-          "must hold s / cp = " + std::to_string(positions.size()) + " rows");
+          [&] { return "must hold s / cp = " + std::to_string(positions.size()) + " rows"; });
   for (int64_t b = 0; b < full.shape[batch_dim]; ++b)
     for (size_t i = 0; i < positions.size(); ++i)
       for (int64_t h = 0; h < heads; ++h)
