@@ -398,8 +398,9 @@ KvCachePlan plan_kvcache(const KvCacheArgs& a, const KvCacheConfig& config) {
   const int64_t b = plan.batch;
 
   // The cache.
-  for (const auto& [t, name] :
+  for (const auto& [cache, name] :
        {std::make_pair(&a.k_cache, "k_cache"), std::make_pair(&a.v_cache, "v_cache")}) {
+    const TensorView* t = cache;  // a lambda may not capture a structured binding (clang 14)
     require(t->defined(), name, "is required");
     require(t->ndim == 4, name, [&] {
       return "must be [b, s_max, G, d] or paged [num_pages, page_size, G, d], got " +

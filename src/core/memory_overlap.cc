@@ -116,9 +116,10 @@ void require_workspace_apart(const Workspace& workspace, std::span<const NamedVi
   if (workspace.data == nullptr || workspace.bytes == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(workspace.data);
   const ByteRange block{begin, begin + workspace.bytes};
-  for (const auto& [view, name] : views)
-    require(!block.intersects(byte_range(*view)), "workspace", [&] {
-      return std::string("overlaps ") + name + " in memory: the call may write all of its bytes";
+  for (const NamedView& named : views)
+    require(!block.intersects(byte_range(*named.first)), "workspace", [&] {
+      return std::string("overlaps ") + named.second +
+             " in memory: the call may write all of its bytes";
     });
 }
 

@@ -317,7 +317,7 @@ Selection select_for_problem(const AttentionConfig& config, const AttentionProbl
   Selection selection =
       select_backend(request, candidates, forced_backend(config.backend), verdicts);
   if (with_plans)
-    for (size_t n = 0; n < candidates.size(); ++n)
+    for (size_t n = 0; n < selection.verdicts.size() && n < candidates.size(); ++n)
       if (selection.verdicts[n].eligible && candidates[n]->describe_plan)
         selection.verdicts[n].plan = candidates[n]->describe_plan(request);
   if (request_out) *request_out = request;
